@@ -1,0 +1,251 @@
+"""Stage 3a: toycomp's closed set of primitives.
+
+Input IR -> output IR: this module defines no pass; it defines the *vocabulary* of the graph that
+``toycomp.decompositions.decompose`` produces from an ATen graph, and that ``toycomp.inductor``
+lowers to loops. Every primitive is a plain Python function with an eager reference, so a graph of
+prims still runs (``gm(*inputs)``) and can be checked against the ATen graph it came from::
+
+    >>> from toycomp import prims
+    >>> x = torch.randn(3)
+    >>> prims.add(prims.mul(prims.sin(x), prims.sin(x)), 1.0)   # sin(x)**2 + 1
+    tensor([...])
+
+The contract that makes lowering simple (PrimTorch's contract too):
+
+* pointwise prims take tensors of the SAME shape and dtype (or Python numbers) - broadcasting and
+  type promotion are explicit (``broadcast_in_dim``, ``convert_element_type``) in the decompositions;
+* reductions remove the reduced dimensions (no ``keepdim``);
+* views (``broadcast_in_dim``, ``reshape``, ``permute``, ``slice``) never copy in the compiler:
+  inductor turns them into index arithmetic;
+* matmul-like ops are not prims: they stay ATen "extern" calls (``aten.mm``, ``aten.bmm``).
+
+NB: in PyTorch this lives in torch/_prims/__init__.py (about 100 prims, with meta functions and
+nvFuser/ATen implementations) and torch/_refs (the ATen-to-prims "references").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+Number = int | float | bool
+
+
+class PrimKind(Enum):
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    VIEW = "view"
+    CREATION = "creation"
+
+
+@dataclass(frozen=True)
+class PrimInfo:
+    """What later stages need to know about a prim: its kind and its eager reference."""
+
+    name: str
+    kind: PrimKind
+    ref: Callable[..., Any]
+
+
+# name -> prim function; PRIM_INFO: prim function -> PrimInfo. Later stages key their rule
+# tables by the prim function itself (LOWERINGS[prims.sin], CPP_OPS["sin"] ...).
+PRIMS: dict[str, Callable[..., Any]] = {}
+PRIM_INFO: dict[Callable[..., Any], PrimInfo] = {}
+
+# [Note: tracing prims]
+# A prim called normally runs its eager reference. While a tracer is installed with
+# ``tracing(tracer)`` (the decomposition pass does this), every prim call is handed to
+# ``tracer.emit(prim, args, kwargs)`` instead, which records an FX node and returns a proxy.
+# This is the same trick as torch.fx's Proxy / make_fx's proxy mode, in a dozen lines.
+_active_tracer: contextvars.ContextVar[Any] = contextvars.ContextVar("toycomp_prims_tracer")
+
+
+@contextlib.contextmanager
+def tracing(tracer: Any) -> Iterator[None]:
+    """Route every prim call to ``tracer.emit(prim, args, kwargs)`` inside the ``with`` block."""
+    token = _active_tracer.set(tracer)
+    try:
+        yield
+    finally:
+        _active_tracer.reset(token)
+
+
+def _register(kind: PrimKind) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrap(ref: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(ref)
+        def prim(*args: Any, **kwargs: Any) -> Any:
+            tracer = _active_tracer.get(None)
+            if tracer is not None:
+                return tracer.emit(prim, args, kwargs)
+            return ref(*args, **kwargs)
+
+        PRIMS[ref.__name__] = prim
+        PRIM_INFO[prim] = PrimInfo(ref.__name__, kind, ref)
+        return prim
+
+    return wrap
+
+
+def _as_tensor(value: torch.Tensor | Number, like: torch.Tensor) -> torch.Tensor:
+    """Python numbers become 0-d tensors of ``like``'s dtype, so they never promote the result."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+def _first_tensor(*args: Any) -> torch.Tensor:
+    return next(a for a in args if isinstance(a, torch.Tensor))
+
+
+# --- pointwise, one input (15) -------------------------------------------------------------
+_UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log,
+    "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+    "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
+    "erf": torch.erf, "floor": torch.floor, "sign": torch.sign, "logical_not": torch.logical_not,
+}  # fmt: skip
+
+
+def _unary(name: str, torch_fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
+    def ref(a: torch.Tensor) -> torch.Tensor:
+        return torch_fn(a)
+
+    ref.__name__ = ref.__qualname__ = name
+    ref.__doc__ = f"Pointwise ``{name}(a)``; the eager reference is ``torch.{name}``."
+    return _register(PrimKind.POINTWISE)(ref)
+
+
+# --- pointwise, two inputs (14): tensors of one shape and dtype, or a Python number ---------
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "logical_and": torch.logical_and,
+}  # fmt: skip
+
+
+def _binary_prim(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    def ref(a: torch.Tensor | Number, b: torch.Tensor | Number) -> torch.Tensor:
+        like = _first_tensor(a, b)
+        return torch_fn(_as_tensor(a, like), _as_tensor(b, like))
+
+    ref.__name__ = ref.__qualname__ = name
+    ref.__doc__ = f"Pointwise ``{name}(a, b)`` (``div`` is true division on floats)."
+    return _register(PrimKind.POINTWISE)(ref)
+
+
+# Defined from the two tables above so the list reads as a list; each lands in this module's
+# namespace (prims.sin, prims.add, ...) like the hand-written prims below.
+for _name, _fn in _UNARY.items():
+    globals()[_name] = _unary(_name, _fn)
+for _name, _fn in _BINARY.items():
+    globals()[_name] = _binary_prim(_name, _fn)
+del _name, _fn
+
+
+@_register(PrimKind.POINTWISE)
+def where(
+    cond: torch.Tensor, a: torch.Tensor | Number, b: torch.Tensor | Number
+) -> torch.Tensor:
+    """``a`` where ``cond`` (bool) is true, else ``b``; ``a`` and ``b`` share one dtype."""
+    like = _first_tensor(a, b) if any(isinstance(v, torch.Tensor) for v in (a, b)) else None
+    if like is None:
+        raise TypeError("prims.where needs at least one tensor among a and b")
+    return torch.where(cond, _as_tensor(a, like), _as_tensor(b, like))
+
+
+@_register(PrimKind.POINTWISE)
+def convert_element_type(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast to ``dtype`` (the only prim that changes dtype, besides comparisons)."""
+    return a.to(dtype)
+
+
+# --- reductions (3): the reduced dims disappear ---------------------------------------------
+@_register(PrimKind.REDUCTION)
+def sum(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:  # noqa: A001 (PyTorch's name)
+    """Sum over ``dims``."""
+    return torch.sum(a, dim=tuple(dims)) if dims else a.clone()
+
+
+@_register(PrimKind.REDUCTION)
+def amax(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """Maximum over ``dims`` (NaN propagates, like torch.amax)."""
+    return torch.amax(a, dim=tuple(dims)) if dims else a.clone()
+
+
+@_register(PrimKind.REDUCTION)
+def amin(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """Minimum over ``dims``."""
+    return torch.amin(a, dim=tuple(dims)) if dims else a.clone()
+
+
+# --- views (4): free in the compiler (index arithmetic), copies are never needed -------------
+@_register(PrimKind.VIEW)
+def broadcast_in_dim(
+    a: torch.Tensor, shape: Sequence[int], broadcast_dimensions: Sequence[int]
+) -> torch.Tensor:
+    """Broadcast ``a`` to ``shape``; dim ``i`` of ``a`` becomes dim ``broadcast_dimensions[i]``.
+
+    Example: a row of 10 biases to a (32, 10) batch is ``broadcast_in_dim(b, (32, 10), (1,))``.
+    """
+    view_shape = [1] * len(shape)
+    for src_dim, dst_dim in enumerate(broadcast_dimensions):
+        view_shape[dst_dim] = a.shape[src_dim]
+    return a.reshape(view_shape).expand(tuple(shape))
+
+
+@_register(PrimKind.VIEW)
+def reshape(a: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Same elements in row-major order, new ``shape`` (no -1: sizes are explicit)."""
+    return a.reshape(tuple(shape))
+
+
+@_register(PrimKind.VIEW)
+def permute(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """Reorder dimensions: output dim ``i`` is input dim ``dims[i]``."""
+    return a.permute(tuple(dims))
+
+
+@_register(PrimKind.VIEW)
+def slice(a: torch.Tensor, dim: int, start: int, end: int, step: int = 1) -> torch.Tensor:  # noqa: A001
+    """Elements ``start, start+step, ... < end`` along ``dim`` (bounds already clamped)."""
+    return torch.ops.aten.slice.Tensor(a, dim, start, end, step)
+
+
+# --- creation (2) ------------------------------------------------------------------------------
+@_register(PrimKind.CREATION)
+def full(
+    shape: Sequence[int], value: Number, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A tensor of ``shape`` filled with ``value``."""
+    return torch.full(tuple(shape), value, dtype=dtype, device=device)
+
+
+@_register(PrimKind.CREATION)
+def iota(length: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``0, 1, ..., length-1``: with ``eq`` and ``where`` it replaces gathers (one-hot tricks)."""
+    return torch.arange(length, dtype=dtype, device=device)
+
+
+def is_prim(target: Any) -> bool:
+    """True for the prim functions of this module (the FX targets of a decomposed graph)."""
+    return target in PRIM_INFO
+
+
+def prim_kind(target: Any) -> PrimKind:
+    return PRIM_INFO[target].kind
+
+
+def reduction_identity(name: str, dtype: torch.dtype) -> Number:
+    """The starting value of a reduction: 0 for sum, -inf/+inf (or int limits) for amax/amin."""
+    if name == "sum":
+        return 0
+    big = math.inf if dtype.is_floating_point else torch.iinfo(dtype).max
+    return -big if name == "amax" else big
