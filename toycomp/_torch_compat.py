@@ -8,3 +8,27 @@ and torch 2.11 on the GPU machine). Stages import these names from here, never f
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (aot.py's recorder)
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: F401
 from torch._C import _set_grad_enabled  # noqa: F401  (capture.py records grad-mode changes)
+from torch._ops import OpOverload  # noqa: F401  (decompositions.py: is this target an ATen op?)
+
+
+# Ops that update their running stats in place although their schema does not say so.
+_UNANNOTATED_WRITES = {
+    f"aten::{name}": ("running_mean", "running_var")
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+}
+
+
+def written_tensor_args(func, args, kwargs):  # capture.py: which tensors does an ATen op mutate?
+    """Tensor arguments that an OpOverload's schema marks as written (``Tensor(a!)``)."""
+    written = []
+    unannotated = _UNANNOTATED_WRITES.get(func._schema.name, ())
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name in unannotated or (arg.alias_info is not None and arg.alias_info.is_write):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            written += [v for v in values if hasattr(v, "untyped_storage")]
+    return written
+
+
+def tensor_version(t):  # capture.py: a tensor's in-place version counter
+    return t._version
