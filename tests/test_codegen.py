@@ -1,0 +1,374 @@
+"""Code generation (C++ and Triton), compilation cache and wrapper, on hand-built loop IR.
+
+Eager PyTorch is the oracle. Triton runs on CPU through its interpreter (no TRITON_INTERPRET
+needed); the CUDA tests run only where a GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sympy
+import torch
+
+from toycomp import prims
+from toycomp.inductor import cache, cpp, ir, triton, wrapper
+from toycomp.inductor.ir import (
+    AllocatedBuffer,
+    Constant,
+    ExternKernel,
+    IndexValue,
+    InputBuffer,
+    Kernel,
+    Load,
+    Local,
+    Loop,
+    Op,
+    Reduce,
+    ReductionType,
+    ScheduledGraph,
+    Store,
+    TensorArg,
+    r,
+    x,
+)
+from toycomp.inductor.triton_helpers import TRITON_OPS
+
+F32, I64, BOOL = torch.float32, torch.int64, torch.bool
+BACKENDS = ["cpp", "triton"]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def contiguous(size):
+    return ir.contiguous_strides(tuple(size))
+
+
+def run(kernels, inputs: dict, outputs: dict, backend: str, device="cpu", steps=None):
+    """Wrap kernels in a ScheduledGraph (inputs contiguous, outputs = whole buffers) and run it."""
+    graph = ScheduledGraph(
+        inputs=tuple(
+            InputBuffer(n, tuple(t.shape), t.stride(), t.dtype) for n, t in inputs.items()
+        ),
+        allocations=tuple(
+            AllocatedBuffer(n, size, contiguous(size), dt) for n, (size, dt) in outputs.items()
+        ),
+        steps=tuple(steps or kernels),
+        outputs=tuple(TensorArg(n, size, contiguous(size)) for n, (size, _) in outputs.items()),
+        device=torch.device(device),
+    )
+    compiled = wrapper.compile_graph(graph, backend)
+    return compiled, compiled([t.to(device) for t in inputs.values()])
+
+
+def check(actual, expected):
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), equal_nan=True, rtol=1e-4, atol=1e-5)
+
+
+# --- kernels --------------------------------------------------------------------------------------
+def sincos_kernel(n: int) -> Kernel:
+    a = Load("arg0", x, F32)
+    sq = lambda v: Op("pow", (v, Constant(2.0, F32)), F32)  # noqa: E731
+    body = Op("add", (sq(Op("sin", (a,), F32)), sq(Op("cos", (a,), F32))), F32)
+    dtypes = (("arg0", F32), ("buf0", F32))
+    return Kernel("kernel_0", n, 1, (Loop(False, (Store("buf0", x, body),)),), dtypes, ("sin",))
+
+
+def softmax_kernel(rows: int, cols: int) -> Kernel:
+    a = Load("arg0", r + cols * x, F32)
+    e = Op("exp", (Op("sub", (a, Local("amax", F32)), F32),), F32)
+    loops = (
+        Loop(True, (Reduce("amax", ReductionType.MAX, a, F32),)),
+        Loop(True, (Reduce("sum_1", ReductionType.SUM, e, F32),)),
+        Loop(True, (Store("buf2", r + cols * x, Op("div", (e, Local("sum_1", F32)), F32)),)),
+    )
+    dtypes = (("arg0", F32), ("buf2", F32))
+    return Kernel("kernel_1", rows, cols, loops, dtypes, ("amax", "sub", "exp", "sum", "div"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sin_cos_pointwise(backend):
+    a = torch.randn(1000)
+    compiled, (out,) = run([sincos_kernel(1000)], {"arg0": a}, {"buf0": ((1000,), F32)}, backend)
+    check(out, a.sin() ** 2 + a.cos() ** 2)
+    assert "kernel_0" in compiled.kernels[0].source and "sin" in compiled.kernels[0].source
+    assert "def call(args)" in compiled.wrapper_source
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows,cols", [(8, 1000), (3, 5000)])
+def test_softmax(backend, rows, cols):
+    a = torch.randn(rows, cols)
+    a[1, 7] = float("nan")  # a NaN row stays NaN (amax propagates it)
+    outputs = {"buf2": ((rows, cols), F32)}
+    compiled, (out,) = run([softmax_kernel(rows, cols)], {"arg0": a}, outputs, backend)
+    check(out, torch.softmax(a, 1))
+    src = compiled.kernels[0].source
+    if backend == "triton":
+        assert ("for roffset in range" in src) == (cols > triton.PERSISTENT_MAX_RNUMEL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", [ReductionType.SUM, ReductionType.MAX])
+def test_reduce_to_scalar(backend, kind):
+    n = 100_000
+    a = torch.rand(n)
+    red = Reduce("acc", kind, Load("arg0", r, F32), F32)
+    loops = (Loop(True, (red,)), Loop(False, (Store("buf0", sympy.Integer(0), Local("acc", F32)),)))
+    k = Kernel("kernel_0", 1, n, loops, (("arg0", F32), ("buf0", F32)), ("sum",))
+    compiled, (out,) = run([k], {"arg0": a}, {"buf0": ((), F32)}, backend)
+    check(out, a.sum() if kind == ReductionType.SUM else a.amax())
+    if backend == "cpp":  # one row: the reduction itself runs in parallel
+        assert "#pragma omp parallel for simd reduction(" in compiled.kernels[0].source
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int64_and_bool(backend):
+    n, c = 6, 5  # one_hot-like: out[i, j] = where(j == labels[i], 2.5, -1.0), and the mask
+    i, j = ir.FloorDiv(x, c), ir.modular(x, c)
+    hit = Op("eq", (IndexValue(j, I64), Load("labels", i, I64)), BOOL)
+    body = Op("where", (hit, Constant(2.5, F32), Constant(-1.0, F32)), F32)
+    count = Op("add", (Load("labels", i, I64), Constant(1, I64)), I64)
+    stores = (Store("buf0", x, body), Store("buf1", x, hit), Store("buf2", x, count))
+    dtypes = (("labels", I64), ("buf0", F32), ("buf1", BOOL), ("buf2", I64))
+    k = Kernel("kernel_0", n * c, 1, (Loop(False, stores),), dtypes, ("eq", "where"))
+    labels = torch.tensor([0, 4, 2, 2, 1, 3])
+    outs = {"buf0": ((n, c), F32), "buf1": ((n, c), BOOL), "buf2": ((n, c), I64)}
+    _, (vals, mask, counts) = run([k], {"labels": labels}, outs, backend)
+    expected_mask = torch.arange(c)[None, :] == labels[:, None]
+    assert torch.equal(mask, expected_mask)
+    check(vals, torch.where(expected_mask, 2.5, -1.0))
+    assert torch.equal(counts, (labels[:, None] + 1).expand(n, c))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_load(backend):
+    m, n = 7, 9  # out (n, m) = 2 * in.T, in (m, n) contiguous
+    i, j = ir.FloorDiv(x, m), ir.modular(x, m)
+    body = Op("mul", (Load("arg0", j * n + i, F32), Constant(2.0, F32)), F32)
+    k = Kernel("kernel_0", m * n, 1, (Loop(False, (Store("buf0", x, body),)),),
+               (("arg0", F32), ("buf0", F32)), ("permute", "mul"))  # fmt: skip
+    a = torch.randn(m, n)
+    _, (out,) = run([k], {"arg0": a}, {"buf0": ((n, m), F32)}, backend)
+    check(out, 2 * a.T)
+
+
+def mm_graph(device="cpu") -> ScheduledGraph:
+    """buf0 = a @ b.T (b given as (4, 16), passed transposed); buf1 = relu(buf0) by a kernel."""
+    mm = ExternKernel(
+        "buf0", "aten.mm.default",
+        (TensorArg("a", (8, 16), (16, 1)), TensorArg("b", (16, 4), (1, 16))), (),
+        (8, 4), (4, 1), F32, fallback=False, origins=("mm",),
+    )  # fmt: skip
+    relu = Op("maximum", (Load("buf0", x, F32), Constant(0.0, F32)), F32)
+    k = Kernel("kernel_0", 32, 1, (Loop(False, (Store("buf1", x, relu),)),),
+               (("buf0", F32), ("buf1", F32)), ("relu",))  # fmt: skip
+    return ScheduledGraph(
+        inputs=(InputBuffer("a", (8, 16), (16, 1), F32), InputBuffer("b", (4, 16), (16, 1), F32)),
+        allocations=(AllocatedBuffer("buf1", (8, 4), (4, 1), F32),),
+        steps=(mm, k),
+        outputs=(TensorArg("buf1", (8, 4), (4, 1)), TensorArg("buf0", (4, 8), (1, 4)), None),
+        device=torch.device(device),
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_extern_mm_in_graph(backend):
+    a, b = torch.randn(8, 16), torch.randn(4, 16)
+    compiled = wrapper.compile_graph(mm_graph(), backend)
+    relu, mm_t, none = compiled([a, b])
+    check(relu, torch.relu(a @ b.T))
+    check(mm_t, (a @ b.T).T)
+    assert none is None
+    assert "aten.mm.default(" in compiled.wrapper_source
+    assert "reinterpret_tensor(buf0, (4, 8), (1, 4), 0)" in compiled.wrapper_source
+    assert "aten.mm.default" in repr(compiled)
+    with pytest.raises(ValueError, match="input a: compiled for"):
+        compiled([a.T.contiguous().T, b])  # same values, other strides
+
+
+# --- every op of the rule tables against its prim's eager reference ------------------------
+def test_rule_tables_cover_every_pointwise_prim():
+    pointwise = {i.name for i in prims.PRIM_INFO.values() if i.kind == prims.PrimKind.POINTWISE}
+    assert set(cpp.CPP_OPS) == pointwise
+    assert set(TRITON_OPS) == pointwise
+
+
+INF, NAN = float("inf"), float("nan")
+FLOATS = [-3.0, -1.0, -0.5, -0.0, 0.0, 1e-3, 0.5, 1.0, 2.5, 20.0, INF, -INF, NAN]
+PAIR_VALUES = [-2.0, -0.5, 0.0, 1.0, 3.0, INF, -INF, NAN]
+
+
+def op_cases():
+    """(prim name, input tensors, dtype) cases, NaN/inf edge cases included."""
+    u, pairs = torch.tensor(FLOATS), torch.tensor(PAIR_VALUES)
+    pa, pb = (t.reshape(-1) for t in torch.meshgrid(pairs, pairs, indexing="ij"))
+    ints_a = torch.tensor([-7, -1, 0, 0, 3, 5, 2**40], dtype=I64)
+    ints_b = torch.tensor([2, -1, 0, 4, 3, -9, 7], dtype=I64)
+    bools_a = torch.tensor([True, True, False, False])
+    bools_b = torch.tensor([True, False, True, False])
+    cases = []
+    for name in ["neg", "abs", "exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+                 "tanh", "erf", "floor", "sign"]:  # fmt: skip
+        cases.append((name, (u,), F32))
+    for name in ["add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                 "eq", "ne", "lt", "le", "gt", "ge"]:  # fmt: skip
+        cases.append((name, (pa, pb), F32))
+    for name in ["add", "sub", "mul", "maximum", "minimum", "eq", "lt", "neg", "abs", "sign"]:
+        cases.append((name, (ints_a, ints_b)[: 1 if name in ("neg", "abs", "sign") else 2], I64))
+    cases.append(("logical_not", (bools_a,), BOOL))
+    cases.append(("logical_and", (bools_a, bools_b), BOOL))
+    values = (torch.tensor([1.0, 2, 3, 4]), torch.tensor([-1.0, -2, -3, -4]))
+    cases.append(("where", (bools_a, *values), F32))
+    return cases
+
+
+def op_kernel():
+    """All cases as one kernel with one store per case: (kernel, inputs, expected outputs)."""
+    n = 64
+    stores, dtypes, expected, inputs = [], [], {}, {}
+    for k, (name, args, dt) in enumerate(op_cases()):
+        ir_args = []
+        for j, t in enumerate(args):
+            buf = f"in{k}_{j}"
+            inputs[buf] = torch.cat([t, t[:1].expand(n - len(t))])  # pad to n elements
+            dtypes.append((buf, t.dtype))
+            ir_args.append(Load(buf, x, t.dtype))
+        ref_fn = prims.PRIM_INFO[prims.PRIMS[name]].ref
+        ref = ref_fn(*(inputs[f"in{k}_{j}"] for j in range(len(args))))
+        out = f"out{k}_{name}_{str(dt).split('.')[1]}"
+        expected[out] = ref
+        stores.append(Store(out, x, Op(name, tuple(ir_args), ref.dtype)))
+        dtypes.append((out, ref.dtype))
+    # constants: pow special cases, a materialised number, conversions
+    v = torch.tensor(FLOATS[:10] * 7)[:n]
+    inputs["v"], src = v, Load("v", x, F32)
+    dtypes.append(("v", F32))
+    to_bf16 = Op("convert_element_type", (src,), torch.bfloat16)
+    extra = {
+        "pow2": (Op("pow", (src, Constant(2.0, F32)), F32), v**2),
+        "pow05": (Op("pow", (src, Constant(0.5, F32)), F32), v**0.5),
+        "pow17": (Op("pow", (src, Constant(1.7, F32)), F32), v**1.7),
+        "powm1": (Op("pow", (src, Constant(-1.0, F32)), F32), v**-1),
+        "two_pow": (Op("pow", (Constant(2.0, F32), src), F32), 2.0**v),
+        "exp_const": (Op("add", (src, Op("exp", (Constant(1.0, F32),), F32)), F32), v + torch.e),
+        "to_i64": (Op("convert_element_type", (src,), I64), v.to(I64)),
+        "to_bool": (Op("convert_element_type", (src,), BOOL), v.to(BOOL)),
+        "to_bf16": (Op("convert_element_type", (to_bf16,), F32), v.to(torch.bfloat16).to(F32)),
+    }
+    for name, (expr, ref) in extra.items():
+        stores.append(Store(name, x, expr))
+        dtypes.append((name, ref.dtype))
+        expected[name] = ref
+    k = Kernel("kernel_0", n, 1, (Loop(False, tuple(stores)),), tuple(dtypes), ("ops",))
+    return k, inputs, expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_op_against_eager(backend):
+    k, inputs, expected = op_kernel()
+    outputs = {name: (tuple(t.shape), t.dtype) for name, t in expected.items()}
+    _, outs = run([k], inputs, outputs, backend)
+    for (name, ref), out in zip(expected.items(), outs):
+        assert out.dtype == ref.dtype, name
+        torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_buffers(backend):
+    bf = torch.bfloat16
+    body = Op("mul", (Op("exp", (Load("arg0", x, bf),), bf), Constant(3.0, bf)), bf)
+    k = Kernel("kernel_0", 100, 1, (Loop(False, (Store("buf0", x, body),)),),
+               (("arg0", bf), ("buf0", bf)), ("exp", "mul"))  # fmt: skip
+    a = torch.randn(100).to(bf)
+    _, (out,) = run([k], {"arg0": a}, {"buf0": ((100,), bf)}, backend)
+    assert out.dtype == bf
+    torch.testing.assert_close(out, (a.float().exp() * 3).to(bf))
+
+
+# --- C++ compilation cache and errors ------------------------------------------------------------
+def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = cache._run_compiler
+    monkeypatch.setattr(cache, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
+    source = cpp.generate(sincos_kernel(10)).source
+    first = cache.compile_cpp(source)
+    assert len(calls) == 1 and first.exists()
+    assert cache.compile_cpp(source) == first
+    assert len(calls) == 1  # second compile: a cache hit, no compiler
+    a = torch.randn(10)
+    _, (out,) = run([sincos_kernel(10)], {"arg0": a}, {"buf0": ((10,), F32)}, "cpp")
+    assert len(calls) == 1
+    check(out, a.sin() ** 2 + a.cos() ** 2)
+
+
+def test_cpp_compiler_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    with pytest.raises(cache.CppCompileError, match="error"):
+        cache.compile_cpp('extern "C" void f() { this is not C++; }')
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(cache.CppCompileError, match="no-such-compiler"):
+        cache.compile_cpp('extern "C" void g() {}')
+
+
+def test_clear_errors():
+    with pytest.raises(RuntimeError, match="C\\+\\+ backend runs on CPU"):
+        wrapper.compile_graph(mm_graph("cuda"), "cpp")
+    with pytest.raises(ValueError, match="unknown backend"):
+        wrapper.compile_graph(mm_graph(), "metal")
+    store = Store("b", x, Op("nope", (Load("a", x, F32),), F32))
+    bad = Kernel("kernel_0", 4, 1, (Loop(False, (store,)),), (("a", F32), ("b", F32)), ())
+    for gen in (cpp.generate, triton.generate):
+        with pytest.raises(NotImplementedError, match="'nope'"):
+            gen(bad)
+
+
+def test_interpreter_leaves_no_global_state():
+    """A CUDA compile after an interpreted CPU run must see an untouched triton.language."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    spaces = [tl, tl.core, tl.math, tl.tensor, tl.dtype]
+    before = [dict(vars(s)) for s in spaces]
+    env, call = os.environ.get("TRITON_INTERPRET"), JITFunction.__call__
+    a = torch.randn(3, 5000)
+    run([softmax_kernel(3, 5000)], {"arg0": a}, {"buf2": ((3, 5000), F32)}, "triton")
+    assert (os.environ.get("TRITON_INTERPRET"), JITFunction.__call__) == (env, call)
+    for space, old in zip(spaces, before):
+        new = dict(vars(space))
+        changed = [k for k in set(old) | set(new) if old.get(k) is not new.get(k)]
+        assert not changed, (space, changed)
+
+
+def test_generated_names_are_readable():
+    src = triton.generate(softmax_kernel(8, 1000)).source
+    for name in ("in_ptr0", "out_ptr0", "xnumel", "rnumel", "xindex", "rindex", "xmask", "rmask",
+                 "tmp0", "# FX origins: amax"):  # fmt: skip
+        assert name in src
+    assert "libdevice" not in src
+    csrc = cpp.generate(softmax_kernel(8, 1000)).source
+    assert '// kernel_1 (FX origins: amax' in csrc and "#pragma omp parallel for" in csrc
+
+
+# --- CUDA (the lent GPU machine) -----------------------------------------------------------------
+@CUDA
+@pytest.mark.parametrize("rows,cols", [(8, 1000), (3, 5000), (300, 100)])
+def test_cuda_softmax(rows, cols):
+    a = torch.randn(rows, cols)
+    _, (out,) = run([softmax_kernel(rows, cols)], {"arg0": a}, {"buf2": ((rows, cols), F32)},
+                    "triton", device="cuda")  # fmt: skip
+    assert out.is_cuda
+    check(out, torch.softmax(a, 1))
+
+
+@CUDA
+def test_cuda_ops_and_mm():
+    k, inputs, expected = op_kernel()
+    outputs = {name: (tuple(t.shape), t.dtype) for name, t in expected.items()}
+    _, outs = run([k], inputs, outputs, "triton", device="cuda")
+    for (name, ref), out in zip(expected.items(), outs):
+        torch.testing.assert_close(out.cpu(), ref, equal_nan=True, rtol=1e-4, atol=1e-5, msg=name)
+    a, b = torch.randn(8, 16, device="cuda"), torch.randn(4, 16, device="cuda")
+    relu, _, _ = wrapper.compile_graph(mm_graph("cuda"), "triton")([a, b])
+    check(relu, torch.relu(a @ b.T))

@@ -1,0 +1,344 @@
+"""Stage 4c (shared part): from ``ir.Kernel`` to source text, whatever the target language.
+
+Input IR -> output IR: one ``ir.Kernel`` (loops of ``Store`` / ``Reduce`` over the flat variables
+``x`` and ``r``) -> the source of one kernel. This module holds what both backends share; the
+languages themselves live in ``cpp.py`` (C++/OpenMP) and ``triton.py``:
+
+* ``IndentedBuffer``: lines with an indentation level, nothing more;
+* ``CSE``: a ten-line common-subexpression table that names every value ``tmp0, tmp1, ...``;
+* ``IndexPrinter``: sympy index expressions -> ``rindex + 1000*xindex`` (C++ and Python agree,
+  except for ``FloorDiv``);
+* ``KernelCodegen``: walks a kernel and fills five sections per loop: ``prefix`` (before the loop:
+  accumulators), ``loads``, ``compute``, ``stores`` (the loop body, in that order) and ``suffix``
+  (after the loop: final reductions). Backends implement ``load``, ``store``, ``reduce``,
+  ``constant``, ``index_value``, ``cast``, ``declare`` and ``codegen_kernel``.
+
+Tiny example: ``Store(buf0, x, Op("sin", (Load(arg0, x),)))`` fills ``loads`` with
+``tmp0 = load(arg0, xindex)``, ``compute`` with ``tmp1 = sin(tmp0)`` and ``stores`` with
+``store(buf0, xindex, tmp1)``, each spelled in the backend's language.
+
+NB: in PyTorch this lives in torch/_inductor/codegen/common.py (IndentedBuffer, CSE, Kernel with
+its loads / compute / stores buffers, OpOverrides) and torch/_inductor/codegen/simd.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import keyword
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import sympy
+import torch
+from sympy.printing.str import StrPrinter
+
+from toycomp.inductor import ir
+
+OpRule = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """One kernel's source text, ready to print, compile, or look up in ``explain``."""
+
+    name: str
+    backend: str  # "cpp" or "triton"
+    source: str
+    origins: tuple[str, ...]
+    call: str = ""  # the line of the Python wrapper that launches it
+
+    def __repr__(self) -> str:
+        return f"GeneratedKernel({self.name}, {self.backend}, origins={list(self.origins)})"
+
+
+class IndentedBuffer:
+    """A list of source lines, each written at the current indentation."""
+
+    def __init__(self, indent: str = "    ") -> None:
+        self.lines: list[str] = []
+        self.level = 0
+        self.unit = indent
+
+    def writeline(self, line: str = "") -> None:
+        self.lines.append(self.unit * self.level + line if line else "")
+
+    def writelines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.writeline(line)
+
+    def splice(self, other: "IndentedBuffer") -> None:
+        """Append ``other``'s lines at this buffer's indentation."""
+        self.writelines(other.lines)
+
+    @contextlib.contextmanager
+    def indent(self, levels: int = 1) -> Iterator[None]:
+        self.level += levels
+        try:
+            yield
+        finally:
+            self.level -= levels
+
+    def getvalue(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+class CSE:
+    """Names each distinct expression once: ``generate(buf, "sin(tmp0)")`` -> ``"tmp1"``.
+
+    The cache is cleared per loop (a value computed inside one loop is out of scope in the
+    next); the counter is not, so names stay unique in a kernel.
+    """
+
+    def __init__(self, declare: Callable[[str, str, torch.dtype], str]) -> None:
+        self.declare = declare  # (name, expr, dtype) -> one line of the backend's language
+        self.cache: dict[str, str] = {}
+        self.counter = 0
+
+    def generate(self, buffer: IndentedBuffer, expr: str, dtype: torch.dtype) -> str:
+        if expr not in self.cache:
+            name = f"tmp{self.counter}"
+            self.counter += 1
+            buffer.writeline(self.declare(name, expr, dtype))
+            self.cache[expr] = name
+        return self.cache[expr]
+
+
+# --- sympy index expressions ----------------------------------------------------------------------
+class IndexPrinter(StrPrinter):
+    """Prints index expressions over ``x``/``r`` as ``xindex``/``rindex`` arithmetic."""
+
+    floordiv = "//"
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        return {"x": "xindex", "r": "rindex"}.get(expr.name, expr.name)
+
+    def _print_FloorDiv(self, expr: ir.FloorDiv) -> str:
+        base, divisor = (self._print(a) for a in expr.args)
+        return f"({base} {self.floordiv} {divisor})"
+
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
+        raise NotImplementedError(f"index expression {expr} (powers are not supported)")
+
+    def _print_Function(self, expr: sympy.Function) -> str:
+        raise NotImplementedError(f"index expression {expr} (unknown function {expr.func})")
+
+    def _print_Rational(self, expr: sympy.Rational) -> str:
+        raise NotImplementedError(f"index expression {expr} (non-integer coefficient)")
+
+
+def index_upper_bound(expr: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> int:
+    """An upper bound of ``|expr|`` given ``0 <= symbol <= bounds[symbol]`` (for index widths)."""
+    if expr.is_Integer:
+        return abs(int(expr))
+    if expr.is_Symbol:
+        return bounds.get(expr, 2**62)
+    if isinstance(expr, ir.FloorDiv):
+        return index_upper_bound(expr.args[0], bounds) // max(1, abs(int(expr.args[1])))
+    if expr.is_Add or expr.is_Mul:
+        parts = [index_upper_bound(a, bounds) for a in expr.args]
+        total = 0 if expr.is_Add else 1
+        for p in parts:
+            total = total + p if expr.is_Add else total * p
+        return total
+    return 2**62  # unknown: assume it needs 64 bits
+
+
+# --- dtypes --------------------------------------------------------------------------------------
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic on fp16/bf16 happens in fp32 (rounded back only on stores and casts)."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+# Ops whose arguments keep their own dtype; every other op computes in its result dtype, so the
+# arguments are cast to it first (prims promise equal dtypes, this makes a slip harmless).
+COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+KEEP_ARG_DTYPES = COMPARISONS | {"logical_not", "logical_and", "convert_element_type"}
+
+
+def simplify_pow(expr: ir.Op) -> ir.Expr:
+    """``pow(a, 2.0)`` -> ``mul(a, a)`` and friends, like eager PyTorch's own special cases."""
+    base, exponent = expr.args
+    if not isinstance(exponent, ir.Constant) or not expr.dtype.is_floating_point:
+        return expr
+    e, dt = exponent.value, expr.dtype
+    if e == 1:
+        return base
+    if e == 2:
+        return ir.Op("mul", (base, base), dt)
+    if e == 3:
+        return ir.Op("mul", (ir.Op("mul", (base, base), dt), base), dt)
+    if e == 0.5:
+        return ir.Op("sqrt", (base,), dt)
+    if e == -1:
+        return ir.Op("reciprocal", (base,), dt)
+    return expr
+
+
+# Python builtins and keywords a kernel may use; a Reduce named like one gets a prefix.
+_RESERVED = set(keyword.kwlist) | {"sum", "max", "min", "abs", "float", "range", "int", "tl"}
+
+
+class KernelCodegen:
+    """What both backends share: argument names, the expression walk, the per-loop sections.
+
+    Subclasses set ``ops`` (their rule table, keyed by prim name) and implement the
+    language-specific methods below, which all return source strings.
+    """
+
+    ops: dict[str, OpRule] = {}
+    printer: IndexPrinter = IndexPrinter()
+
+    def __init__(self, kernel: ir.Kernel) -> None:
+        self.kernel = kernel
+        self.dtypes = dict(kernel.buffer_dtypes)
+        self.args = self._assign_args()
+        self.cse = CSE(self.declare)
+        self.locals: dict[str, str] = {}  # Reduce.name -> variable holding the result
+        self.new_sections()
+
+    def _assign_args(self) -> dict[str, str]:
+        writes = self.kernel.writes()
+        reads = [b for b in self.kernel.reads() if b not in writes]
+        for name in (*reads, *writes):
+            if name not in self.dtypes:
+                raise ValueError(f"{self.kernel.name}: buffer {name} missing from buffer_dtypes")
+        args = {b: f"in_ptr{i}" for i, b in enumerate(reads)}
+        args.update({b: f"out_ptr{i}" for i, b in enumerate(writes)})
+        return args
+
+    def new_sections(self) -> None:
+        self.prefix, self.loads, self.compute = IndentedBuffer(), IndentedBuffer(), IndentedBuffer()
+        self.stores, self.suffix = IndentedBuffer(), IndentedBuffer()
+        self.cse.cache.clear()
+
+    # --- the walk -------------------------------------------------------------------------------
+    def codegen_loop(self, loop: ir.Loop) -> None:
+        """Fill the five sections for one ``ir.Loop`` (call ``new_sections`` first)."""
+        self.in_r_loop = loop.over_r
+        for stmt in loop.body:
+            if not loop.over_r and isinstance(stmt, ir.Reduce):
+                raise ValueError(f"{self.kernel.name}: Reduce {stmt.name} outside an r loop")
+            value = self.codegen_expr(stmt.value)
+            if isinstance(stmt, ir.Store):
+                self.check_index(stmt.index)
+                self.store(stmt.buffer, stmt.index, value, stmt.value)
+            else:
+                self.locals[stmt.name] = self.local_name(stmt.name)
+                self.reduce(stmt, value)
+
+    def codegen_expr(self, expr: ir.Expr) -> str:
+        if isinstance(expr, ir.Load):
+            self.check_index(expr.index)
+            if expr.buffer not in self.args:
+                raise ValueError(f"{self.kernel.name}: load from unknown buffer {expr.buffer}")
+            return self.load(expr.buffer, expr.index, expr.dtype)
+        if isinstance(expr, ir.Constant):
+            return self.constant(expr.value, expr.dtype)
+        if isinstance(expr, ir.IndexValue):
+            self.check_index(expr.index)
+            return self.index_value(expr.index, expr.dtype)
+        if isinstance(expr, ir.Local):
+            if expr.name not in self.locals:
+                raise ValueError(f"{self.kernel.name}: Local({expr.name}) read before its Reduce")
+            return self.locals[expr.name]
+        if isinstance(expr, ir.Op):
+            return self.codegen_op(expr)
+        raise TypeError(f"unknown loop-IR expression {expr!r}")
+
+    def codegen_op(self, expr: ir.Op) -> str:
+        if expr.name == "pow":
+            simpler = simplify_pow(expr)
+            if simpler is not expr:
+                return self.codegen_expr(simpler)
+        if expr.name not in self.ops:
+            raise NotImplementedError(f"{type(self).__name__}: no rule for op {expr.name!r}")
+        args = []
+        for i, arg in enumerate(expr.args):
+            dtype = operand_dtype(expr, i)
+            if isinstance(arg, ir.Constant):  # a number is re-spelled, never cast
+                args.append(self.constant(_convert_number(arg.value, dtype), dtype))
+                continue
+            code = self.codegen_expr(arg)
+            if compute_dtype(arg.dtype) != compute_dtype(dtype):
+                code = self.cast(code, arg.dtype, dtype)
+            args.append(code)
+        code = self.op(expr, args)
+        return self.cse.generate(self.compute, code, expr.dtype)
+
+    def op(self, expr: ir.Op, args: list[str]) -> str:
+        """Apply the rule table (``convert_element_type`` also receives the target dtype)."""
+        if expr.name == "convert_element_type":
+            return self.ops[expr.name](*args, expr.dtype)
+        return self.ops[expr.name](*args)
+
+    def check_index(self, index: sympy.Expr) -> None:
+        allowed = {ir.x, ir.r} if self.in_r_loop else {ir.x}
+        extra = sympy.sympify(index).free_symbols - allowed
+        if extra:
+            where = "an r loop" if self.in_r_loop else "an x-only loop"
+            raise ValueError(f"{self.kernel.name}: index {index} uses {extra} in {where}")
+
+    def local_name(self, name: str) -> str:
+        clean = re.sub(r"\W", "_", name)
+        generated = r"(tmp|in_ptr|out_ptr)\d+|[xr](index|mask|offset|numel|base)?|[XR]BLOCK"
+        reserved = re.fullmatch(generated, clean) or clean in _RESERVED
+        if not clean.isidentifier() or reserved:
+            clean = f"red_{clean}"
+        return clean
+
+    def print_index(self, index: sympy.Expr) -> str:
+        return self.printer.doprint(sympy.sympify(index))
+
+    def origins_comment(self) -> str:
+        return ", ".join(self.kernel.origins) or "(no FX origins recorded)"
+
+    # --- implemented by each backend -----------------------------------------------------------
+    def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+        raise NotImplementedError
+
+    def reduce(self, red: ir.Reduce, value: str) -> None:
+        raise NotImplementedError
+
+    def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def cast(self, value: str, src: torch.dtype, dst: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def codegen_kernel(self) -> str:
+        raise NotImplementedError
+
+
+def operand_dtype(expr: ir.Op, i: int) -> torch.dtype:
+    """The dtype argument ``i`` of ``expr`` is computed in: the op's own dtype, except for the
+    arguments of comparisons / logical ops / casts and the condition of ``where``."""
+    arg = expr.args[i]
+    keep = expr.name in KEEP_ARG_DTYPES or (expr.name == "where" and i == 0)
+    if keep and not (isinstance(arg, ir.Constant) and arg.dtype is None):
+        return arg.dtype
+    return expr.dtype
+
+
+def _convert_number(value: ir.Number, dtype: torch.dtype) -> ir.Number:
+    """A Python number as ``torch.tensor(value).to(dtype)`` would hold it."""
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    return int(value)  # truncation toward zero, like a float -> int cast

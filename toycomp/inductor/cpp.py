@@ -1,0 +1,300 @@
+"""Stage 4c (C++ backend): ``ir.Kernel`` -> one ``extern "C"`` C++ function, OpenMP-parallel.
+
+Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cpp`` and called
+through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
+``#pragma omp parallel for`` across cores, with an inner ``for rindex`` loop per ``ir.Loop`` that
+runs over the reduced elements. For ``sin(x)**2 + cos(x)**2`` on 1000 floats::
+
+    // kernel_0 (FX origins: sin, pow, cos, pow_1, add)
+    extern "C" void kernel_0(const float* in_ptr0, float* out_ptr0)
+    {
+        #pragma omp parallel for
+        for (int64_t xindex = 0; xindex < 1000; xindex++)
+        {
+            float tmp0 = in_ptr0[xindex];
+            float tmp1 = std::sin(tmp0);
+            float tmp2 = tmp1 * tmp1;
+            ...
+            out_ptr0[xindex] = tmp5;
+        }
+    }
+
+float32 computes in ``float`` (the ``std::`` overloads), fp16/bf16 are loaded into ``float`` and
+rounded back on stores, int64 in ``int64_t``, bool in ``bool``; indices are ``int64_t``.
+
+NB: in PyTorch this lives in torch/_inductor/codegen/cpp.py (CppKernel, CppOverrides, the
+vectorised CppVecKernel and the OpenMP scheduling in CppKernelProxy) and
+torch/_inductor/codegen/cpp_prefix.h (the helpers of our PREAMBLE).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Callable
+
+import sympy
+import torch
+
+from toycomp import prims
+from toycomp.inductor import cache, ir
+from toycomp.inductor.codegen import (
+    GeneratedKernel,
+    IndentedBuffer,
+    IndexPrinter,
+    KernelCodegen,
+    compute_dtype,
+)
+
+CPP_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
+    torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}  # fmt: skip
+
+# When a kernel has a single row (numel == 1), parallelise its r loops instead, from this size.
+PARALLEL_REDUCTION_MIN_RNUMEL = 4096
+
+PREAMBLE = r"""#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// max/min that propagate NaN like torch.maximum / torch.amax (std::max would drop it).
+template <typename T> inline T max_propagate_nan(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> inline T min_propagate_nan(T a, T b) { return (a < b || a != a) ? a : b; }
+// bfloat16 is stored as the top 16 bits of a float (round to nearest even on the way back).
+inline float bf16_to_float(uint16_t bits) {
+    uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline uint16_t float_to_bf16(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    if (f != f) return 0x7fc0;
+    return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+"""
+
+
+def cpp_type(dtype: torch.dtype) -> str:
+    if dtype not in CPP_TYPES:
+        raise NotImplementedError(f"C++ backend: dtype {dtype} is not supported")
+    return CPP_TYPES[dtype]
+
+
+def cpp_convert(value: str, dtype: torch.dtype) -> str:
+    """``convert_element_type``: fp16/bf16 round through the narrow type, then compute in float."""
+    if dtype == torch.bfloat16:
+        return f"bf16_to_float(float_to_bf16({value}))"
+    if dtype == torch.float16:
+        return f"static_cast<float>(static_cast<_Float16>({value}))"
+    return f"static_cast<{cpp_type(dtype)}>({value})"
+
+
+# Rule table: prim name -> C++ expression. Arguments are already named values (tmpN) or literals.
+CPP_OPS: dict[str, Callable[..., str]] = {
+    "neg": lambda a: f"-{a}",
+    "abs": lambda a: f"std::abs({a})",
+    "exp": lambda a: f"std::exp({a})",
+    "log": lambda a: f"std::log({a})",
+    "log1p": lambda a: f"std::log1p({a})",
+    "sqrt": lambda a: f"std::sqrt({a})",
+    "rsqrt": lambda a: f"1 / std::sqrt({a})",
+    "reciprocal": lambda a: f"1 / {a}",
+    "sin": lambda a: f"std::sin({a})",
+    "cos": lambda a: f"std::cos({a})",
+    "tanh": lambda a: f"std::tanh({a})",
+    "erf": lambda a: f"std::erf({a})",
+    "floor": lambda a: f"std::floor({a})",
+    "sign": lambda a: f"({a} > 0) - ({a} < 0)",  # NaN -> 0, like torch.sign
+    "logical_not": lambda a: f"!{a}",
+    "add": lambda a, b: f"{a} + {b}",
+    "sub": lambda a, b: f"{a} - {b}",
+    "mul": lambda a, b: f"{a} * {b}",
+    "div": lambda a, b: f"{a} / {b}",
+    "pow": lambda a, b: f"std::pow({a}, {b})",
+    "maximum": lambda a, b: f"max_propagate_nan({a}, {b})",
+    "minimum": lambda a, b: f"min_propagate_nan({a}, {b})",
+    "eq": lambda a, b: f"{a} == {b}",
+    "ne": lambda a, b: f"{a} != {b}",
+    "lt": lambda a, b: f"{a} < {b}",
+    "le": lambda a, b: f"{a} <= {b}",
+    "gt": lambda a, b: f"{a} > {b}",
+    "ge": lambda a, b: f"{a} >= {b}",
+    "logical_and": lambda a, b: f"{a} && {b}",
+    "where": lambda c, a, b: f"{c} ? {a} : {b}",
+    "convert_element_type": cpp_convert,
+}
+
+# Reduce -> (OpenMP reduction identifier, accumulation statement)
+_REDUCTIONS = {
+    ir.ReductionType.SUM: ("+", "{acc} = {acc} + {value};"),
+    ir.ReductionType.MAX: ("max_nan", "{acc} = max_propagate_nan({acc}, {value});"),
+    ir.ReductionType.MIN: ("min_nan", "{acc} = min_propagate_nan({acc}, {value});"),
+}
+
+
+class CppPrinter(IndexPrinter):
+    floordiv = "/"  # indices are non-negative int64_t: C's truncation is floor division
+
+
+class CppKernelCodegen(KernelCodegen):
+    """Generates one C++ function for an ``ir.Kernel``."""
+
+    ops = CPP_OPS
+    printer = CppPrinter()
+
+    def __init__(self, kernel: ir.Kernel) -> None:
+        super().__init__(kernel)
+        self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
+        self.declared_reductions: set[tuple[str, torch.dtype]] = set()
+
+    def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
+        code = f"{self.args[buffer]}[{self.print_index(index)}]"
+        if self.dtypes[buffer] == torch.bfloat16:
+            code = f"bf16_to_float({code})"
+        return self.cse.generate(self.loads, code, self.dtypes[buffer])
+
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+        dtype = self.dtypes[buffer]
+        if dtype == torch.bfloat16:
+            value = f"float_to_bf16({value})"
+        elif compute_dtype(dtype) != compute_dtype(expr.dtype):
+            value = f"static_cast<{cpp_type(dtype)}>({value})"
+        self.stores.writeline(f"{self.args[buffer]}[{self.print_index(index)}] = {value};")
+
+    def reduce(self, red: ir.Reduce, value: str) -> None:
+        acc, dtype = self.locals[red.name], compute_dtype(red.dtype)
+        if compute_dtype(red.value.dtype) != dtype:
+            value = self.cast(value, red.value.dtype, red.dtype)
+        identity = self.constant(prims.reduction_identity(red.reduction_type.value, dtype), dtype)
+        self.prefix.writeline(f"{cpp_type(dtype)} {acc} = {identity};")
+        clause, update = _REDUCTIONS[red.reduction_type]
+        self.stores.writeline(update.format(acc=acc, value=value))
+        self.loop_reductions.append(f"{clause}:{acc}")
+        if clause != "+":
+            self.declared_reductions.add((clause, dtype))
+
+    def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
+        dtype = compute_dtype(dtype or _python_dtype(value))
+        if dtype == torch.bool:
+            return "true" if value else "false"
+        if dtype.is_floating_point:
+            ctype = cpp_type(dtype)
+            if math.isnan(value):
+                return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+            if math.isinf(value):
+                sign = "-" if value < 0 else ""
+                return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+            text = repr(float(value)) + ("f" if dtype == torch.float32 else "")
+            return f"({text})" if value < 0 else text
+        if int(value) == torch.iinfo(dtype).min:
+            return f"std::numeric_limits<{cpp_type(dtype)}>::min()"
+        return f"{cpp_type(dtype)}({int(value)})"
+
+    def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
+        return self.cse.generate(self.compute, self.print_index(index), dtype)
+
+    def cast(self, value: str, src: torch.dtype, dst: torch.dtype) -> str:
+        return cpp_convert(value, dst)
+
+    def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
+        return f"{cpp_type(compute_dtype(dtype))} {name} = {expr};"
+
+    # --- layout ----------------------------------------------------------------------------------
+    def codegen_kernel(self) -> str:
+        k = self.kernel
+        body = IndentedBuffer()
+        parallel_r = k.numel == 1 and k.rnumel >= PARALLEL_REDUCTION_MIN_RNUMEL
+        for loop in k.loops:
+            self.codegen_loop_code(body, loop, parallel_r)
+        code = IndentedBuffer()
+        code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
+        for clause, dtype in sorted(self.declared_reductions, key=str):
+            code.writeline(_declare_reduction(clause, dtype, self))
+        code.writeline(f'extern "C" void {k.name}({self.signature()})')
+        code.writeline("{")
+        with code.indent():
+            if k.numel == 1:
+                code.writeline("const int64_t xindex = 0;")
+                code.splice(body)
+            else:
+                code.writeline("#pragma omp parallel for")
+                code.writeline(f"for (int64_t xindex = 0; xindex < {k.numel}; xindex++)")
+                code.writeline("{")
+                with code.indent():
+                    code.splice(body)
+                code.writeline("}")
+        code.writeline("}")
+        return PREAMBLE + "\n" + code.getvalue()
+
+    def codegen_loop_code(self, body: IndentedBuffer, loop: ir.Loop, parallel_r: bool) -> None:
+        self.new_sections()
+        self.loop_reductions = []
+        self.codegen_loop(loop)
+        if not loop.over_r:
+            for section in (self.loads, self.compute, self.stores):
+                body.splice(section)
+            return
+        body.splice(self.prefix)
+        clauses = "".join(f" reduction({c})" for c in self.loop_reductions)
+        if parallel_r:
+            body.writeline(f"#pragma omp parallel for{' simd' if clauses else ''}{clauses}")
+        elif clauses:
+            body.writeline(f"#pragma omp simd{clauses}")
+        body.writeline(f"for (int64_t rindex = 0; rindex < {self.kernel.rnumel}; rindex++)")
+        body.writeline("{")
+        with body.indent():
+            for section in (self.loads, self.compute, self.stores):
+                body.splice(section)
+        body.writeline("}")
+        body.splice(self.suffix)
+
+    def signature(self) -> str:
+        writes = set(self.kernel.writes())
+        params = []
+        for buffer, arg in self.args.items():
+            const = "" if buffer in writes else "const "
+            params.append(f"{const}{cpp_type(self.dtypes[buffer])}* {arg}")
+        return ", ".join(params)
+
+
+def _declare_reduction(clause: str, dtype: torch.dtype, cg: CppKernelCodegen) -> str:
+    fn = "max_propagate_nan" if clause == "max_nan" else "min_propagate_nan"
+    name = "amax" if clause == "max_nan" else "amin"
+    init = cg.constant(prims.reduction_identity(name, dtype), dtype)
+    return (
+        f"#pragma omp declare reduction({clause} : {cpp_type(dtype)} : "
+        f"omp_out = {fn}(omp_out, omp_in)) initializer(omp_priv = {init})"
+    )
+
+
+def _python_dtype(value: ir.Number) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    return torch.int64 if isinstance(value, int) else torch.float32
+
+
+# --- compile and call -------------------------------------------------------------------------
+def generate(kernel: ir.Kernel) -> GeneratedKernel:
+    """C++ source for ``kernel`` plus the wrapper line that calls it."""
+    cg = CppKernelCodegen(kernel)
+    source = cg.codegen_kernel()
+    ptrs = ", ".join(f"{buffer}.data_ptr()" for buffer in cg.args)
+    return GeneratedKernel(kernel.name, "cpp", source, kernel.origins, f"{kernel.name}({ptrs})")
+
+
+def load(generated: GeneratedKernel) -> Callable[..., None]:
+    """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers."""
+    fn = getattr(cache.load_cpp_library(generated.source), generated.name)
+    fn.restype = None
+    return _PointerCall(fn)
+
+
+class _PointerCall:
+    """Calls a C function whose arguments are all pointers (ints from ``Tensor.data_ptr()``)."""
+
+    def __init__(self, fn: ctypes._CFuncPtr) -> None:
+        self.fn = fn
+
+    def __call__(self, *ptrs: int) -> None:
+        self.fn(*(ctypes.c_void_p(p) for p in ptrs))

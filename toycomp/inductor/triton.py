@@ -1,0 +1,389 @@
+"""Stage 4c (Triton backend): ``ir.Kernel`` -> one ``@triton.jit`` kernel.
+
+Input IR -> output: a fused kernel -> a Python module holding one Triton kernel (plus the few
+``tl.*``-only helpers it uses). Each program handles ``XBLOCK`` values of ``x``; reductions add an
+``RBLOCK``-wide axis over ``r``. For ``sin(x)**2 + cos(x)**2`` on 1000 floats::
+
+    @triton.jit
+    def kernel_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+        # FX origins: sin, pow, cos, pow_1, add
+        xoffset = tl.program_id(0) * XBLOCK
+        xindex = xoffset + tl.arange(0, XBLOCK)
+        xmask = xindex < xnumel
+        tmp0 = tl.load(in_ptr0 + (xindex), xmask)
+        tmp1 = tl.sin(tmp0)
+        ...
+        tl.store(out_ptr0 + (xindex), tmp5, xmask)
+
+Rules (see the Notes): every load and store is masked; fp16/bf16 are upcast to fp32 on load;
+only ``tl.*`` math (Triton's CPU interpreter cannot run ``libdevice``); block sizes come from
+``block_sizes`` (no autotuning). On CPU tensors the kernel runs in Triton's interpreter.
+
+NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonKernel, TritonOverrides,
+persistent vs looped reductions), torch/_inductor/runtime/triton_heuristics.py (block sizes,
+autotuning) and torch/_inductor/runtime/triton_helpers.py (NaN-propagating max/min).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from typing import Any, Callable, Iterator
+
+import sympy
+import torch
+
+from toycomp import prims
+from toycomp.inductor import cache, ir
+from toycomp.inductor.codegen import (
+    KEEP_ARG_DTYPES,
+    GeneratedKernel,
+    IndentedBuffer,
+    KernelCodegen,
+    compute_dtype,
+    index_upper_bound,
+    operand_dtype,
+)
+from toycomp.inductor.triton_helpers import HELPERS, TRITON_OPS, triton_convert, triton_type
+
+# [Note: Triton block sizes]
+# No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
+# * pointwise: XBLOCK = 1024 (fewer for small numel) over a 1-D grid of cdiv(numel, XBLOCK);
+# * rnumel <= PERSISTENT_MAX_RNUMEL: a "persistent" reduction, the whole row in registers:
+#   RBLOCK = next_power_of_2(rnumel), XBLOCK rows per program so that XBLOCK * RBLOCK stays
+#   near BLOCK_ELEMENTS. A softmax over 1000 columns is one pass: load, max, exp, sum, store;
+# * longer rows: a looped reduction, XBLOCK = 1 row per program, RBLOCK = LOOPED_RBLOCK columns
+#   per step, accumulating in an [XBLOCK, RBLOCK] tensor reduced along axis 1 after the loop;
+#   every Loop of the kernel (stores after a reduction too) loops over r again.
+POINTWISE_XBLOCK = 1024
+PERSISTENT_MAX_RNUMEL = 4096
+LOOPED_RBLOCK = 1024
+BLOCK_ELEMENTS = 4096
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
+    """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``."""
+    if not any(loop.over_r for loop in kernel.loops):
+        xblock = min(POINTWISE_XBLOCK, next_power_of_2(kernel.numel))
+        return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
+    if kernel.rnumel <= PERSISTENT_MAX_RNUMEL:
+        rblock = next_power_of_2(kernel.rnumel)
+        xblock = min(next_power_of_2(kernel.numel), max(1, BLOCK_ELEMENTS // rblock))
+    else:
+        rblock, xblock = LOOPED_RBLOCK, 1
+    return {
+        "XBLOCK": xblock,
+        "RBLOCK": rblock,
+        "num_warps": min(8, max(1, xblock * rblock // 512)),
+    }
+
+
+class TritonKernelCodegen(KernelCodegen):
+    """Generates one ``@triton.jit`` function for an ``ir.Kernel``."""
+
+    ops = TRITON_OPS
+
+    def __init__(self, kernel: ir.Kernel) -> None:
+        super().__init__(kernel)
+        self.blocks = block_sizes(kernel)
+        self.is_reduction = "RBLOCK" in self.blocks
+        self.persistent = self.is_reduction and kernel.rnumel <= PERSISTENT_MAX_RNUMEL
+        self.int64_index = self._needs_int64()
+
+    def _needs_int64(self) -> bool:
+        k, b = self.kernel, self.blocks
+        bounds = {
+            ir.x: k.numel + b["XBLOCK"],
+            ir.r: max(k.rnumel, 1) + b.get("RBLOCK", 1),
+        }
+        indices = [
+            e.index
+            for loop in k.loops
+            for stmt in loop.body
+            for e in (*ir.walk(stmt.value), stmt)
+            if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
+        ]
+        return any(index_upper_bound(sympy.sympify(i), bounds) >= 2**31 - 1 for i in indices)
+
+    # --- shapes and masks -----------------------------------------------------------------------
+    def shape(self, with_r: bool) -> str:
+        if not self.is_reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if with_r else "[XBLOCK, 1]"
+
+    def mask(self, index: sympy.Expr | None) -> str:
+        uses_r = self.in_r_loop if index is None else ir.r in sympy.sympify(index).free_symbols
+        return "rmask & xmask" if uses_r else "xmask"
+
+    def pointer(self, buffer: str, index: sympy.Expr) -> str:
+        index = sympy.sympify(index)
+        text = self.print_index(index)
+        if not index.free_symbols:  # a block pointer is needed for a block mask
+            itype = "tl.int64" if self.int64_index else "tl.int32"
+            text = f"tl.full({self.shape(False)}, {text}, {itype})"
+        return f"{self.args[buffer]} + ({text})"
+
+    # --- the backend methods --------------------------------------------------------------------
+    def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
+        mask = self.mask(index)
+        other = ""
+        if "rmask" in mask:
+            other = ", other=" + self.constant(0, self.dtypes[buffer])
+        code = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
+        if compute_dtype(self.dtypes[buffer]) != self.dtypes[buffer]:
+            code += ".to(tl.float32)"
+        return self.cse.generate(self.loads, code, self.dtypes[buffer])
+
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+        dtype = self.dtypes[buffer]
+        if isinstance(expr, ir.Constant):
+            value = self.materialize(value, dtype)
+        if dtype == torch.bool and expr.dtype != torch.bool:
+            value = f"{value} != 0"
+        elif dtype != compute_dtype(expr.dtype):
+            value = f"{value}.to({triton_type(dtype)})"
+        mask = "rmask & xmask" if self.in_r_loop else "xmask"
+        self.stores.writeline(f"tl.store({self.pointer(buffer, index)}, {value}, {mask})")
+
+    def reduce(self, red: ir.Reduce, value: str) -> None:
+        acc, dtype = self.locals[red.name], compute_dtype(red.dtype)
+        if isinstance(red.value, ir.Constant):
+            value = self.materialize(value, dtype)
+        elif compute_dtype(red.value.dtype) != dtype:
+            value = self.cast(value, red.value.dtype, dtype)
+        identity = self.constant(prims.reduction_identity(red.reduction_type.value, dtype), dtype)
+        kind = red.reduction_type
+        if self.persistent:
+            masked = self.cse.generate(
+                self.compute, f"tl.where(rmask & xmask, {value}, {identity})", dtype
+            )
+            self.stores.writelines(_final_reduction(acc, masked, kind, dtype))
+            return
+        partial = f"{acc}_acc"
+        init = f"tl.full([XBLOCK, RBLOCK], {identity}, {triton_type(dtype)})"
+        self.prefix.writeline(f"{partial} = {init}")
+        if kind == ir.ReductionType.SUM:
+            update = f"{partial} + {value}"
+            self.stores.writeline(f"{partial} = tl.where(rmask & xmask, {update}, {partial})")
+        else:
+            better = ">" if kind == ir.ReductionType.MAX else "<"
+            take = f"rmask & xmask & (({value} {better} {partial}) | ({value} != {value}))"
+            self.stores.writeline(f"{partial} = tl.where({take}, {value}, {partial})")
+        self.suffix.writelines(_final_reduction(acc, partial, kind, dtype))
+
+    def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
+        if isinstance(value, bool) or dtype == torch.bool:
+            return "True" if value else "False"
+        if isinstance(value, float) or (dtype is not None and dtype.is_floating_point):
+            value = float(value)
+            if math.isnan(value):
+                return 'float("nan")'
+            if math.isinf(value):
+                return 'float("inf")' if value > 0 else 'float("-inf")'
+            return f"({value!r})" if value < 0 else repr(value)
+        return f"({int(value)})" if value < 0 else str(int(value))
+
+    def materialize(self, value: str, dtype: torch.dtype) -> str:
+        """A number as a tensor of the current shape (``tl.exp(2.0)`` alone is not valid)."""
+        shape = self.shape(self.in_r_loop)
+        return f"tl.full({shape}, {value}, {triton_type(compute_dtype(dtype))})"
+
+    def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
+        index = sympy.sympify(index)
+        text = self.print_index(index)
+        if not index.free_symbols:
+            code = f"tl.full({self.shape(self.in_r_loop)}, {text}, {triton_type(dtype)})"
+        else:
+            code = triton_convert(f"({text})", dtype)
+        return self.cse.generate(self.compute, code, dtype)
+
+    def cast(self, value: str, src: torch.dtype, dst: torch.dtype) -> str:
+        return triton_convert(value, dst)
+
+    def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
+        return f"{name} = {expr}"
+
+    def op(self, expr: ir.Op, args: list[str]) -> str:
+        consts = [isinstance(a, ir.Constant) for a in expr.args]
+        for i, is_const in enumerate(consts):
+            if is_const and (expr.name not in _NUMBERS_OK or (all(consts) and i == 0)):
+                args[i] = self.materialize(args[i], operand_dtype(expr, i))
+        if expr.name == "pow" and not expr.dtype.is_floating_point:
+            raise NotImplementedError("Triton backend: pow on integer tensors")
+        return super().op(expr, args)
+
+    # --- layout ---------------------------------------------------------------------------------
+    def codegen_kernel(self) -> str:
+        body = IndentedBuffer()
+        with body.indent():
+            self.codegen_header(body)
+            for i, loop in enumerate(self.kernel.loops):
+                self.codegen_loop_code(body, i, loop)
+        code = IndentedBuffer()
+        code.writeline("@triton.jit")
+        code.writeline(f"def {self.kernel.name}({', '.join(self.signature())}):")
+        code.splice(body)
+        source = code.getvalue()
+        helpers = [h for name, h in HELPERS.items() if re.search(rf"\b{name}\(", source)]
+        header = "import triton\nimport triton.language as tl\n\n\n"
+        return header + "".join(h + "\n\n" for h in helpers) + source
+
+    def signature(self) -> list[str]:
+        params = [*self.args.values(), "xnumel"]
+        if self.is_reduction:  # constexpr: `range(0, rnumel, RBLOCK)` must see an int (Triton 3.6)
+            params.append("rnumel: tl.constexpr")
+        params.append("XBLOCK: tl.constexpr")
+        if self.is_reduction:
+            params.append("RBLOCK: tl.constexpr")
+        return params
+
+    def codegen_header(self, body: IndentedBuffer) -> None:
+        body.writeline(f"# FX origins: {self.origins_comment()}")
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64_index else "tl.program_id(0)"
+        body.writeline(f"xoffset = {pid} * XBLOCK")
+        if not self.is_reduction:
+            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)")
+        else:
+            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        body.writeline("xmask = xindex < xnumel")
+        if self.is_reduction:
+            cast = ".to(tl.int64)" if self.int64_index else ""
+            body.writeline(f"rbase = tl.arange(0, RBLOCK)[None, :]{cast}")
+        if self.persistent:
+            body.writelines(["rindex = rbase", "rmask = rindex < rnumel"])
+
+    def codegen_loop_code(self, body: IndentedBuffer, i: int, loop: ir.Loop) -> None:
+        self.new_sections()
+        self.codegen_loop(loop)
+        what = ", ".join(_describe(stmt) for stmt in loop.body)
+        body.writeline(f"# loop {i}{' over r' if loop.over_r else ''}: {what}")
+        if not loop.over_r or self.persistent:
+            for section in (self.loads, self.compute, self.stores):
+                body.splice(section)
+            return
+        body.splice(self.prefix)
+        body.writeline("for roffset in range(0, rnumel, RBLOCK):")
+        with body.indent():
+            body.writelines(["rindex = roffset + rbase", "rmask = rindex < rnumel"])
+            for section in (self.loads, self.compute, self.stores):
+                body.splice(section)
+        body.splice(self.suffix)
+
+
+# Ops whose arguments may stay Python numbers (Triton's operators accept them).
+_NUMBERS_OK = {"add", "sub", "mul", "div", "where"} | (KEEP_ARG_DTYPES - {"logical_not"})
+_NUMBERS_OK -= {"logical_and", "convert_element_type"}
+
+
+def _describe(stmt: ir.Store | ir.Reduce) -> str:
+    if isinstance(stmt, ir.Store):
+        return f"store {stmt.buffer}"
+    return f"{stmt.reduction_type.value} -> {stmt.name}"
+
+
+def _final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtype) -> list[str]:
+    """``acc = reduce(t, axis=1)`` as an [XBLOCK, 1] column; max/min propagate NaN like torch."""
+    fn = {ir.ReductionType.SUM: "tl.sum", ir.ReductionType.MAX: "tl.max"}.get(kind, "tl.min")
+    lines = [f"{acc} = {fn}({t}, 1)[:, None]"]
+    if kind != ir.ReductionType.SUM and dtype.is_floating_point:
+        lines += [
+            f"{acc}_nan = tl.max(({t} != {t}).to(tl.int8), 1)[:, None]  # NaN wins, as in torch",
+            f'{acc} = tl.where({acc}_nan != 0, float("nan"), {acc})',
+        ]
+    return lines
+
+
+# --- compile and launch -----------------------------------------------------------------------
+def generate(kernel: ir.Kernel) -> GeneratedKernel:
+    """Triton source for ``kernel`` plus the wrapper line that launches it."""
+    cg = TritonKernelCodegen(kernel)
+    source = cg.codegen_kernel()
+    meta = dict(cg.blocks)
+    grid = f"({-(-kernel.numel // meta['XBLOCK'])},)"
+    sizes = [str(kernel.numel)] + ([str(kernel.rnumel)] if cg.is_reduction else [])
+    kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
+    call = f"{kernel.name}[{grid}]({', '.join([*cg.args, *sizes])}, {kwargs})"
+    return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
+
+
+def load(generated: GeneratedKernel, device: torch.device) -> Any:
+    """Import the kernel's module; on CPU wrap the kernel for Triton's interpreter."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError("backend='triton' needs the triton package (pip install triton)") from e
+    module = cache.load_python_module(generated.source, "triton")
+    kernel = getattr(module, generated.name)
+    if device.type == "cuda":
+        return kernel
+    if device.type == "cpu":
+        return InterpretedKernel(kernel)
+    raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")
+
+
+# [Note: Triton's interpreter without TRITON_INTERPRET]
+# TRITON_INTERPRET=1 makes `@triton.jit` return an InterpretedFunction instead of a JITFunction,
+# but it is read when each function is decorated, including triton.language's own jit functions
+# (tl.sum, tl.max are @triton.jit code), so setting it later is too late. Instead we build the
+# InterpretedFunction ourselves from the plain Python function (`jit_fn.fn`), and while it runs
+# we make calls to other jit functions (tl.sum, our helpers) interpret too. The interpreter
+# patches triton.language while it runs and, for such nested calls, does not undo all of it
+# (a later CUDA compile in the same process would then fail), so we snapshot and restore the
+# patched namespaces. Nothing global outlives a launch, and one module serves CUDA tensors too.
+@contextlib.contextmanager
+def interpreting_device_calls() -> Iterator[None]:
+    """While active, calling a JITFunction runs it in Triton's interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__call__
+    saved = {obj: dict(vars(obj)) for obj in _language_namespaces()}
+
+    def call(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
+        return InterpretedFunction(self.fn)(*args, **kwargs)
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+        for obj, attrs in saved.items():
+            for name, value in list(vars(obj).items()):
+                if name not in attrs:
+                    delattr(obj, name)
+                elif value is not attrs[name]:
+                    setattr(obj, name, attrs[name])
+
+
+def _language_namespaces() -> list[Any]:
+    """The modules and classes that Triton's interpreter monkeypatches."""
+    import triton.language as tl
+
+    # (not tl.standard: the interpreter only adds names to it, which its cached rewrites need)
+    objs = [tl, tl.core, tl.math, tl.tensor, tl.dtype]
+    return objs + [getattr(tl.core, n) for n in ("tensor_descriptor_base",) if hasattr(tl.core, n)]
+
+
+class InterpretedKernel:
+    """``kernel[grid](*args, **meta)`` for CPU tensors, run by Triton's NumPy interpreter."""
+
+    def __init__(self, jit_fn: Any) -> None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self.fn = InterpretedFunction(jit_fn.fn)
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            import numpy as np
+
+            kwargs.pop("num_warps", None)
+            # tl.where evaluates both branches: NumPy's warnings about the unused one are noise.
+            with interpreting_device_calls(), np.errstate(all="ignore"):
+                self.fn[grid](*args, **kwargs)
+
+        return launch

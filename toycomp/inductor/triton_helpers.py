@@ -1,0 +1,109 @@
+"""Triton spellings of toycomp's prims: the ``TRITON_OPS`` rule table and ``tl.*``-only helpers.
+
+Input -> output: a prim name and its arguments' source text -> a Triton expression, e.g.
+``TRITON_OPS["sin"]("tmp0") == "tl.sin(tmp0)"``. ``tl`` has no ``tanh``, ``log1p`` or ``pow``
+and Triton's CPU interpreter cannot run ``libdevice``, so those three are small ``@triton.jit``
+helpers written with ``tl.*`` primitives; ``triton.py`` pastes the ones a kernel uses into its
+module. Everything here exists in Triton 3.6 and 3.9.
+
+NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonOverrides) and
+torch/_inductor/runtime/triton_helpers.py (maximum/minimum with NaN, libdevice wrappers).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+TRITON_TYPES = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}  # fmt: skip
+
+
+def triton_type(dtype: torch.dtype) -> str:
+    if dtype not in TRITON_TYPES:
+        raise NotImplementedError(f"Triton backend: dtype {dtype} is not supported")
+    return TRITON_TYPES[dtype]
+
+
+def triton_convert(value: str, dtype: torch.dtype) -> str:
+    """``convert_element_type``: to bool is ``!= 0``; fp16/bf16 round, then compute in fp32."""
+    if dtype == torch.bool:
+        return f"{value} != 0"
+    if dtype in (torch.float16, torch.bfloat16):
+        return f"{value}.to({triton_type(dtype)}).to(tl.float32)"
+    return f"{value}.to({triton_type(dtype)})"
+
+
+# [Note: maximum and NaN]
+# torch.maximum / torch.amax propagate NaN; tl.maximum's default does not (on a GPU it is
+# fmaxf). `where((a > b) | (a != a), a, b)` is NaN when either side is NaN, for every dtype.
+TRITON_OPS: dict[str, Callable[..., str]] = {
+    "neg": lambda a: f"-{a}",
+    "abs": lambda a: f"tl.abs({a})",
+    "exp": lambda a: f"tl.exp({a})",
+    "log": lambda a: f"tl.log({a})",
+    "log1p": lambda a: f"_log1p({a})",
+    "sqrt": lambda a: f"tl.sqrt({a})",
+    "rsqrt": lambda a: f"tl.rsqrt({a})",
+    "reciprocal": lambda a: f"1.0 / {a}",
+    "sin": lambda a: f"tl.sin({a})",
+    "cos": lambda a: f"tl.cos({a})",
+    "tanh": lambda a: f"_tanh({a})",
+    "erf": lambda a: f"tl.erf({a})",
+    "floor": lambda a: f"tl.floor({a})",
+    "sign": lambda a: f"({a} > 0).to({a}.dtype) - ({a} < 0).to({a}.dtype)",  # sign(NaN) = 0
+    "logical_not": lambda a: f"{a} == 0",
+    "add": lambda a, b: f"{a} + {b}",
+    "sub": lambda a, b: f"{a} - {b}",
+    "mul": lambda a, b: f"{a} * {b}",
+    "div": lambda a, b: f"{a} / {b}",
+    "pow": lambda a, b: f"_pow({a}, {b})",
+    "maximum": lambda a, b: f"tl.where(({a} > {b}) | ({a} != {a}), {a}, {b})",
+    "minimum": lambda a, b: f"tl.where(({a} < {b}) | ({a} != {a}), {a}, {b})",
+    "eq": lambda a, b: f"{a} == {b}",
+    "ne": lambda a, b: f"{a} != {b}",
+    "lt": lambda a, b: f"{a} < {b}",
+    "le": lambda a, b: f"{a} <= {b}",
+    "gt": lambda a, b: f"{a} > {b}",
+    "ge": lambda a, b: f"{a} >= {b}",
+    "logical_and": lambda a, b: f"({a} != 0) & ({b} != 0)",
+    "where": lambda c, a, b: f"tl.where({c}, {a}, {b})",
+    "convert_element_type": triton_convert,
+}
+
+# name -> source of a @triton.jit helper (pasted into a kernel's module when used).
+HELPERS = {
+    "_tanh": '''@triton.jit
+def _tanh(x):
+    # (1 - e) / (1 + e) with e = exp(-2|x|) cannot overflow; a Taylor series near 0 keeps
+    # the relative error small where 1 - e cancels.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    small = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0)))
+    return tl.where(tl.abs(x) < 0.01, small, tl.where(x < 0, -t, t))
+''',
+    "_log1p": '''@triton.jit
+def _log1p(x):
+    # Kahan's trick: log(u) * x / (u - 1) with u = 1 + x corrects the rounding of 1 + x.
+    u = x + 1.0
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    y = tl.log(u) * (x / d)
+    return tl.where(u == 1.0, x, tl.where(u == float("inf"), u, y))
+''',
+    "_pow": '''@triton.jit
+def _pow(a, b):
+    # |a| ** b through exp2/log2, then C's pow rules for a < 0, b == 0 and a == 1.
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    b_int = tl.floor(b) == b
+    b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
+    neg = tl.where(b_odd, -mag, mag)
+    neg = tl.where(b_int | (a == float("-inf")), neg, float("nan"))
+    out = tl.where(a < 0, neg, mag)
+    return tl.where((b == 0) | (a == 1), 1.0, out)
+''',
+}
