@@ -77,6 +77,11 @@ def tracing(tracer: Any) -> Iterator[None]:
         _active_tracer.reset(token)
 
 
+def current_tracer() -> Any:
+    """The tracer installed by ``tracing``, or None (decompositions use it to emit extern ops)."""
+    return _active_tracer.get(None)
+
+
 def _register(kind: PrimKind) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def wrap(ref: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(ref)

@@ -1,0 +1,181 @@
+"""Stage 3b, helpers: explicit type promotion, broadcasting and dims for decompositions.
+
+Input IR -> output IR: these helpers take tensors or proxies (anything with ``.shape``/``.dtype``)
+and Python numbers, and call prims to make promotion and broadcasting explicit. Example: ATen's
+``add.Tensor(x_f32[32, 10], b_f32[10])`` decomposes to::
+
+    b1 = prims.broadcast_in_dim(b, [32, 10], [1]);  out = prims.add(x, b1)
+
+and ``div.Tensor(i_int64[3], 2)`` to ``prims.div(prims.convert_element_type(i, float32), 2)``.
+
+NB: in PyTorch this lives in torch/_prims_common/__init__.py (``elementwise_dtypes``,
+``ELEMENTWISE_TYPE_PROMOTION_KIND``) and torch/_refs/__init__.py (``_maybe_broadcast``,
+``_make_elementwise_binary_reference``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, Sequence
+
+import torch
+
+from toycomp import prims
+
+
+class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)
+    """How an op's result dtype follows from its promoted operand dtype."""
+
+    DEFAULT = "default"  # the promoted dtype (add, mul, where...)
+    INT_TO_FLOAT = "int_to_float"  # bool/int -> default float (sin, exp, true division...)
+    ALWAYS_BOOL = "always_bool"  # comparisons compute in the promoted dtype, return bool
+    BOOL_TO_LONG = "bool_to_long"  # pow: bool -> int64
+
+
+KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (bool, int, float))
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype is torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _number_dtype(x: Any) -> torch.dtype:
+    if isinstance(x, bool):
+        return torch.bool
+    return torch.int64 if isinstance(x, int) else torch.get_default_dtype()
+
+
+# [Note: type promotion]
+# torch.result_type ranks operands in three tiers: tensors with dims, 0-d tensors, Python
+# numbers. Within a tier dtypes promote normally (torch.promote_types). A lower tier only matters
+# when it is of a higher *category* (bool < int < float < complex): then it decides the result -
+# a 0-d tensor with its own dtype, a Python number with the default dtype of its category. So
+# ``int32[3] + 2`` stays int32, ``f16[3] + 2.5`` stays float16, ``int64[3] + 2.5`` is float32.
+def result_type(*args: Any) -> torch.dtype:
+    """``torch.result_type`` for any number of tensors/proxies and Python numbers."""
+    tiers: list[list[torch.dtype]] = [[], [], []]
+    for a in args:
+        if is_number(a):
+            tiers[2].append(_number_dtype(a))
+        else:
+            tiers[1 if a.ndim == 0 else 0].append(a.dtype)
+    result: torch.dtype | None = None
+    for dtypes in tiers:
+        if not dtypes:
+            continue
+        tier_dtype = dtypes[0]
+        for d in dtypes[1:]:
+            tier_dtype = torch.promote_types(tier_dtype, d)
+        if result is None or _category(tier_dtype) > _category(result):
+            result = tier_dtype
+    if result is None:
+        raise TypeError("result_type needs at least one operand")
+    return result
+
+
+def elementwise_dtypes(*args: Any, kind: KIND = KIND.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) of an elementwise op, as in torch._prims_common."""
+    dtype = result_type(*args)
+    if kind is KIND.INT_TO_FLOAT and not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if kind is KIND.BOOL_TO_LONG and dtype is torch.bool:
+        dtype = torch.int64
+    return dtype, (torch.bool if kind is KIND.ALWAYS_BOOL else dtype)
+
+
+def upcast(*args: Any) -> tuple[Any, torch.dtype]:
+    """Operands in the dtype that composite float ops compute in ("opmath", as ATen kernels do):
+    float16/bfloat16 -> float32, bool/int -> the default float dtype.
+
+    Returns the converted operand (or tuple of them) and the dtype the result should have.
+    """
+    dtype = args[0].dtype
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    computation = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    out = tuple(convert(a, computation) for a in args)
+    return (out[0] if len(out) == 1 else out), dtype
+
+
+def convert(a: Any, dtype: torch.dtype | None) -> Any:
+    """``a`` as ``dtype`` (Python numbers and None pass through; prims adopt the tensor's dtype)."""
+    if dtype is None or a is None or is_number(a) or a.dtype == dtype:
+        return a
+    return prims.convert_element_type(a, dtype)
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy broadcasting of ``shapes`` (right-aligned; size 1 stretches)."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, start=ndim - len(shape)):
+            if size != 1 and out[i] not in (1, size):
+                raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+            out[i] = size if size != 1 else out[i]
+    return tuple(out)
+
+
+def broadcast_to(a: Any, shape: Sequence[int]) -> Any:
+    """``a`` broadcast to ``shape`` with ``broadcast_in_dim`` (numbers, None, exact fits pass)."""
+    if a is None or is_number(a) or tuple(a.shape) == tuple(shape):
+        return a
+    offset = len(shape) - a.ndim
+    if offset < 0 or broadcast_shapes(a.shape, shape) != tuple(shape):
+        raise ValueError(f"cannot broadcast {list(a.shape)} to {list(shape)}")
+    return prims.broadcast_in_dim(a, list(shape), list(range(offset, len(shape))))
+
+
+def elementwise(
+    fn: Callable[..., Any], *args: Any, kind: KIND = KIND.DEFAULT
+) -> Any:
+    """Promote and broadcast ``args`` explicitly, apply ``fn`` (a prim), convert the result."""
+    computation, result = elementwise_dtypes(*args, kind=kind)
+    shape = broadcast_shapes(*(a.shape for a in args if not is_number(a)))
+    operands = [broadcast_to(convert(a, computation), shape) for a in args]
+    return convert(fn(*operands), result)
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    """A possibly negative ``dim`` as an index in ``range(ndim)`` (0-d tensors accept 0 and -1)."""
+    size = max(ndim, 1)
+    if not -size <= dim < size:
+        raise IndexError(f"dim {dim} out of range for a {ndim}-d tensor")
+    return dim % size
+
+
+def reduction_dims(a: Any, dims: Sequence[int] | int | None) -> list[int]:
+    """Sorted non-negative reduced dims; ``None`` or ``[]`` means all dims (ATen's convention)."""
+    if isinstance(dims, int):
+        dims = [dims]
+    if not dims:
+        return list(range(a.ndim))
+    return sorted({normalize_dim(d, a.ndim) for d in dims if a.ndim > 0})
+
+
+def reshape(a: Any, shape: Sequence[int]) -> Any:
+    """``prims.reshape`` unless ``a`` already has ``shape``."""
+    return a if tuple(a.shape) == tuple(shape) else prims.reshape(a, list(shape))
+
+
+def reduce(prim: Any, a: Any, dims: Sequence[int] | int | None, keepdim: bool) -> Any:
+    """Apply a reduction prim, then put the reduced dims back as size 1 if ``keepdim``."""
+    dims = reduction_dims(a, dims)
+    out = prim(a, dims)
+    if keepdim:
+        out = reshape(out, [1 if d in dims else s for d, s in enumerate(a.shape)])
+    return out
+
+
+def expand_back(reduced: Any, shape: Sequence[int], dims: Sequence[int]) -> Any:
+    """Broadcast a reduction result (``dims`` removed) back to the full ``shape``."""
+    kept = [d for d in range(len(shape)) if d not in dims]
+    return prims.broadcast_in_dim(reduced, list(shape), kept)

@@ -1,0 +1,387 @@
+"""Stage 3b: decompose an ATen graph into toycomp's primitives.
+
+Input IR -> output IR: an ATen-level ``torch.fx.GraphModule`` (call_function targets are
+``torch.ops.aten.X.overload``, as ``toycomp.aot`` or ``make_fx`` produce) -> a ``GraphModule`` whose
+call_function targets are prims from ``toycomp.prims``, the matmul-like ops of ``EXTERN_OPS``, or,
+for an ATen op with no decomposition, the ATen op itself kept as a visible FALLBACK
+(``fallbacks(gm)`` lists them). Every node gets ``meta["val"]`` (a meta tensor: shape, dtype,
+stride) and ``meta["aten_origin"]`` (the name of the ATen node it came from).
+
+Tiny example, the forward of ``f(x) = sin(x)**2 + cos(x)**2``::
+
+    sin = aten.sin(x);  pow_1 = aten.pow.Tensor_Scalar(sin, 2)        sin = prims.sin(x)
+    cos = aten.cos(x);  pow_2 = aten.pow.Tensor_Scalar(cos, 2)   ->   mul = prims.mul(sin, sin)
+    add = aten.add.Tensor(pow_1, pow_2)                                cos = prims.cos(x)
+                                                                       mul_1 = prims.mul(cos, cos)
+                                                                       add = prims.add(mul, mul_1)
+
+A decomposition is an ordinary Python function registered for one or more ATen overloads and
+written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` is filled by
+``decomp_rules.py`` (pointwise, activations, losses, reductions) and ``decomp_views.py`` (views,
+copies, creation), with promotion/broadcast helpers in ``decomp_helpers.py``. ``decompose`` runs
+each one under ``prims.tracing(tracer)``: the prims it calls become FX nodes.
+
+NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs.
+"""
+
+# [Note: Core ATen IR, PyTorch's prims and toycomp's prims]
+# PyTorch has two decomposition targets. torch/_decomp/decompositions.py rewrites ATen into the
+# "Core ATen IR" (~180 ops: still ``aten.add.Tensor`` with implicit broadcasting and promotion,
+# ``aten.var_mean``, ``aten.convolution``...), which Inductor and torch.export consume: big enough
+# that backends can pattern-match fused ops, small enough to lower by hand. torch/_refs rewrite
+# ATen into ``torch._prims`` (~100 prims with PrimTorch's strict contract: same shapes and dtypes,
+# explicit ``broadcast_in_dim`` / ``convert_element_type``), the path nvFuser used. toycomp takes
+# the prims path with fewer prims (40), so inductor needs exactly one lowering per prim and no
+# broadcasting or promotion logic at all; the price is longer graphs (softmax becomes 9 nodes)
+# and no fused library kernels beyond the matmuls of EXTERN_OPS.
+
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from toycomp import prims
+from toycomp._torch_compat import OpOverload
+
+aten = torch.ops.aten
+
+# Matmul-like ops are not prims: inductor calls them as library kernels ("extern kernels").
+EXTERN_OPS: frozenset[Any] = frozenset(
+    {aten.mm.default, aten.bmm.default, aten.convolution.default}
+)
+
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+
+
+class Unsupported(NotImplementedError):
+    """Raised by a decomposition that meets a case it cannot express: the ATen op falls back."""
+
+
+def register(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``@register(aten.sin.default, ...)`` adds ``fn`` to ``DECOMPOSITIONS``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            DECOMPOSITIONS[op] = fn
+        return fn
+
+    return wrap
+
+
+# --- the tracer ------------------------------------------------------------------------------
+class Proxy:
+    """A traced tensor: an FX node plus its meta value and real device.
+
+    Decompositions may read ``.shape``, ``.dtype``, ``.ndim``, ``.device``, ``size()``, ``dim()``
+    and ``numel()`` (the same names as on a real tensor), and pass proxies to prims. There are no
+    operator overloads on purpose: ``a * b`` on tensors broadcasts and promotes implicitly, and
+    the point of a decomposition is to make both explicit.
+    """
+
+    __slots__ = ("node", "val", "device")
+
+    def __init__(self, node: fx.Node, val: Any, device: torch.device) -> None:
+        self.node, self.val, self.device = node, val, device
+
+    shape = property(lambda self: self.val.shape)
+    dtype = property(lambda self: self.val.dtype)
+    ndim = property(lambda self: self.val.ndim)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.val.size() if dim is None else self.val.size(dim)
+
+    def dim(self) -> int:
+        return self.val.dim()
+
+    def numel(self) -> int:
+        return self.val.numel()
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"data-dependent control flow on traced value {self.node.name}")
+
+    def __repr__(self) -> str:
+        return f"Proxy({self.node.name}: {self.dtype} {list(self.shape)})"
+
+
+def _node_of(value: Any) -> Any:
+    def to_node(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            raise TypeError("a decomposition captured a real tensor; use prims.full for constants")
+        return v.node if isinstance(v, Proxy) else v
+
+    return fx.node.map_aggregate(value, to_node)
+
+
+def _meta_of(value: Any) -> Any:
+    return fx.node.map_aggregate(value, lambda v: v.val if isinstance(v, Proxy) else v)
+
+
+def to_meta(t: torch.Tensor) -> torch.Tensor:
+    """An empty meta tensor with ``t``'s shape, stride and dtype."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+class DecompTracer:
+    """Records prim calls as FX nodes (the ``tracer.emit`` protocol of ``prims.tracing``)."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.origin = ""  # name of the ATen node being decomposed
+        self.emitted: list[fx.Node] = []
+        self.alias_root: dict[fx.Node, fx.Node] = {}  # in-place result -> storage owner
+
+    def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
+        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result.
+
+        ``val`` (a meta value) is only given for ATen ops that cannot run on meta tensors.
+        """
+        if prims.is_prim(target):
+            _check_contract(target, args)
+            val, device = _eval_prim_on_meta(target, args, kwargs)
+        elif val is not None:
+            device = _first_device((args, kwargs))
+        else:
+            val, device = _eval_op_on_meta(target, args, kwargs)
+        name = target.__name__ if prims.is_prim(target) else _op_name(target)
+        node = self.graph.create_node(
+            "call_function", target, _node_of(tuple(args)), _node_of(dict(kwargs)), name
+        )
+        node.meta["val"] = val
+        node.meta["aten_origin"] = self.origin
+        self.emitted.append(node)
+        return Proxy(node, val, device)
+
+
+def _op_name(target: Any) -> str:
+    """``aten.mm.default`` -> ``mm`` (FX makes it unique: ``mm_1``...)."""
+    if isinstance(target, OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", "op")
+
+
+def _first_device(values: Any) -> torch.device:
+    flat: list[Any] = []
+    fx.node.map_aggregate(values, flat.append)
+    return next((v.device for v in flat if isinstance(v, Proxy)), torch.device("cpu"))
+
+
+def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    bound = inspect.signature(prims.PRIM_INFO[prim].ref).bind(*args, **kwargs)
+    device = _first_device(bound.arguments)
+    if "device" in bound.arguments:  # creation prims: evaluate on meta, remember the real device
+        device = torch.device(bound.arguments["device"])
+        bound.arguments["device"] = "meta"
+    val = prims.PRIM_INFO[prim].ref(*_meta_of(bound.args), **_meta_of(bound.kwargs))
+    return val, device
+
+
+def _eval_op_on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    device = _first_device((args, kwargs))
+    if kwargs.get("device") is not None:
+        device = torch.device(kwargs["device"])
+    meta_kwargs = {k: ("meta" if k == "device" else v) for k, v in _meta_of(kwargs).items()}
+    if op is operator.getitem:
+        return args[0].val[args[1]], device
+    try:
+        return op(*_meta_of(tuple(args)), **meta_kwargs), device
+    except Exception as e:  # noqa: BLE001 - re-raised with the op's name
+        raise RuntimeError(f"toycomp.decompositions: cannot compute the shape of {op}") from e
+
+
+# [Note: the prim contract is checked at trace time]
+# The eager references would happily broadcast and promote (they call torch ops), so a buggy
+# decomposition would still run and even give the right numbers, and the bug would only show up
+# in inductor. So ``emit`` checks PrimTorch's contract on every pointwise prim call: tensor
+# operands share one shape and dtype, and a Python number must be representable in that dtype
+# (``prims.mul(int_tensor, 0.5)`` would silently compute ``* 0``).
+def _check_contract(prim: Any, args: tuple) -> None:
+    if prims.prim_kind(prim) is not prims.PrimKind.POINTWISE or prim is prims.convert_element_type:
+        return
+    operands = args
+    if prim is prims.where:
+        if args[0].dtype is not torch.bool:
+            raise TypeError(f"prims.where needs a bool condition, got {args[0].dtype}")
+        operands = args[1:]
+    tensors = [a for a in args if isinstance(a, Proxy)]
+    if len({tuple(t.shape) for t in tensors}) > 1:
+        raise TypeError(f"prims.{prim.__name__}: operands of different shapes {operands}")
+    dtypes = {t.dtype for t in operands if isinstance(t, Proxy)}
+    if len(dtypes) > 1:
+        raise TypeError(f"prims.{prim.__name__}: operands of different dtypes {operands}")
+    if not dtypes:
+        return  # only numbers: the reference itself refuses
+    for number in (a for a in operands if not isinstance(a, Proxy)):
+        if not isinstance(number, (bool, int, float)):
+            raise TypeError(f"prims.{prim.__name__}: unexpected operand {number!r}")
+        dtype = next(iter(dtypes))
+        if isinstance(number, float) and not dtype.is_floating_point:
+            raise TypeError(f"prims.{prim.__name__}: float {number} with a {dtype} tensor")
+
+
+# --- the pass --------------------------------------------------------------------------------
+def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
+    """Rewrite an ATen graph into prims, extern ops and visible ATen fallbacks.
+
+    Args:
+        gm: an ATen-level graph (targets ``torch.ops.aten.X.overload``).
+        example_inputs: real tensors for the placeholders (shapes, dtypes and real device).
+
+    Returns:
+        A new GraphModule that computes the same values; see ``fallbacks`` for the ATen ops kept.
+    """
+    graph = fx.Graph()
+    tracer = DecompTracer(graph)
+    env: dict[fx.Node, Any] = {}
+    inputs = iter(example_inputs)
+    for node in gm.graph.nodes:
+        tracer.origin = node.name
+        if node.op in ("placeholder", "get_attr"):
+            env[node] = _copy_input(gm, graph, node, inputs)
+        elif node.op == "call_function":
+            env[node] = _decompose_node(tracer, node, env)
+        elif node.op == "output":
+            out = graph.output(_node_of(fx.node.map_arg(node.args[0], env.__getitem__)))
+            out.meta["aten_origin"] = node.name
+            out.meta["val"] = _meta_of(fx.node.map_arg(node.args[0], env.__getitem__))
+        else:
+            raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
+    graph.eliminate_dead_code()
+    graph.lint()
+    return fx.GraphModule(gm, graph)
+
+
+def _copy_input(gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, inputs: Any) -> Proxy:
+    if node.op == "placeholder":
+        value = next(inputs, None)
+        new = graph.placeholder(node.name)
+    else:
+        value = getattr(gm, node.target)
+        new = graph.get_attr(node.target)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"toycomp.decompositions: input {node.name} is not a tensor: {value!r}")
+    new.meta["val"], new.meta["aten_origin"] = to_meta(value), node.name
+    return Proxy(new, new.meta["val"], value.device)
+
+
+def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    args = fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    target = node.target
+    if target is operator.getitem:
+        src = args[0]
+        return src[args[1]] if isinstance(src, (list, tuple)) else tracer.emit(target, args, {})
+    if isinstance(target, OpOverload) and target._schema.is_mutable:
+        return _decompose_inplace(tracer, node, env, args, kwargs)
+    return _decompose_op(tracer, node, target, args, kwargs)
+
+
+def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+    if target in EXTERN_OPS:
+        return tracer.emit(target, args, kwargs)
+    reason = "no decomposition"
+    if target in DECOMPOSITIONS:
+        mark = len(tracer.emitted)
+        try:
+            with prims.tracing(tracer):
+                out = DECOMPOSITIONS[target](*args, **kwargs)
+            _check_result(node, target, args, kwargs, out)
+            return out
+        except Unsupported as e:
+            reason = str(e)
+            for n in reversed(tracer.emitted[mark:]):  # roll back the half-built decomposition
+                tracer.graph.erase_node(n)
+            del tracer.emitted[mark:]
+    try:
+        out = tracer.emit(target, args, kwargs)
+    except RuntimeError:  # no meta kernel: trust the value recorded when the graph was traced
+        if not isinstance(node.meta.get("val"), torch.Tensor) or node.target is not target:
+            raise
+        out = tracer.emit(target, args, kwargs, val=to_meta(node.meta["val"]))
+    out.node.meta["fallback_reason"] = reason
+    return out
+
+
+def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """A decomposition must give the ATen op's shapes and dtypes (a cheap guard against bugs)."""
+    expected = node.meta.get("val") if node.target is target else None  # in-place: see below
+    if expected is None:
+        expected = _eval_op_on_meta(target, args, kwargs)[0]
+    got = [out] if not isinstance(out, (list, tuple)) else list(out)
+    want = [expected] if not isinstance(expected, (list, tuple)) else list(expected)
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, torch.Tensor) and (g.shape != w.shape or g.dtype != w.dtype):
+            raise RuntimeError(
+                f"toycomp.decompositions: decomposition of {target} (node {node.name}) gave "
+                f"{g.dtype}{list(g.shape)}, ATen gives {w.dtype}{list(w.shape)}"
+            )
+
+
+# [Note: in-place ops]
+# toycomp.aot functionalizes, so its graphs hold no in-place ops. A graph from elsewhere may:
+# ``relu_(exp(x))``. We rewrite ``op_(self, ...)`` as the functional ``op(self, ...)`` and make
+# every later use of ``self`` read the result instead - which is only correct when nothing else
+# can see the mutated storage: ``self`` must be a fresh intermediate (not a graph input, not a
+# view) that nothing views. Otherwise we refuse loudly; keeping the in-place op would be wrong
+# too, because identity-like decompositions (clone -> same value) may have made it alias
+# something else.
+def _decompose_inplace(
+    tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any], args: Any, kwargs: Any
+) -> Any:
+    op = node.target
+    name = op._schema.name.split("::")[-1]
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
+    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    group = _alias_group(node.args[0], tracer.alias_root) if functional is not None else None
+    if group is None:
+        raise RuntimeError(
+            f"toycomp.decompositions: in-place {op} (node {node.name}) mutates a graph input or "
+            "a view; functionalize the graph first (toycomp.aot does)"
+        )
+    out = _decompose_op(tracer, node, functional, args, kwargs)
+    if out.dtype != args[0].dtype:
+        with prims.tracing(tracer):
+            out = prims.convert_element_type(out, args[0].dtype)
+    for member in group:
+        env[member] = out
+    tracer.alias_root[node] = group[0]
+    return out
+
+
+def _alias_group(self_node: fx.Node, alias_root: dict[fx.Node, fx.Node]) -> list[fx.Node] | None:
+    """``self_node``'s storage owner and the in-place results aliasing it; None if anything else
+    (a graph input, a view) may alias it."""
+    root = alias_root.get(self_node, self_node)
+    if root.op != "call_function" or not isinstance(root.target, OpOverload):
+        return None
+    if _returns_alias(root.target) or root.target._schema.is_mutable:
+        return None
+    group = [root] + [n for n, r in alias_root.items() if r is root]
+    for member in group:
+        for user in member.users:
+            t = user.target
+            if isinstance(t, OpOverload) and _returns_alias(t) and not t._schema.is_mutable:
+                return None
+    return group
+
+
+def _returns_alias(op: Any) -> bool:
+    return any(r.alias_info is not None for r in op._schema.returns)
+
+
+def fallbacks(gm: fx.GraphModule) -> list[str]:
+    """Names of the ATen ops kept as fallbacks in a decomposed graph, in graph order, no repeats."""
+    names: list[str] = []
+    for node in gm.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or prims.is_prim(t) or t in EXTERN_OPS:
+            continue
+        if t is not operator.getitem and str(t) not in names:
+            names.append(str(t))
+    return names
+
+
+from toycomp import decomp_rules  # noqa: E402,F401  (fills DECOMPOSITIONS)
