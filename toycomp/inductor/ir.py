@@ -85,10 +85,11 @@ def linear_index(idx: tuple[sympy.Expr, ...], stride: tuple[int, ...], offset: i
 def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr, ...]:
     """The per-dimension indices of row-major position ``flat`` in a tensor of ``size``."""
     idx, inner = [], 1
+    outer = next((dim for dim, n in enumerate(size) if n != 1), None)
     for dim, n in reversed(list(enumerate(size))):
         if n == 1:
             idx.append(sympy.Integer(0))
-        elif dim == 0:  # the outermost index needs no modulo: flat < numel already bounds it
+        elif dim == outer:  # the outermost index needs no modulo: flat < numel already bounds it
             idx.append(FloorDiv(flat, inner))
         else:
             idx.append(modular(FloorDiv(flat, inner), n))
@@ -101,6 +102,57 @@ def numel(size: tuple[int, ...]) -> int:
     for n in size:
         total *= n
     return total
+
+
+def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """Expand ``expr`` and drop the ``//`` (and so ``%``) terms that the variables' ranges make
+    trivial: with ``0 <= i1 < 1000``, ``(1000*i0 + i1) // 1000`` becomes ``i0``.
+
+    ``ranges`` maps a variable to its extent (``i1 -> 1000``); other symbols are left alone.
+    """
+    return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
+
+
+def _simplify_floordiv(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    if not expr.args:
+        return expr
+    args = [_simplify_floordiv(a, ranges) for a in expr.args]
+    if not isinstance(expr, FloorDiv) or not args[1].is_Integer or args[1] <= 0:
+        return expr.func(*args)
+    divisor = int(args[1])
+    whole, rest = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(args[0])):
+        coeff, _ = term.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) % divisor == 0:
+            whole += term
+        else:
+            rest += term
+    bounds = _bounds(rest, ranges)  # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d
+    if bounds is not None and bounds[0] >= 0 and bounds[1] < divisor:
+        return sympy.expand(whole / divisor)
+    return sympy.expand(whole / divisor) + FloorDiv(rest, divisor)
+
+
+def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+    """Smallest and largest value of ``expr`` over ``ranges``, or None when unknown."""
+    if expr.is_Integer:
+        return int(expr), int(expr)
+    if expr.is_Symbol:
+        return (0, ranges[expr] - 1) if expr in ranges else None
+    parts = [_bounds(a, ranges) for a in expr.args]
+    if any(p is None for p in parts):
+        return None
+    if isinstance(expr, sympy.Add):
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if isinstance(expr, sympy.Mul):
+        lo, hi = 1, 1
+        for a, b in parts:
+            corners = (lo * a, lo * b, hi * a, hi * b)
+            lo, hi = min(corners), max(corners)
+        return lo, hi
+    if isinstance(expr, FloorDiv) and parts[1][0] == parts[1][1] and parts[1][0] > 0:
+        return parts[0][0] // parts[1][0], parts[0][1] // parts[1][0]
+    return None
 
 
 # --- value expressions: the body of a loop ---------------------------------------------------------
@@ -269,6 +321,21 @@ class ExternKernel:
 
 
 Buffer = Union[InputBuffer, Pointwise, Reduction, ExternKernel]
+
+
+def extern_callable(kernel: str) -> Callable[..., object]:
+    """The eager function an ``ExternKernel`` calls: ``"aten.mm.default"`` is
+    ``torch.ops.aten.mm.default``; ``"toycomp.prims.sin"`` (a visible fallback for a prim that
+    cannot be lowered) is the eager reference of toycomp's prim (NOT ``torch.ops.prims.sin``,
+    PyTorch's own, different prims)."""
+    if kernel.startswith("toycomp.prims."):
+        from toycomp import prims  # local import: ir.py stays importable on its own
+
+        return prims.PRIM_INFO[prims.PRIMS[kernel.removeprefix("toycomp.prims.")]].ref
+    fn: object = torch.ops
+    for part in kernel.split("."):
+        fn = getattr(fn, part)
+    return fn  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

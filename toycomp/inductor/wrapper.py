@@ -94,7 +94,8 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
     namespace.update(_load_kernels(generated, backend, device))
     for step in scheduled.steps:
         if isinstance(step, ir.ExternKernel):
-            resolve_extern(step.kernel)  # fail now, with the op's name, not at the first call
+            # Resolve now, to fail with the op's name at compile time rather than at the first call.
+            namespace[extern_name(step.kernel)] = resolve_extern(step.kernel)
     code = compile(source, f"<toycomp wrapper ({backend})>", "exec")
     exec(code, namespace)
     externs = [f"{s.name} = {s.kernel}" for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
@@ -178,7 +179,7 @@ class WrapperCodegen:
     def _step_line(self, step: ir.Kernel | ir.ExternKernel) -> str:
         if isinstance(step, ir.Kernel):
             return self.calls[step.name]
-        target = step.kernel if step.kernel.startswith("aten.") else f"torch.ops.{step.kernel}"
+        target = extern_name(step.kernel)
         args = [self._render(a) for a in step.args]
         args += [f"{k}={self._render(v)}" for k, v in step.kwargs]
         return f"{step.name} = {target}({', '.join(args)})"
@@ -242,14 +243,20 @@ def _empty(a: ir.AllocatedBuffer) -> str:
 
 # --- what the generated wrapper sees -----------------------------------------------------------
 def resolve_extern(name: str) -> Callable[..., Any]:
-    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default`` (a clear error if it is unknown)."""
-    obj: Any = torch.ops
-    for part in name.split("."):
-        try:
-            obj = getattr(obj, part)
-        except (AttributeError, RuntimeError) as e:
-            raise RuntimeError(f"extern kernel {name!r} not found in torch.ops") from e
-    return obj
+    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default``; ``"toycomp.prims.sin"`` -> the
+    eager reference of toycomp's prim (see ``ir.extern_callable``); a clear error if unknown."""
+    try:
+        return ir.extern_callable(name)
+    except (AttributeError, KeyError, RuntimeError) as e:
+        raise RuntimeError(f"extern kernel {name!r} not found") from e
+
+
+def extern_name(name: str) -> str:
+    """How the wrapper source calls an extern: ``aten.mm.default`` or ``eager_sin`` (a prim's
+    eager reference, bound in the wrapper's namespace under that name)."""
+    if name.startswith("toycomp.prims."):
+        return "eager_" + name.removeprefix("toycomp.prims.")
+    return name if name.startswith("aten.") else f"torch.ops.{name}"
 
 
 def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:

@@ -1,0 +1,172 @@
+"""Stage 4 without code generation: run the loop IR with vectorised torch ("Python backend").
+
+Input: a ``ScheduledGraph`` (or a ``LoweredGraph``) and real input tensors. Output: the graph's
+output tensors. Each kernel is evaluated for all ``x`` at once (``x = arange(numel)[:, None]``,
+``r = arange(rnumel)[None, :]``); an index is a sympy expression evaluated with ``FloorDiv`` as
+``//``; a load indexes the flat memory of a buffer; an ``Op`` calls the prim's eager reference.
+It is the executable meaning of the IR, so lowering and scheduling can be tested (against eager
+PyTorch) before, and independently of, the C++ and Triton code generators::
+
+    outs = run_scheduled(schedule(lower(gm, inputs)), inputs)
+
+NB: PyTorch has no such backend; the nearest thing is running Inductor's ``inner_fn`` closures
+under a handler of torch/_inductor/virtualized.py's ``V.ops`` (see torch/_inductor/ops_handler.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from toycomp import prims
+from toycomp.inductor import ir
+
+_REDUCE = {
+    ir.ReductionType.SUM: torch.sum,
+    ir.ReductionType.MAX: torch.amax,
+    ir.ReductionType.MIN: torch.amin,
+}
+
+
+@dataclass
+class _Env:
+    buffers: dict[str, torch.Tensor]
+    variables: dict[sympy.Symbol, torch.Tensor]
+    locals: dict[str, torch.Tensor]
+    device: torch.device
+
+
+def run_scheduled(scheduled: ir.ScheduledGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the kernels and extern calls of ``scheduled`` on ``inputs``; return the outputs."""
+    buffers = _bind_inputs(scheduled.inputs, inputs)
+    for a in scheduled.allocations:
+        buffers[a.name] = torch.empty_strided(
+            a.size, a.stride, dtype=a.dtype, device=scheduled.device
+        )
+    for step in scheduled.steps:
+        if isinstance(step, ir.ExternKernel):
+            buffers[step.name] = _run_extern(step, buffers)
+        else:
+            _run_kernel(step, _Env(buffers, {}, {}, scheduled.device))
+    return [None if o is None else _view(buffers, o) for o in scheduled.outputs]
+
+
+def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run ``lowered`` buffer by buffer (no fusion): the reference for the scheduler."""
+    buffers = _bind_inputs(lowered.inputs, inputs)
+    for node in lowered.nodes:
+        if isinstance(node, ir.ExternKernel):
+            buffers[node.name] = _run_extern(node, buffers)
+        else:
+            buffers[node.name] = _run_buffer(node, _Env(buffers, {}, {}, lowered.device))
+    return [None if o is None else _view(buffers, o) for o in lowered.outputs]
+
+
+def _bind_inputs(specs, inputs) -> dict[str, torch.Tensor]:
+    if len(specs) != len(inputs):
+        raise ValueError(f"expected {len(specs)} inputs, got {len(inputs)}")
+    for spec, t in zip(specs, inputs):  # loads use the strides of lowering time: check them
+        if (tuple(t.shape), tuple(t.stride()), t.dtype) != (spec.size, spec.stride, spec.dtype):
+            raise ValueError(f"input {spec.name}: {t.shape} {t.stride()} {t.dtype} != {spec}")
+    return {spec.name: t for spec, t in zip(specs, inputs)}
+
+
+def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
+    env.variables = {
+        ir.x: torch.arange(kernel.numel, device=env.device)[:, None],
+        ir.r: torch.arange(kernel.rnumel, device=env.device)[None, :],
+    }
+    for loop in kernel.loops:
+        shape = (kernel.numel, kernel.rnumel if loop.over_r else 1)
+        for stmt in loop.body:
+            value = _value(stmt.value, env).broadcast_to(shape)
+            if isinstance(stmt, ir.Reduce):
+                reduced = _REDUCE[stmt.reduction_type](value, dim=1, keepdim=True)
+                env.locals[stmt.name] = reduced.to(stmt.dtype)
+            else:
+                out = env.buffers[stmt.buffer]
+                _check_dtype(stmt.buffer, out.dtype, value.dtype)
+                index = torch.as_tensor(_index(stmt.index, env), device=env.device)
+                _flat(out)[index.broadcast_to(shape).reshape(-1)] = value.reshape(-1)
+
+
+def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
+    rsize = node.reduction_size if isinstance(node, ir.Reduction) else ()
+    dims = node.size + rsize
+    names = ir.index_vars("i", len(node.size)) + ir.index_vars("r", len(rsize))
+    for k, (v, n) in enumerate(zip(names, dims)):
+        shape = [1] * len(dims)
+        shape[k] = n
+        env.variables[v] = torch.arange(n, device=env.device).reshape(shape)
+    value = _value(node.body, env).broadcast_to(dims)
+    if isinstance(node, ir.Reduction):
+        value = _REDUCE[node.reduction_type](value.reshape(node.size + (-1,)), dim=-1)
+    _check_dtype(node.name, node.dtype, value.dtype)
+    return value.contiguous()
+
+
+def _run_extern(node: ir.ExternKernel, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+    def arg(a):
+        if isinstance(a, ir.TensorArg):
+            return _view(buffers, a)
+        return type(a)(arg(b) for b in a) if isinstance(a, (tuple, list)) else a
+
+    out = ir.extern_callable(node.kernel)(*arg(node.args), **{k: arg(v) for k, v in node.kwargs})
+    if tuple(out.shape) != node.size or out.dtype != node.dtype:
+        raise RuntimeError(f"{node.kernel} returned {out.shape} {out.dtype}, lowering said {node}")
+    if any(n > 1 and s != t for n, s, t in zip(node.size, out.stride(), node.stride)):
+        like = torch.empty_strided(node.size, node.stride, dtype=out.dtype, device=out.device)
+        out = like.copy_(out)
+    return out
+
+
+def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
+    if isinstance(expr, ir.Load):
+        return _flat(env.buffers[expr.buffer])[_index(expr.index, env)]
+    if isinstance(expr, ir.Constant):
+        return torch.tensor(expr.value, dtype=expr.dtype, device=env.device)
+    if isinstance(expr, ir.IndexValue):
+        return torch.as_tensor(_index(expr.index, env), device=env.device).to(expr.dtype)
+    if isinstance(expr, ir.Local):
+        return env.locals[expr.name]
+    args = [_value(a, env) for a in expr.args]
+    if expr.name == "convert_element_type":
+        out = args[0].to(expr.dtype)
+    else:
+        out = prims.PRIM_INFO[prims.PRIMS[expr.name]].ref(*args)
+    _check_dtype(expr.name, expr.dtype, out.dtype)
+    return out
+
+
+def _index(expr: sympy.Expr, env: _Env):
+    """Evaluate an index: Python int or integer tensor (FloorDiv is ``//``)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return env.variables[expr]
+    args = [_index(a, env) for a in expr.args]
+    if isinstance(expr, ir.FloorDiv):
+        return args[0] // args[1]
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return functools.reduce(operator.add if expr.is_Add else operator.mul, args)
+    raise NotImplementedError(f"interpret: index expression {expr}")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The memory a Load indexes: element offsets from ``t``'s first element."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.as_strided((extent,), (1,))
+
+
+def _view(buffers: dict[str, torch.Tensor], arg: ir.TensorArg) -> torch.Tensor:
+    base = buffers[arg.buffer]
+    return base.as_strided(arg.size, arg.stride, base.storage_offset() + arg.offset)
+
+
+def _check_dtype(what: str, expected: torch.dtype, got: torch.dtype) -> None:
+    if expected != got:
+        raise RuntimeError(f"interpret: {what} has dtype {got}, the IR says {expected}")

@@ -1,0 +1,474 @@
+"""Stage 4b: lowering, a prims graph -> the loop IR (``ir.LoweredGraph``).
+
+Input: a ``torch.fx.GraphModule`` whose ``call_function`` targets are toycomp prims or ATen ops,
+plus real example inputs. Output: ``LoweredGraph``, the buffers that must exist in memory, each
+with a loop body over its own index variables. Every prim has a rule in ``LOWERINGS``; values
+stay *unrealized* expressions (size, dtype, body over ``i0, i1, ...``) that flow into their users,
+and only become buffers when they must (see [Note: when to realize]). Example::
+
+    def f(x):                                   # x: float32[1000]
+        return add(mul(sin(x), sin(x)), mul(cos(x), cos(x)))
+
+    lower(trace(f), [x]) == LoweredGraph(
+        inputs=(InputBuffer("x", (1000,), (1,), float32),),
+        nodes=(buf0[1000] = add(mul(sin(load(x, i0)), sin(load(x, i0))), mul(cos(...), ...)),),
+        outputs=(TensorArg("buf0", (1000,), (1,)),), ...)
+
+Views (``permute``, ``broadcast_in_dim``, ``slice``, ``reshape``) rewrite the index of every
+load in a body and never copy; ``full`` becomes a ``Constant``; ``iota`` an ``IndexValue``;
+reductions become ``Reduction`` buffers; ATen ops become ``ExternKernel`` calls into eager PyTorch.
+
+NB: in PyTorch this lives in torch/_inductor/lowering.py (the ``lowerings`` table,
+``make_pointwise``, ``make_reduction``), torch/_inductor/graph.py (``GraphLowering``, the FX
+interpreter that runs the rules) and torch/_inductor/ir.py (``TensorBox``/``StorageBox.realize``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import sympy
+import torch
+from torch.fx.node import Node
+
+from toycomp import prims
+from toycomp._torch_compat import OpOverload
+from toycomp.inductor import ir
+
+aten = torch.ops.aten
+
+
+class LoweringError(RuntimeError):
+    """A node that toycomp can neither lower nor run as a fallback (the message names it)."""
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    """An unrealized tensor: ``body`` computes element ``(i0, i1, ...)`` of a ``size`` tensor
+    (PyTorch's ``TensorBox``). ``origins``: the FX nodes whose work is inlined in ``body``."""
+
+    size: tuple[int, ...]
+    dtype: torch.dtype
+    body: ir.Expr
+    origins: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"TensorValue({list(self.size)}, {self.dtype}, {self.body!r})"
+
+
+Rule = Callable[..., TensorValue]
+# prim function -> rule(graph, out, *args, **kwargs); ``out`` is a meta tensor with the node's
+# size and dtype, ``args`` hold TensorValues where the FX node had tensors.
+LOWERINGS: dict[Callable[..., Any], Rule] = {}
+
+# ATen ops that are extern kernels by design (a library matmul beats a generated loop);
+# any other ATen op in the graph is a visible fallback (ExternKernel.fallback=True).
+EXTERN_KERNELS = {aten.mm, aten.bmm, aten.addmm, aten.convolution}
+
+SUPPORTED_DTYPES = {
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+}  # fmt: skip
+
+# [Note: when to realize]
+# A TensorValue is inlined into every user (its body is copied into theirs, like Inductor's
+# pointwise inlining), and becomes a buffer ("realized", a Pointwise node) only when:
+#   1. it is a graph output, or an argument of an extern kernel (eager PyTorch needs memory);
+#      if the value is already a strided view of a buffer (its body is one load at an affine
+#      index), we hand out a TensorArg of that buffer instead: a transpose is not copied;
+#   2. it has 2+ FX users and its body has more than REALIZE_THRESHOLD expression nodes, so
+#      each user would recompute a lot (and trees would grow exponentially in chains like
+#      y = y * y). Small shared values (sin(x) in sin(x)*cos(x)*sin(x)) are recomputed:
+#      the fused kernel's CSE computes them once anyway.
+#   3. reductions are always buffers; their users read them with a Load (contiguous layout).
+# Inductor's rule is similar (realize_opcount_threshold=30, plus reads-based heuristics); the
+# scheduler then fuses realized buffers back into kernels where the indices allow it.
+REALIZE_THRESHOLD = 30
+
+
+def register_lowering(*targets: Callable[..., Any]) -> Callable[[Rule], Rule]:
+    def wrap(rule: Rule) -> Rule:
+        for target in targets:
+            LOWERINGS[target] = rule
+        return rule
+
+    return wrap
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> ir.LoweredGraph:
+    """Lower a prims graph to the loop IR.
+
+    Args:
+        gm: graph whose call_function targets are toycomp prims or ATen OpOverloads.
+        example_inputs: real tensors matching the placeholders (their strides are used).
+
+    Returns:
+        The LoweredGraph: inputs, buffers to compute in order, outputs as TensorArgs.
+    """
+    return GraphLowering(gm, example_inputs).run()
+
+
+class GraphLowering:
+    """Walks the FX graph once, keeping ``env[node] = TensorValue`` (or a Python value)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.env: dict[Node, Any] = {}
+        self.meta: dict[Node, Any] = {}  # node -> meta tensor (size, dtype, stride) or value
+        self.inputs: list[ir.InputBuffer] = []
+        self.nodes: list[ir.Pointwise | ir.Reduction | ir.ExternKernel] = []
+        self.outputs: tuple[ir.TensorArg | None, ...] = ()
+        self.current_origin = ""
+        self.device = _graph_device(gm, self.example_inputs)
+
+    def run(self) -> ir.LoweredGraph:
+        n_placeholders = sum(node.op == "placeholder" for node in self.gm.graph.nodes)
+        if n_placeholders != len(self.example_inputs):
+            raise LoweringError(f"{n_placeholders} placeholders, {len(self.example_inputs)} inputs")
+        placeholders = iter(self.example_inputs)
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node, next(placeholders))
+            elif node.op == "call_function":
+                self.meta[node] = _meta_value(node, self.meta)
+                self.call_function(node)
+            elif node.op == "output":
+                self.output(node)
+            else:
+                raise LoweringError(f"toycomp cannot lower {node.op} node {node.name!r}")
+        return ir.LoweredGraph(tuple(self.inputs), tuple(self.nodes), self.outputs, self.device)
+
+    def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
+        size, stride = tuple(tensor.shape), tuple(tensor.stride())
+        self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype))
+        self.meta[node] = torch.empty_strided(size, stride, dtype=tensor.dtype, device="meta")
+        self.env[node] = _strided_load(node.name, size, stride, tensor.dtype)
+
+    def call_function(self, node: Node) -> None:
+        if isinstance(node.target, OpOverload):
+            fallback = node.target.overloadpacket not in EXTERN_KERNELS
+            self.extern(node, _kernel_name(node), fallback)
+        elif prims.is_prim(node.target):
+            self.prim(node)
+        else:
+            raise LoweringError(f"toycomp cannot lower {node.name!r}: unknown target {node.target}")
+
+    def prim(self, node: Node) -> None:
+        rule = LOWERINGS.get(node.target)
+        if rule is None or not _dtypes_supported(node, self.meta):
+            return self.extern(node, _kernel_name(node), fallback=True)
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.env.__getitem__)
+        self.current_origin = _origin(node)
+        try:
+            value = rule(self, self.meta[node], *args, **kwargs)
+        except NotImplementedError:  # a rule may decline a case: run the prim eagerly instead
+            return self.extern(node, _kernel_name(node), fallback=True)
+        except Exception as e:
+            raise LoweringError(f"lowering {node.name!r} ({_kernel_name(node)}) failed: {e}") from e
+        _check_matches_meta(node, value, self.meta[node])
+        origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
+        self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
+        if len(node.users) >= 2 and _tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
+            self.realize(node)
+
+    def extern(self, node: Node, kernel: str, fallback: bool) -> None:
+        out = self.meta[node]
+        if not isinstance(out, torch.Tensor):
+            raise LoweringError(f"extern {kernel} ({node.name!r}) must return one tensor")
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.realize)
+        size, stride = tuple(out.shape), tuple(out.stride())
+        name = self.new_name()
+        self.nodes.append(
+            ir.ExternKernel(
+                name, kernel, args, tuple(kwargs.items()), size, stride, out.dtype, fallback,
+                origins=(_origin(node),),
+            )
+        )  # fmt: skip
+        self.env[node] = _strided_load(name, size, stride, out.dtype)
+
+    def output(self, node: Node) -> None:
+        results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+        for r in results:
+            if r is not None and not isinstance(r, Node):
+                raise LoweringError(f"graph output {r!r} is not a tensor")
+        self.outputs = tuple(None if r is None else self.realize(r) for r in results)
+
+    def realize(self, node: Node) -> ir.TensorArg:
+        """Make ``node``'s value exist in memory and return how to read it (see the Note)."""
+        value = self.env[node]
+        if not isinstance(value, TensorValue):
+            raise LoweringError(f"{node.name!r} is not a tensor")
+        view = as_strided_view(value)
+        if view is not None:
+            return view
+        name = self.new_name()
+        self.nodes.append(ir.Pointwise(name, value.size, value.dtype, value.body, value.origins))
+        stride = ir.contiguous_strides(value.size)
+        self.env[node] = _strided_load(name, value.size, stride, value.dtype)
+        return ir.TensorArg(name, value.size, stride)
+
+    def make_reduction(self, size, reduction_size, reduction_type, dtype, body, origins):
+        name = self.new_name()
+        self.nodes.append(
+            ir.Reduction(name, size, reduction_size, reduction_type, dtype, body, origins)
+        )
+        return _strided_load(name, size, ir.contiguous_strides(size), dtype)
+
+    def new_name(self) -> str:
+        return f"buf{len(self.nodes)}"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
+    """The inputs' device; for a graph without inputs, the device its creation prims name."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (prims.full, prims.iota):
+            return torch.device(node.kwargs.get("device", node.args[-1]))
+    return torch.device("cpu")
+
+
+def _strided_load(name: str, size, stride, dtype: torch.dtype) -> TensorValue:
+    index = ir.linear_index(ir.index_vars("i", len(size)), stride)
+    return TensorValue(tuple(size), dtype, ir.Load(name, index, dtype))
+
+
+def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
+    """A TensorArg when ``value`` is exactly a strided view of a buffer (one load at an affine
+    index ``offset + sum(stride_k * i_k)``), else None."""
+    if not isinstance(value.body, ir.Load):
+        return None
+    index, ivars = sympy.expand(value.body.index), ir.index_vars("i", len(value.size))
+    strides = [sympy.diff(index, v) for v in ivars]
+    offset = index.subs({v: 0 for v in ivars})
+    if not all(s.is_Integer and s >= 0 for s in strides) or not offset.is_Integer:
+        return None
+    if sympy.expand(index - ir.linear_index(ivars, strides, offset)) != 0:
+        return None
+    return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
+
+
+def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
+    """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
+    running the op (the prim's eager reference) on meta tensors."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+    args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
+    fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        if "device" in bound.arguments:  # creation ops: build on meta, the real device is known
+            bound.arguments["device"] = "meta"
+        args, kwargs = bound.args, bound.kwargs
+    except (TypeError, ValueError):  # OpOverloads have no Python signature: call as given
+        kwargs = {k: ("meta" if k == "device" else v) for k, v in kwargs.items()}
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        raise LoweringError(f"cannot infer the result of {node.name!r} ({node.target}): {e}") from e
+
+
+def _map_nodes(obj: Any, fn: Callable[[Node], Any]) -> Any:
+    """Replace every FX node in nested tuples/lists/dicts by ``fn(node)``; lists become tuples."""
+    if isinstance(obj, Node):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return tuple(_map_nodes(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_nodes(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def _values(args: Any) -> list[TensorValue]:
+    if isinstance(args, TensorValue):
+        return [args]
+    if isinstance(args, (tuple, list)):
+        return [v for a in args for v in _values(a)]
+    return []
+
+
+def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
+    tensors = [meta[n] for n in node.all_input_nodes] + [meta[node]]
+    return all(
+        t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor)
+    ) and isinstance(meta[node], torch.Tensor)
+
+
+def _check_matches_meta(node: Node, value: TensorValue, out: torch.Tensor) -> None:
+    if value.size != tuple(out.shape) or value.dtype != out.dtype:
+        raise LoweringError(
+            f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
+            f"eager gives {list(out.shape)} {out.dtype}"
+        )
+
+
+def _kernel_name(node: Node) -> str:
+    if prims.is_prim(node.target):
+        return f"toycomp.prims.{prims.PRIM_INFO[node.target].name}"
+    return str(node.target)  # "aten.mm.default"
+
+
+def _origin(node: Node) -> str:
+    return str(node.meta.get("aten_origin", node.name))
+
+
+def _tree_size(expr: ir.Expr, limit: int) -> int:
+    """Number of nodes in ``expr`` seen as a tree, counting stops a little past ``limit``."""
+    count, stack = 0, [expr]
+    while stack and count <= limit:
+        e = stack.pop()
+        count += 1
+        if isinstance(e, ir.Op):
+            stack.extend(e.args)
+    return count
+
+
+def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None) -> TensorValue:
+    """A view: element ``(i0, i1, ...)`` of the result is element ``index`` of ``value``.
+
+    ``ranges`` (variable -> extent) defaults to ``i0 < size[0], i1 < size[1], ...``.
+    """
+    if ranges is None:
+        ranges = dict(zip(ir.index_vars("i", len(size)), size))
+    mapping = dict(zip(ir.index_vars("i", len(value.size)), index))
+
+    def move(e: ir.Expr) -> ir.Expr | None:
+        if isinstance(e, ir.Load):
+            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype)
+        if isinstance(e, ir.IndexValue):
+            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
+        return None
+
+    return TensorValue(tuple(size), value.dtype, ir.map_expr(value.body, move), value.origins)
+
+
+def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
+    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+
+
+
+# --- the rules: one per prim ------------------------------------------------------------------
+def _cast(value: prims.Number, dtype: torch.dtype) -> prims.Number:
+    """A Python number as the eager reference sees it: converted to the tensor's dtype."""
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
+
+
+def _pointwise_rule(name: str) -> Rule:
+    def rule(g: GraphLowering, out: torch.Tensor, *args: Any) -> TensorValue:
+        tensors = [a for a in args if isinstance(a, TensorValue)]
+        if any(t.size != tuple(out.shape) for t in tensors):
+            raise LoweringError(f"{name}: operands must have one shape (broadcast_in_dim first)")
+        # Numbers take the dtype of the tensor the eager reference converts them like.
+        operands = args[1:] if name == "where" else args
+        like = next(a for a in operands if isinstance(a, TensorValue))
+        bodies = tuple(
+            a.body if isinstance(a, TensorValue) else ir.Constant(_cast(a, like.dtype), like.dtype)
+            for a in args
+        )
+        return TensorValue(tuple(out.shape), out.dtype, ir.Op(name, bodies, out.dtype))
+
+    return rule
+
+
+for _prim, _info in prims.PRIM_INFO.items():
+    if _info.kind == prims.PrimKind.POINTWISE and _info.name != "convert_element_type":
+        LOWERINGS[_prim] = _pointwise_rule(_info.name)
+del _prim, _info
+
+
+@register_lowering(prims.convert_element_type)
+def _convert_element_type(g, out, a: TensorValue, dtype: torch.dtype) -> TensorValue:
+    if a.dtype == dtype:
+        return a
+    return TensorValue(a.size, dtype, ir.Op("convert_element_type", (a.body,), dtype))
+
+
+def _reduction_rule(reduction_type: ir.ReductionType) -> Rule:
+    def rule(g: GraphLowering, out: torch.Tensor, a: TensorValue, dims) -> TensorValue:
+        dims = sorted({d % len(a.size) for d in dims}) if a.size else []
+        kept = [d for d in range(len(a.size)) if d not in dims]
+        size, rsize = tuple(a.size[d] for d in kept), tuple(a.size[d] for d in dims)
+        if a.dtype != out.dtype:  # sum of int32/bool accumulates in int64, like eager
+            a = _convert_element_type(g, out, a, out.dtype)
+        if ir.numel(rsize) == 1:  # nothing to reduce: a view that drops the reduced dims
+            return reindex(a, size, _scatter_vars(len(a.size), kept, dims, ()))
+        if ir.numel(rsize) == 0 and reduction_type == ir.ReductionType.SUM:
+            return TensorValue(size, out.dtype, ir.Constant(_cast(0, out.dtype), out.dtype))
+        rvars = ir.index_vars("r", len(dims))
+        ranges = dict(zip(ir.index_vars("i", len(size)) + rvars, size + rsize))
+        index = _scatter_vars(len(a.size), kept, dims, rvars)
+        body = reindex(a, a.size, index, ranges).body
+        origins = a.origins + (g.current_origin,)
+        return g.make_reduction(size, rsize, reduction_type, out.dtype, body, origins)
+
+    return rule
+
+
+def _scatter_vars(ndim, kept, dims, rvars) -> tuple[sympy.Expr, ...]:
+    """The input index of a reduction: kept dims read ``i`` variables, reduced dims ``r`` ones
+    (or 0 where ``rvars`` is empty)."""
+    index: list[sympy.Expr] = [sympy.Integer(0)] * ndim
+    for d, v in zip(kept, ir.index_vars("i", len(kept))):
+        index[d] = v
+    for d, v in zip(dims, rvars):
+        index[d] = v
+    return tuple(index)
+
+
+LOWERINGS[prims.sum] = _reduction_rule(ir.ReductionType.SUM)
+LOWERINGS[prims.amax] = _reduction_rule(ir.ReductionType.MAX)
+LOWERINGS[prims.amin] = _reduction_rule(ir.ReductionType.MIN)
+
+
+@register_lowering(prims.permute)
+def _permute(g, out, a: TensorValue, dims) -> TensorValue:
+    out_vars = ir.index_vars("i", len(dims))
+    index = [sympy.Integer(0)] * len(dims)
+    for k, d in enumerate(dims):  # output dim k is input dim dims[k]
+        index[d % len(dims)] = out_vars[k]
+    return reindex(a, tuple(out.shape), tuple(index))
+
+
+@register_lowering(prims.broadcast_in_dim)
+def _broadcast_in_dim(g, out, a: TensorValue, shape, broadcast_dimensions) -> TensorValue:
+    out_vars = ir.index_vars("i", len(shape))
+    index = tuple(
+        sympy.Integer(0) if a.size[k] == 1 else out_vars[d]
+        for k, d in enumerate(broadcast_dimensions)
+    )
+    return reindex(a, tuple(out.shape), index)
+
+
+@register_lowering(prims.slice)
+def _slice(g, out, a: TensorValue, dim: int, start: int, end: int, step: int = 1):
+    dim = dim % len(a.size)
+    index = list(ir.index_vars("i", len(a.size)))
+    index[dim] = start + step * index[dim]
+    return reindex(a, tuple(out.shape), tuple(index))
+
+
+@register_lowering(prims.reshape)
+def _reshape(g, out, a: TensorValue, shape) -> TensorValue:
+    size = tuple(out.shape)
+    flat = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
+    return reindex(a, size, ir.unflatten_index(flat, a.size))
+
+
+@register_lowering(prims.full)
+def _full(g, out, shape, value, dtype, device) -> TensorValue:
+    return TensorValue(tuple(out.shape), dtype, ir.Constant(_cast(value, dtype), dtype))
+
+
+@register_lowering(prims.iota)
+def _iota(g, out, length, dtype, device) -> TensorValue:
+    return TensorValue((length,), dtype, ir.IndexValue(ir.index_vars("i", 1)[0], dtype))

@@ -1,0 +1,344 @@
+"""Stage 4c: scheduling, ``ir.LoweredGraph`` -> ``ir.ScheduledGraph`` (fused kernels).
+
+Input: the buffers of a LoweredGraph, each with a body over its own index variables. Output: a
+list of steps, ``Kernel``s (fused groups of buffers, rewritten over the flat variables ``x`` and
+``r``) and ``ExternKernel`` calls, plus the buffers that still need memory. Example: a row softmax
+lowers to three buffers, ``buf0 = amax(x)``, ``buf1 = sum(exp(x - buf0))``,
+``buf2 = exp(x - buf0) / buf1``, and schedules to ONE kernel over ``x < 8`` rows and
+``r < 1000`` columns::
+
+    kernel_0(numel=8, rnumel=1000):       # for each row x:
+      for r:
+        amax_buf0 = amax(load(arg0, r + 1000*x))
+      for r:
+        sum_buf1 = sum(exp(sub(load(arg0, r + 1000*x), amax_buf0)))
+      for r:
+        buf2[r + 1000*x] = div(exp(sub(load(arg0, r + 1000*x), amax_buf0)), sum_buf1)
+
+Only ``buf2`` is allocated: ``buf0`` and ``buf1`` live in registers (``Local``s).
+``format_scheduled`` prints a ScheduledGraph this way.
+
+NB: in PyTorch this lives in torch/_inductor/scheduler.py (``Scheduler.fuse_nodes``,
+``can_fuse``, ``score_fusion``, ``FusedSchedulerNode``) and torch/_inductor/codegen/simd.py
+(the ``(numel, rnumel)`` "groups" of Triton kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from toycomp.inductor import ir
+from toycomp.inductor.ir import Pointwise, Reduction, ExternKernel
+
+# [Note: fusion]
+# A kernel is a group of buffers that share one iteration space: ``x`` in range(numel) and
+# ``r`` in range(rnumel). A Pointwise of size s has group (numel(s), 1), a Reduction
+# (numel(size), numel(reduction_size)). A buffer joins a kernel of group (N, M) when:
+#   * it fits: a Reduction must be (N, M) (or turn a pointwise (N, 1) group into (N, M));
+#     a Pointwise is "per row" if numel == N (runs once per x) or "full" if its dims split into
+#     an outer prefix of product N (read from x) and an inner suffix of product M (from r);
+#   * every read of a buffer computed in the same kernel is at the SAME element that kernel
+#     computes at (x, r): then the load is replaced by the producer's expression (or by the
+#     ``Local`` holding a reduction's per-row result), so nothing inside a kernel ever loads a
+#     value that the kernel writes: no read-before-write is possible. A read at a different
+#     index (a transpose, a broadcast of a full tensor, a per-row read of a full tensor) makes
+#     the buffer go to another kernel, and its producer is stored to memory;
+#   * it is related (it reads what the kernel writes, or reads the same buffers), and every
+#     other kernel it depends on runs earlier (kernels run in creation order, externs between).
+# Among the kernels that accept it, a buffer joins the one it reads most from, else a new one.
+# A buffer is stored (and allocated) only if it is a graph output or read outside its kernel.
+# Inside a kernel, statements keep the buffer order; a new Loop starts when switching between
+# per-row and per-r statements, or when a statement needs a Reduce of the current loop (so one
+# r-loop may hold both Stores and Reduces: a stored producer and the sum that reads it).
+# Limitation: "full" means outer dims -> x, inner dims -> r, so a *realized* producer of a
+# reduction over outer dims (sum over dim 0) is not absorbed; it runs as its own kernel.
+# (Unrealized producers are inlined into the Reduction's body by lowering anyway.)
+# Inductor decides similarly (can_fuse: same group sizes, no reads at other indices;
+# score_fusion: shared memory), but compares memory dependencies instead of index expressions.
+
+
+@dataclass
+class _Entry:
+    """A buffer placed in a kernel: its body over (x, r) and the flat element it computes."""
+
+    node: Pointwise | Reduction
+    over_r: bool  # False: once per x (per-row node); True: once per (x, r)
+    value: ir.Expr
+    position: sympy.Expr  # contiguous flat index of the element computed at (x, r)
+
+    @property
+    def result(self) -> ir.Expr:
+        """What a consumer in the same kernel reads instead of loading the buffer."""
+        if isinstance(self.node, Reduction):
+            return ir.Local(_local_name(self.node), self.node.dtype)
+        return self.value
+
+
+@dataclass
+class _Group:
+    numel: int
+    rnumel: int
+    entries: list[_Entry] = field(default_factory=list)
+    extern: ExternKernel | None = None
+
+    def writes(self) -> set[str]:
+        return {self.extern.name} if self.extern else {e.node.name for e in self.entries}
+
+    def reads(self) -> set[str]:
+        return {b for e in self.entries for b in buffer_reads(e.node)}
+
+
+def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
+    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]).
+
+    Args:
+        lowered: the result of ``lowering.lower``.
+
+    Returns:
+        The ScheduledGraph: allocations, steps (Kernels and ExternKernels in run order), outputs.
+    """
+    groups: list[_Group] = []
+    for node in _live_nodes(lowered):
+        if isinstance(node, ExternKernel):
+            groups.append(_Group(0, 0, extern=node))
+        else:
+            _place(node, groups)
+    stored = _stored_buffers(groups, lowered.outputs)
+    steps: list[ir.Kernel | ExternKernel] = []
+    allocations = []
+    for group in groups:
+        if group.extern is not None:
+            steps.append(group.extern)
+            continue
+        name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
+        kernel = _make_kernel(name, group, stored)
+        allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
+        steps.append(kernel)
+    return ir.ScheduledGraph(
+        lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device
+    )
+
+
+def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
+    """The buffers a lowered node reads, in first-use order."""
+    if isinstance(node, ExternKernel):
+        args = list(_flatten((node.args, [v for _, v in node.kwargs])))
+        return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
+    return list(dict.fromkeys(e.buffer for e in ir.walk(node.body) if isinstance(e, ir.Load)))
+
+
+# --- grouping ------------------------------------------------------------------------------------
+def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
+    """Add ``node`` to the best kernel that can take it, or to a new one."""
+    owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
+    reads = buffer_reads(node)
+    first = max((owner[b] for b in reads if b in owner), default=0)  # the latest producer
+    candidates = []
+    for k in range(first, len(groups)):
+        group = groups[k]
+        deps = sum(owner.get(b) == k for b in reads)
+        shared = len(group.reads() & set(reads))
+        if group.extern is None and deps + shared > 0:
+            candidates.append(((deps, shared, k), k))
+    for _, k in sorted(candidates, reverse=True):
+        fused = _try_fuse(groups[k], node)
+        if fused is not None:
+            groups[k] = fused
+            return
+    numel, rnumel = _node_group(node)
+    group = _Group(numel, rnumel)
+    entry = _make_entry(node, group, {})
+    assert entry is not None, f"{node.name} does not fit its own kernel"
+    group.entries.append(entry)
+    groups.append(group)
+
+
+def _node_group(node: Pointwise | Reduction) -> tuple[int, int]:
+    if isinstance(node, Reduction):
+        return ir.numel(node.size), ir.numel(node.reduction_size)
+    return ir.numel(node.size), 1
+
+
+def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
+    """``group`` with ``node`` added, or None if the fusion rules forbid it."""
+    numel, rnumel = _node_group(node)
+    if isinstance(node, Pointwise) or (numel, rnumel) == (group.numel, group.rnumel):
+        nodes, (numel, rnumel) = [node], (group.numel, group.rnumel)
+        new = _Group(numel, rnumel, list(group.entries))
+    elif group.rnumel == 1:  # a reduction turns a pointwise kernel into a reduction kernel
+        nodes, new = [e.node for e in group.entries] + [node], _Group(numel, rnumel)
+    else:
+        return None
+    for n in nodes:
+        entry = _make_entry(n, new, {e.node.name: e for e in new.entries})
+        if entry is None:
+            return None
+        new.entries.append(entry)
+    return new
+
+
+def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
+    """``node`` rewritten over the kernel variables, reads of ``fused`` buffers replaced."""
+    placed = _index_mapping(node, group.numel, group.rnumel)
+    if placed is None:
+        return None
+    mapping, over_r = placed
+    ranges = {ir.x: group.numel, ir.r: group.rnumel}
+    size = node.size
+    own = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
+    position = ir.simplify_index(own.subs(mapping, simultaneous=True), ranges)
+
+    def rewrite(e: ir.Expr) -> ir.Expr | None:
+        if isinstance(e, ir.IndexValue):
+            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
+        if not isinstance(e, ir.Load):
+            return None
+        index = _subs(e.index, mapping, ranges)
+        if e.buffer not in fused:
+            return ir.Load(e.buffer, index, e.dtype)
+        producer = fused[e.buffer]
+        if sympy.expand(index - producer.position) != 0:
+            raise _NotFusable
+        return producer.result
+
+    try:
+        return _Entry(node, over_r, ir.map_expr(node.body, rewrite), position)
+    except _NotFusable:
+        return None
+
+
+class _NotFusable(Exception):
+    pass
+
+
+def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
+    """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
+    node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
+    ivars = ir.index_vars("i", len(node.size))
+    if isinstance(node, Reduction):
+        if _node_group(node) != (numel, rnumel):
+            return None
+        rvars = ir.index_vars("r", len(node.reduction_size))
+        index = ir.unflatten_index(ir.x, node.size) + ir.unflatten_index(ir.r, node.reduction_size)
+        return dict(zip(ivars + rvars, index)), True
+    if ir.numel(node.size) == numel:
+        return dict(zip(ivars, ir.unflatten_index(ir.x, node.size))), False
+    for k in range(len(node.size) + 1):  # split the dims: outer ones follow x, inner ones r
+        outer, inner = node.size[:k], node.size[k:]
+        if rnumel > 1 and (ir.numel(outer), ir.numel(inner)) == (numel, rnumel):
+            index = ir.unflatten_index(ir.x, outer) + ir.unflatten_index(ir.r, inner)
+            return dict(zip(ivars, index)), True
+    return None
+
+
+def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
+    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+
+
+# --- which buffers survive -----------------------------------------------------------------------
+def _live_nodes(lowered: ir.LoweredGraph) -> list:
+    """The nodes some output depends on (dead buffers are dropped)."""
+    live = {o.buffer for o in lowered.outputs if o is not None}
+    kept = []
+    for node in reversed(lowered.nodes):
+        if node.name in live:
+            kept.append(node)
+            live.update(buffer_reads(node))
+    return kept[::-1]
+
+
+def _stored_buffers(groups: list[_Group], outputs) -> set[str]:
+    """Buffers that must be in memory: graph outputs and buffers read by another step."""
+    stored = {o.buffer for o in outputs if o is not None}
+    owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
+    for k, group in enumerate(groups):
+        reads = buffer_reads(group.extern) if group.extern else group.reads()
+        stored.update(b for b in reads if owner.get(b, k) != k)
+    return stored
+
+
+def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
+    return ir.AllocatedBuffer(node.name, node.size, ir.contiguous_strides(node.size), node.dtype)
+
+
+# --- kernels -------------------------------------------------------------------------------------
+def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
+    statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
+    for e in group.entries:
+        if isinstance(e.node, Reduction):
+            local = ir.Local(_local_name(e.node), e.node.dtype)
+            reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
+            statements.append((True, reduce))
+            if e.node.name in stored:
+                statements.append((False, ir.Store(e.node.name, e.position, local)))
+        elif e.node.name in stored:
+            statements.append((e.over_r, ir.Store(e.node.name, e.position, e.value)))
+    loops = _split_loops(statements)
+    origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
+    return ir.Kernel(
+        name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins
+    )
+
+
+def _split_loops(statements) -> tuple[ir.Loop, ...]:
+    """Consecutive statements share a Loop unless they differ in over_r or one needs a Reduce
+    of the current Loop (whose result is only known after the loop)."""
+    loops: list[ir.Loop] = []
+    body: list = []
+    over_r, reduced = False, set()
+    for stmt_over_r, stmt in statements:
+        uses = {e.name for e in ir.walk(stmt.value) if isinstance(e, ir.Local)}
+        if body and (stmt_over_r != over_r or uses & reduced):
+            loops.append(ir.Loop(over_r, tuple(body)))
+            body, reduced = [], set()
+        over_r = stmt_over_r
+        body.append(stmt)
+        if isinstance(stmt, ir.Reduce):
+            reduced.add(stmt.name)
+    if body:
+        loops.append(ir.Loop(over_r, tuple(body)))
+    return tuple(loops)
+
+
+def _buffer_dtypes(loops, group: _Group) -> tuple:
+    dtypes = {e.node.name: e.node.dtype for e in group.entries}
+    loads = [e for loop in loops for s in loop.body for e in ir.walk(s.value)]
+    found = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)}
+    stores = [s for loop in loops for s in loop.body if isinstance(s, ir.Store)]
+    found.update({s.buffer: dtypes[s.buffer] for s in stores})
+    return tuple(found.items())
+
+
+def _local_name(node: Reduction) -> str:
+    return f"{node.reduction_type.value}_{node.name}"  # "amax_buf0"
+
+
+def _flatten(obj):
+    if isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _flatten(o)
+    else:
+        yield obj
+
+
+def format_scheduled(scheduled: ir.ScheduledGraph) -> str:
+    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks)."""
+    lines = [f"allocate {a.name}{list(a.size)} {a.dtype}" for a in scheduled.allocations]
+    for step in scheduled.steps:
+        if isinstance(step, ExternKernel):
+            kind = "fallback" if step.fallback else "extern"
+            lines.append(f"{step.name} = {kind} {step.kernel}{step.args}")
+            continue
+        lines.append(f"{step.name}(numel={step.numel}, rnumel={step.rnumel}):  # {step.origins}")
+        for loop in step.loops:
+            lines.append("  for r:" if loop.over_r else "  once:")
+            for stmt in loop.body:
+                if isinstance(stmt, ir.Reduce):
+                    value = f"{stmt.reduction_type.value}({stmt.value!r})"
+                    lines.append(f"    {stmt.name} = {value}")
+                else:
+                    lines.append(f"    {stmt.buffer}[{stmt.index}] = {stmt.value!r}")
+    lines.append(f"return {', '.join(repr(o) for o in scheduled.outputs)}")
+    return "\n".join(lines)
