@@ -166,9 +166,21 @@ def test_tensor_guards():
         "x.requires_grad == False"
     )
     assert str(cg.check_guards(torch.randn(6, 4).t())) == "x.stride() == (6, 1)"
-    assert str(cg.check_guards(x, x)) == "inputs == (x: Tensor)"
+    assert str(cg.check_guards(x, x)) == "(*args, **kwargs) == (x: Tensor)"
     with torch.no_grad():
         assert str(cg.check_guards(x)) == "torch.is_grad_enabled() == True"
+
+
+def test_argument_names_do_not_clash_with_guard_sources():
+    # The structure guard's source must not be shadowed by an argument of the same name.
+    def f(inputs, labels):
+        return torch.sin(inputs) + labels
+
+    a, b = torch.randn(3), torch.randn(3)
+    cg = capture(f, a, b)
+    assert cg.check_guards(torch.randn(3), torch.randn(3)) is None
+    assert str(cg.check_guards(torch.randn(4), b)) == "inputs.shape == (3,)"
+    torch.testing.assert_close(cg(a, b), f(a, b), rtol=RTOL, atol=ATOL)
 
 
 def test_graph_break_on_tensor_condition():

@@ -24,14 +24,11 @@ runs the offending instruction eagerly, and continues in a generated *resume fun
 captured again. toycomp's tracer only sees torch calls, so on such a construct it gives up on the
 whole function: it reports a ``GraphBreak`` and the caller runs ``fn`` eagerly.
 
-[Note: why a TorchFunctionMode tracer specialises control flow]
-Python code between torch calls (``if n > 2:``, loops over ``range(x.shape[0])``, attribute lookups)
-is invisible to the mode; it simply runs with the real values, and the graph records the one path
-that was taken. That is sound as long as every value the path depended on is guarded: Python
-arguments get value guards, shapes get shape guards. But ``if x.sum() > 0:`` depends on tensor
-*data*, which no guard covers (the next call has new data), so ``Tensor.__bool__`` - and
-``.item()``, ``int(t)``, ops whose output shape depends on data - must stop the capture: a graph
-break.
+The tracer is split by concept over three modules: this one (the tracer and its result),
+toycomp/capture_rules.py (which calls are recorded, which break the graph and why - see its
+[Note: why a TorchFunctionMode tracer specialises control flow] - and how calls are written in the
+graph) and toycomp/side_effects.py (undoing the capture run's in-place updates and RNG draws).
+Guards are built by toycomp/guards.py.
 
 NB: in PyTorch this lives in torch/_dynamo/ (symbolic_convert.py interprets bytecode,
 output_graph.py builds the FX graph, guards.py builds guards).
@@ -39,13 +36,12 @@ output_graph.py builds the FX graph, guards.py builds guards).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import linecache
 import operator
 import os
 import types
-import weakref
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -53,10 +49,13 @@ import torch
 import torch.fx
 from torch.overrides import TorchFunctionMode
 
+from toycomp import capture_rules as R
 from toycomp import guards as G
-from toycomp._torch_compat import TorchDispatchMode, _set_grad_enabled, tensor_version
-from toycomp._torch_compat import written_tensor_args
-from toycomp._torch_compat import tree_flatten, tree_unflatten
+from toycomp._torch_compat import _set_grad_enabled, tree_flatten, tree_unflatten
+from toycomp.capture_rules import GraphBreakError
+from toycomp.side_effects import CreationTracker, SideEffects, storage_ptr
+
+__all__ = ["CapturedGraph", "GraphBreak", "GraphBreakError", "LiftedTensor", "capture"]
 
 
 @dataclass(frozen=True)
@@ -70,14 +69,6 @@ class GraphBreak:
 
     def __str__(self) -> str:
         return f"graph break at line {self.lineno}: `{self.source_line}`\n  {self.reason}"
-
-
-class GraphBreakError(Exception):
-    """Raised inside the tracer when it meets a construct it cannot capture."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -255,92 +246,6 @@ class _CaptureMode(TorchFunctionMode):
         return self.tracer.handle(func, types, args, kwargs or {})
 
 
-class _CreationTracker(TorchDispatchMode):
-    """Remembers every tensor produced by an ATen op while tracing.
-
-    [Note: tensors the tracer did not see]
-    A tensor that reaches a torch call without being a known node is normally a constant from
-    outside (a global, a closure) and is lifted to a graph input. But a tensor can also be made
-    inside ``fn`` by something the TorchFunctionMode does not intercept
-    (``autograd.Function.apply``, ``nn.Parameter(...)``). Lifting it would silently freeze one
-    run's value into the graph; so if the dispatcher saw it being created during tracing, or it
-    shares memory with a tensor that a graph node computed (``nn.Parameter(y)`` wraps ``y``'s
-    storage without any ATen op), the tracer breaks instead.
-    """
-
-    def __init__(self, side_effects: _SideEffects):
-        super().__init__()
-        self.created: dict[int, weakref.ref] = {}
-        self.side_effects = side_effects
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in written_tensor_args(func, args, kwargs or {}):
-            self.side_effects.before_write(t)
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.created[id(t)] = weakref.ref(t)
-        return out
-
-    def made(self, t: torch.Tensor) -> bool:
-        ref = self.created.get(id(t))
-        return ref is not None and ref() is t
-
-
-class _SideEffects:
-    """Remembers how to undo what the capture run did to tensors that outlive it.
-
-    [Note: side effects of the capture run]
-    capture() runs ``fn`` for real, so in-place updates of inputs, parameters and buffers (a
-    BatchNorm's running stats) happen, and random numbers are drawn. If the caller then runs the
-    graph for that same call (or ``fn`` eagerly after a graph break), they would happen twice.
-    So before the first write to an input or lifted tensor (seen at the ATen level, from the op's
-    schema) its storage is copied, and the RNG state is saved when ``fn`` starts; ``undo()``
-    puts both back. Python side effects (appending to a list) cannot be undone.
-    """
-
-    def __init__(self):
-        self.storages: dict[int, torch.UntypedStorage] = {}  # of inputs and lifted tensors
-        self.snapshots: dict[int, torch.UntypedStorage] = {}  # their contents before a write
-        self.versions: list[tuple[str, torch.Tensor, int]] = []  # (name, tensor, version)
-        self.missed: list[str] = []  # tensors written in a way the schema did not announce
-        self.rng: list[torch.Tensor] = []
-
-    def watch(self, name: str, t: torch.Tensor) -> None:
-        self.versions.append((name, t, tensor_version(t)))
-        self.storages.setdefault(_storage_ptr(t), t.untyped_storage())
-
-    def start(self) -> None:
-        self.rng = [torch.get_rng_state()]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            self.rng += torch.cuda.get_rng_state_all()
-
-    def before_write(self, t: torch.Tensor) -> None:
-        ptr = _storage_ptr(t)
-        if ptr in self.storages and ptr not in self.snapshots:
-            self.snapshots[ptr] = self.storages[ptr].clone()
-
-    def finish(self) -> None:
-        """Called when ``fn`` returns: note unannounced writes, drop what undo() does not need."""
-        self.missed = [
-            name
-            for name, t, version in self.versions
-            if tensor_version(t) != version and _storage_ptr(t) not in self.snapshots
-        ]
-        self.storages = {ptr: self.storages[ptr] for ptr in self.snapshots}
-        self.versions = []
-
-    def undo(self) -> None:
-        """Restore written inputs / lifted tensors and the RNG state; usable once."""
-        for ptr, saved in self.snapshots.items():
-            self.storages[ptr].copy_(saved)
-        if self.rng:
-            torch.set_rng_state(self.rng[0])
-        if len(self.rng) > 1:
-            torch.cuda.set_rng_state_all(self.rng[1:])
-        self.storages, self.snapshots, self.rng = {}, {}, []
-
-
 class _Tracer:
     """Builds the FX graph while ``fn`` runs; ``env`` maps live tensors to the nodes making them."""
 
@@ -353,8 +258,8 @@ class _Tracer:
         self.last_placeholder: torch.fx.Node | None = None
         self.graph_break: GraphBreak | None = None
         self.root_frame: types.FrameType | None = None
-        self.side_effects = _SideEffects()
-        self.creations = _CreationTracker(self.side_effects)
+        self.side_effects = SideEffects()
+        self.creations = CreationTracker(self.side_effects)
         self.traced_storages: set[int] = set()  # storages of tensors computed by graph nodes
         self.fn_code = getattr(getattr(fn, "forward", fn), "__code__", None)
 
@@ -368,7 +273,7 @@ class _Tracer:
                     "over it, so its parameters are lifted"
                 )
             if isinstance(value, torch.Tensor):
-                _check_tensor_type(value, f"input {source}")
+                R.check_tensor_type(value, f"input {source}")
                 node = self._placeholder(G.placeholder_name(source), value)
                 if id(value) not in self.env:
                     self._bind(value, node)  # the same tensor passed twice: first one wins
@@ -413,15 +318,15 @@ class _Tracer:
     def _bind(self, t: torch.Tensor, node: torch.fx.Node) -> None:
         self.env[id(t)] = (t, node)
         if node.op != "placeholder":
-            self.traced_storages.add(_storage_ptr(t))  # env keeps t alive: no pointer reuse
+            self.traced_storages.add(storage_ptr(t))  # env keeps t alive: no pointer reuse
 
     def _node_for(self, t: torch.Tensor) -> torch.fx.Node:
         """The node computing ``t``; unknown tensors from outside ``fn`` are lifted."""
         entry = self.env.get(id(t))
         if entry is not None and entry[0] is t:
             return entry[1]
-        _check_tensor_type(t, "a tensor")
-        if self.creations.made(t) or _storage_ptr(t) in self.traced_storages - {0}:
+        R.check_tensor_type(t, "a tensor")
+        if self.creations.made(t) or storage_ptr(t) in self.traced_storages - {0}:
             raise GraphBreakError(
                 "a tensor was created by code the tracer cannot see (autograd.Function.apply, "
                 "nn.Parameter(...), torch.Tensor._make_subclass, ...)"
@@ -442,8 +347,8 @@ class _Tracer:
         where = self._where()
         try:
             for t in types_:
-                _check_tensor_type(t, "argument")
-            _check_supported(func, args, kwargs)
+                R.check_tensor_type(t, "argument")
+            R.check_supported(func, args, kwargs)
             node_args, node_kwargs = self._to_nodes(args), self._to_nodes(kwargs)
         except GraphBreakError as e:
             self.graph_break = self.graph_break or _graph_break(e.reason, where)
@@ -474,13 +379,13 @@ class _Tracer:
         raise GraphBreakError(f"unsupported argument of type {type(value).__name__}")
 
     def _record(self, func, node_args, node_kwargs, result, where: _Location) -> Any:
-        name = _func_name(func)
+        name = R.func_name(func)
         tensors_in = any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_args)[0])
         tensors_in |= any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_kwargs)[0])
         if isinstance(result, torch.Tensor):
             node = self._call(func, node_args, node_kwargs, where, _meta(result))
             self._bind(result, node)
-        elif _is_tensor_sequence(result):
+        elif R.is_tensor_sequence(result):
             vals = tuple(None if r is None else _meta(r) for r in result)
             node = self._call(func, node_args, node_kwargs, where, vals)
             for i, r in enumerate(result):
@@ -490,15 +395,15 @@ class _Tracer:
                     self._bind(r, item)
         elif func is _set_grad_enabled or name == "__setitem__":
             self._call(func, node_args, node_kwargs, where, None)
-        elif tensors_in and name not in _METADATA:
+        elif tensors_in and name not in R.METADATA:
             raise GraphBreakError(
-                f"{_display_name(func)} returns a Python {type(result).__name__}, not a tensor: "
+                f"{R.display_name(func)} returns a Python {type(result).__name__}, not a tensor: "
                 "a graph cannot hold it and no guard covers it"
             )
         return result
 
     def _call(self, func, args, kwargs, where: _Location, val: Any) -> torch.fx.Node:
-        op, target, args, kwargs = _target_for(func, args, kwargs)
+        op, target, args, kwargs = R.target_for(func, args, kwargs)
         node = self.graph.create_node(op, target, args, kwargs)
         node.meta["val"] = val
         node.meta["stack_trace"] = (
@@ -560,144 +465,6 @@ def _constant(t: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: t
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-        return 0
-
-
 def _meta(t: torch.Tensor) -> torch.Tensor:
     """A meta-device tensor with ``t``'s shape, stride and dtype: the node's ``meta['val']``."""
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _is_tensor_sequence(result: Any) -> bool:
-    if not isinstance(result, (tuple, list)):
-        return False
-    is_tensor = [isinstance(r, torch.Tensor) for r in result]
-    return any(is_tensor) and all(t or r is None for t, r in zip(is_tensor, result))
-
-
-def _check_tensor_type(t: torch.Tensor | type, what: str) -> None:
-    cls = t if isinstance(t, type) else type(t)
-    if cls not in (torch.Tensor, torch.nn.Parameter):
-        raise GraphBreakError(f"{what} is a tensor subclass ({cls.__name__})")
-
-
-# ----------------------------------------------------------------------------------------------
-# Which calls are supported, and how they are written in the graph
-# ----------------------------------------------------------------------------------------------
-
-_VALUE_DEPENDENT = {
-    "__bool__": "Python control flow on a tensor's value (`if t:`, `while t:`, `and`/`or`)",
-    "item": "Tensor.item() turns a tensor value into a Python number",
-    "tolist": "Tensor.tolist() turns tensor values into Python numbers",
-    "numpy": "Tensor.numpy() leaves PyTorch",
-    "__array__": "converting a tensor to a NumPy array leaves PyTorch",
-    "__int__": "int() of a tensor turns a tensor value into a Python number",
-    "__float__": "float() of a tensor turns a tensor value into a Python number",
-    "__complex__": "complex() of a tensor turns a tensor value into a Python number",
-    "__index__": "using a tensor as a Python index turns its value into a Python int",
-    "backward": "calling .backward() inside the captured function",
-}
-_DATA_DEPENDENT_SHAPE = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
-_DATA_DEPENDENT_SHAPE |= {"bincount"}
-
-# Calls returning Python values that depend only on metadata (covered by the tensor guards).
-_METADATA = {"size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset"}
-_METADATA |= {"is_contiguous", "is_floating_point", "is_complex", "is_signed", "element_size"}
-_METADATA |= {"get_device", "__len__", "__hash__", "is_same_size", "shape", "ndim", "dtype"}
-_METADATA |= {"device", "layout", "requires_grad", "is_leaf", "is_cuda", "is_cpu", "is_meta"}
-_METADATA |= {"is_sparse", "is_quantized", "is_nested", "itemsize", "nbytes", "type"}
-
-
-def _check_supported(func: Callable, args: tuple, kwargs: dict) -> None:
-    name = _func_name(func)
-    if name in _VALUE_DEPENDENT:
-        raise GraphBreakError(f"{_display_name(func)}: {_VALUE_DEPENDENT[name]}")
-    shape_from_values = name in _DATA_DEPENDENT_SHAPE
-    shape_from_values |= name == "where" and len(args) + len(kwargs) == 1
-    shape_from_values |= name == "repeat_interleave" and isinstance(
-        args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor
-    )
-    shape_from_values |= name == "__getitem__" and any(
-        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-        for i in (args[1] if isinstance(args[1], tuple) else (args[1],))
-    )
-    if shape_from_values:
-        raise GraphBreakError(
-            f"{_display_name(func)}: the output shape depends on tensor values (data-dependent)"
-        )
-
-
-def _is_property_getter(func: Callable) -> bool:
-    owner = getattr(func, "__self__", None)
-    return getattr(func, "__name__", None) == "__get__" and isinstance(
-        owner, (types.GetSetDescriptorType, property)
-    )
-
-
-def _func_name(func: Callable) -> str:
-    if _is_property_getter(func):
-        owner = func.__self__
-        return getattr(owner, "__name__", None) or owner.fget.__name__
-    return getattr(func, "__name__", type(func).__name__)
-
-
-def _is_tensor_method(func: Callable) -> bool:
-    name = _func_name(func)
-    qualname = getattr(func, "__qualname__", "")
-    if getattr(torch.Tensor, name, None) is func:
-        return True
-    return qualname.startswith(("Tensor.", "TensorBase."))
-
-
-def _display_name(func: Callable) -> str:
-    if _is_tensor_method(func) or _is_property_getter(func):
-        return f"Tensor.{_func_name(func)}"
-    module = getattr(func, "__module__", None) or "torch"
-    return f"{module}.{_func_name(func)}"
-
-
-# x.add(y) and x + y are the same call to PyTorch; the graph prints the operator form.
-_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
-_BINARY |= {"matmul": operator.matmul, "pow": operator.pow, "__floordiv__": operator.floordiv}
-_BINARY |= {"remainder": operator.mod, "__getitem__": operator.getitem, "eq": operator.eq}
-_BINARY |= {"__eq__": operator.eq, "ne": operator.ne, "__ne__": operator.ne, "gt": operator.gt}
-_BINARY |= {"lt": operator.lt, "ge": operator.ge, "le": operator.le, "__and__": operator.and_}
-_BINARY |= {"__or__": operator.or_, "__xor__": operator.xor}
-_UNARY = {"neg": operator.neg, "__invert__": operator.invert}
-_REVERSED = {"__rsub__": operator.sub, "__rdiv__": operator.truediv, "__rpow__": operator.pow}
-_REVERSED |= {"__rtruediv__": operator.truediv, "__rmatmul__": operator.matmul}
-_REVERSED |= {"__rfloordiv__": operator.floordiv}
-
-
-def _drop_defaults(func: Callable, kwargs: dict) -> dict:
-    """Python torch functions (F.cross_entropy) pass every keyword on; keep non-default ones."""
-    if not kwargs or not inspect.isfunction(func):
-        return kwargs
-    params = inspect.signature(func).parameters
-    return {
-        k: v
-        for k, v in kwargs.items()
-        if k not in params or type(v) is not type(params[k].default) or v != params[k].default
-    }
-
-
-def _target_for(func: Callable, args: tuple, kwargs: dict) -> tuple[str, Any, tuple, dict]:
-    """How a torch call is written in the graph: (op, target, args, kwargs)."""
-    name = _func_name(func)
-    if _is_property_getter(func):
-        return "call_function", getattr, (args[0], name), {}
-    if not _is_tensor_method(func):
-        return "call_function", func, args, _drop_defaults(func, kwargs)
-    if name == "__setitem__":
-        return "call_function", operator.setitem, args, kwargs
-    if name in _REVERSED and len(args) == 2 and not kwargs:
-        return "call_function", _REVERSED[name], (args[1], args[0]), {}
-    if name in _BINARY and len(args) == 2 and not kwargs:
-        return "call_function", _BINARY[name], args, {}
-    if name in _UNARY and len(args) == 1 and not kwargs:
-        return "call_function", _UNARY[name], args, {}
-    return "call_method", name, args, kwargs

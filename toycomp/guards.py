@@ -9,7 +9,7 @@ assumptions down so a caller can check them cheaply before reusing the graph::
     ...     return x * n
     >>> leaves, structure = flatten_user_inputs(signature_of(f), (torch.ones(3), 2), {})
     >>> [str(g) for g in input_guards(leaves, structure)]
-    ['inputs == (x: Tensor, n: int)', 'torch.is_grad_enabled() == True',
+    ['(*args, **kwargs) == (x: Tensor, n: int)', 'torch.is_grad_enabled() == True',
      'x.shape == (3,)', 'x.stride() == (1,)', 'x.dtype == torch.float32',
      "x.device == torch.device('cpu')", 'x.requires_grad == False', 'n == 2']
 
@@ -29,8 +29,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-# Sources that are not user arguments.
-STRUCTURE = "inputs"
+# Sources that are not user arguments; neither is an identifier, so no argument can be named so.
+STRUCTURE = "(*args, **kwargs)"
 GRAD_MODE = "torch.is_grad_enabled()"
 
 # Python values that are baked into the graph and guarded by value (``n == 3``).
@@ -54,7 +54,8 @@ class Guard:
 
     Attributes:
         source: what is read: an argument path (``x``, ``pair[0]``), a lifted tensor's placeholder
-            name (``fc1_weight``), ``inputs`` (argument structure) or ``torch.is_grad_enabled()``.
+            name (``fc1_weight``), ``(*args, **kwargs)`` (argument structure) or
+            ``torch.is_grad_enabled()``.
         kind: ``shape``, ``stride``, ``dtype``, ``device``, ``requires_grad`` (tensor metadata),
             ``value`` (a Python constant, type included), ``structure``, ``alias`` (two arguments
             are the same tensor) or ``identity`` (an arbitrary object, compared with ``is``).
