@@ -1,0 +1,604 @@
+"""Tests for toycomp.aot and toycomp.partitioners (stage 2). Eager PyTorch is the oracle."""
+
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+import toycomp
+from toycomp import aot
+from toycomp.partitioners import default_partition
+
+aten = torch.ops.aten
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def sin_cos(x):
+    return torch.sin(x) ** 2 + torch.cos(x) ** 2
+
+
+def targets(gm):
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def packets(gm):
+    return {getattr(t, "overloadpacket", t) for t in targets(gm)}
+
+
+def run_eager(fn, inputs):
+    """Eager oracle: outputs (as a tuple), grads of sum(outputs * weights), mutated inputs."""
+    clones = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    outs = fn(*clones)
+    outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+    return outs, clones
+
+
+def check_against_eager(fn, inputs, compiled=None):
+    """Forward values, gradients and input mutations of aot_function(fn) equal eager's."""
+    compiled = compiled or aot.aot_function(fn, inputs)
+    eager_outs, eager_inputs = run_eager(fn, inputs)
+    ours_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    ours = compiled(*ours_inputs)
+    assert isinstance(ours, tuple) and len(ours) == len(eager_outs)
+    for a, b in zip(ours, eager_outs):
+        torch.testing.assert_close(a, b, **TOL)
+    for a, b in zip(ours_inputs, eager_inputs):  # input mutations are visible to the caller
+        torch.testing.assert_close(a.detach(), b.detach(), **TOL)
+    diff = [(a, b) for a, b in zip(ours, eager_outs) if b.requires_grad]
+    if diff:
+        weights = [torch.randn_like(b) for _, b in diff]
+        sum(((a * w).sum() for (a, _), w in zip(diff, weights))).backward()
+        sum(((b * w).sum() for (_, b), w in zip(diff, weights))).backward()
+        for a, b in zip(ours_inputs, eager_inputs):
+            if b.requires_grad:
+                assert (a.grad is None) == (b.grad is None)
+                if b.grad is not None:
+                    torch.testing.assert_close(a.grad, b.grad, **TOL)
+    return compiled
+
+
+def check_graph(gm):
+    """lint passes and every node's meta['val'] matches what running the graph produces."""
+    gm.graph.lint()
+    for node in gm.graph.nodes:
+        if node.op != "output":
+            assert "val" in node.meta, node.name
+
+    class Checker(fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n.op == "output":
+                return result
+            vals = result if isinstance(result, (tuple, list)) else [result]
+            metas = n.meta["val"] if isinstance(result, (tuple, list)) else [n.meta["val"]]
+            for r, m in zip(vals, metas):
+                if isinstance(r, torch.Tensor):
+                    assert m.device.type == "meta"
+                    assert (r.shape, r.dtype) == (m.shape, m.dtype), n.name
+                    if n.op == "call_function" and r.numel() > 1:
+                        assert r.stride() == m.stride(), n.name
+            return result
+
+    return Checker
+
+
+def check_meta(gm, inputs):
+    check_graph(gm)(gm).run(*inputs)
+
+
+# -- the running example ------------------------------------------------------------------------
+def test_sin_cos_forward_and_gradient_equal_eager():
+    x = torch.randn(16, requires_grad=True)
+    check_against_eager(sin_cos, [x])
+
+
+def test_sin_cos_graphs():
+    x = torch.randn(16, requires_grad=True)
+    out = aot.aot_function(sin_cos, [x])
+    joint_ops = packets(out.joint)
+    assert {aten.sin, aten.cos, aten.pow, aten.add} <= joint_ops
+    assert {aten.mul, aten.neg} <= joint_ops  # the backward: d sin = cos, d cos = -sin
+    names = [n.name for n in out.joint.graph.nodes if n.op == "placeholder"]
+    assert names == ["primals_1", "tangents_1"]
+    # The forward graph holds only forward ops and no tangents.
+    assert packets(out.forward) == {aten.sin, aten.cos, aten.pow, aten.add}
+    fw_inputs = [n.name for n in out.forward.graph.nodes if n.op == "placeholder"]
+    assert fw_inputs == ["primals_1"]
+    # Saved values: returned by the forward after the output, read by the backward.
+    fw_out = [n.name for n in out.forward.graph.output_node().args[0]]
+    assert fw_out[1:] == out.saved_values and out.num_fwd_outputs == 1
+    bw_inputs = [n for n in out.backward.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in bw_inputs] == out.saved_values + ["tangents_1"]
+    assert all(n.users for n in bw_inputs), "every saved value is read by the backward"
+    for gm, inputs in [(out.joint, [x, torch.ones(16)]), (out.forward, [x])]:
+        check_meta(gm, [i.detach() for i in inputs])
+    saved = out.forward(x.detach())[1:]
+    check_meta(out.backward, [*saved, torch.ones(16)])
+    assert "--- backward ---" in repr(out) and "saved_values=" in repr(out)
+
+
+def test_default_partition_directly():
+    x = torch.randn(5, requires_grad=True)
+    joint = aot.trace_joint(torch.sin, [x])
+    forward, backward, saved = default_partition(joint)
+    assert saved == ["primals_1"]
+    assert packets(forward) == {aten.sin} and aten.cos in packets(backward)
+    sin, primals_1 = forward(x.detach())
+    (grad,) = backward(primals_1, torch.ones(5))
+    torch.testing.assert_close(grad, torch.cos(x.detach()))
+
+
+# -- a training step ------------------------------------------------------------------------------
+def mlp_loss(x, target, w1, b1, w2, b2):
+    return F.cross_entropy(F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2), target)
+
+
+def test_mlp_training_step_equals_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    x, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    out = check_against_eager(mlp_loss, [x, target, *params])
+    assert out.grad_inputs == [2, 3, 4, 5]
+    assert aten.gelu_backward in packets(out.backward)
+    # The same thing through functional_call on the module itself.
+    names = [n for n, _ in model.named_parameters()]
+
+    def module_loss(x, target, *ps):
+        logits = torch.func.functional_call(model, dict(zip(names, ps)), (x,))
+        return F.cross_entropy(logits, target)
+
+    check_against_eager(module_loss, [x, target, *params])
+
+
+def test_graph_module_input_and_multiple_outputs():
+    def f(x, y):
+        return x * y, (x + y).relu(), x.sum()
+
+    gm = fx.symbolic_trace(f)
+    inputs = [torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)]
+    out = check_against_eager(gm, inputs)
+    assert out.num_user_outputs == 3 and out.diff_outputs == [0, 1, 2]
+
+
+def test_mixed_requires_grad():
+    def f(x, w, b):
+        return (x @ w + b).tanh()
+
+    inputs = [torch.randn(3, 4), torch.randn(4, 5, requires_grad=True), torch.randn(5)]
+    out = check_against_eager(f, inputs)
+    assert out.grad_inputs == [1] and out.requires_grad == [False, True, False]
+    assert len(out.backward.graph.output_node().args[0]) == 1
+    joint_grads = list(out.joint.graph.output_node().args[0])[1:]
+    assert joint_grads[0] is None and joint_grads[2] is None
+    with pytest.raises(RuntimeError, match="require grad now"):
+        out(*[i.detach().requires_grad_() for i in inputs])
+
+
+def test_outputs_aliasing_inputs_and_each_other():
+    def f(x):
+        y = x * 2
+        return x, x.view(-1), y, y, y.t()
+
+    check_against_eager(f, [torch.randn(3, 4, requires_grad=True)])
+
+
+def test_output_that_does_not_require_grad():
+    def f(x):
+        return x.sin(), x.argmax(), (x > 0)
+
+    out = check_against_eager(f, [torch.randn(6, requires_grad=True)])
+    assert out.diff_outputs == [0]
+    assert [n.name for n in out.joint.graph.nodes if n.op == "placeholder"][-1] == "tangents_1"
+
+
+# -- forward-only path ----------------------------------------------------------------------------
+def test_forward_only_when_nothing_requires_grad():
+    out = check_against_eager(sin_cos, [torch.randn(7)])
+    assert out.joint is None and out.backward is None and out.saved_values == []
+    assert packets(out.forward) == {aten.sin, aten.cos, aten.pow, aten.add}
+    check_meta(out.forward, [torch.randn(7)])
+    with pytest.raises(RuntimeError, match="traced without autograd"):
+        out(torch.randn(7, requires_grad=True))
+
+
+def test_forward_only_under_no_grad():
+    x = torch.randn(7, requires_grad=True)
+    with torch.no_grad():
+        out = aot.aot_function(sin_cos, [x])
+        (y,) = out(x)
+    assert out.backward is None and not y.requires_grad
+    torch.testing.assert_close(y, sin_cos(x.detach()), **TOL)
+
+
+# -- constants, factories, scalars --------------------------------------------------------------
+def test_constants_and_factory_ops():
+    def f(x):
+        c = torch.tensor([1.0, 2.0, 3.0])
+        return x * 2.5 + c + torch.ones(3) * torch.arange(3) + torch.full((3,), 0.5).exp()
+
+    out = check_against_eager(f, [torch.randn(3, requires_grad=True)])
+    assert any(n.op == "get_attr" for n in out.joint.graph.nodes)
+    assert {aten.lift_fresh, aten.ones, aten.arange} <= packets(out.forward)
+    # a second call with new inputs is not baked into the graph
+    check_against_eager(f, [torch.randn(3, requires_grad=True)], compiled=out)
+
+
+def test_closed_over_tensor_requiring_grad_is_refused():
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="closed-over tensor that requires grad"):
+        aot.aot_function(lambda x: x * w, [torch.randn(3, requires_grad=True)])
+
+
+def test_data_dependent_ops_are_refused():
+    with pytest.raises(RuntimeError, match="nonzero"):
+        aot.aot_function(lambda x: x.nonzero(), [torch.randn(4)])
+    with pytest.raises(RuntimeError, match="_local_scalar_dense"):
+        aot.aot_function(lambda x: x * x.sum().item(), [torch.randn(4)])
+
+
+# -- functionalisation ----------------------------------------------------------------------------
+def no_inplace_ops(gm):
+    names = [str(t) for t in targets(gm)]
+    return not any(n.split(".")[-2].endswith("_") or ".out" in n for n in names)
+
+
+def test_inplace_on_intermediate():
+    def f(x):
+        y = x * 3
+        y.mul_(2)
+        y.add_(x, alpha=0.5)
+        return y.sin()
+
+    out = check_against_eager(f, [torch.randn(5, requires_grad=True)])
+    assert no_inplace_ops(out.joint)
+    check_against_eager(f, [torch.randn(5)])
+
+
+def test_inplace_on_input_is_visible_to_the_caller():
+    def f(x, buf):
+        buf.mul_(2)
+        return x * buf
+
+    inputs = [torch.randn(4, requires_grad=True), torch.randn(4)]
+    out = check_against_eager(f, inputs)  # also compares buf with eager's buf
+    assert out.mutated_inputs == [1] and out.num_fwd_outputs == 2 and no_inplace_ops(out.joint)
+    check_against_eager(f, [torch.randn(4), torch.randn(4)])  # forward-only path too
+    buf = torch.ones(4)
+    out(torch.randn(4), buf)
+    out(torch.randn(4), buf)
+    torch.testing.assert_close(buf, torch.full((4,), 4.0))  # applied once per call
+
+
+def test_tracing_does_not_mutate_the_example_inputs():
+    buf = torch.ones(3)
+    aot.aot_function(lambda x: x.add_(1) * 2, [buf])
+    torch.testing.assert_close(buf, torch.ones(3))
+
+
+def test_relu_inplace_inside_a_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
+    names = [n for n, _ in model.named_parameters()]
+
+    def f(x, *ps):
+        return torch.func.functional_call(model, dict(zip(names, ps)), (x,)).sum(-1)
+
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    out = check_against_eager(f, [torch.randn(5, 8), *params])
+    assert aten.relu in packets(out.joint) and no_inplace_ops(out.joint)
+    check_against_eager(f, [torch.randn(2, 5, 8), *params])  # 3-D: linear goes via views
+
+
+def test_copy_and_out_variants():
+    def f(x, buf, dbl):
+        buf.copy_(x[0].detach() * 2)  # same shape
+        dbl.copy_(x.detach().sum(0, keepdim=True))  # broadcast + float32 -> float64
+        y = torch.empty(3, 4)
+        torch.mul(x.detach(), 3, out=y)
+        return y + buf, dbl * 1
+
+    inputs = [torch.randn(3, 4, requires_grad=True), torch.randn(4), torch.randn(2, 4).double()]
+    out = check_against_eager(f, inputs)
+    assert out.mutated_inputs == [1, 2] and no_inplace_ops(out.joint)
+    assert {aten._to_copy, aten.expand} <= packets(out.joint)
+
+
+def test_mutating_an_input_into_a_value_that_requires_grad_is_refused():
+    def f(x, buf):
+        buf.copy_(x * 2)
+        return buf + 1
+
+    with pytest.raises(NotImplementedError, match="input 1 is mutated"):
+        aot.aot_function(f, [torch.randn(3, requires_grad=True), torch.randn(3)])
+
+
+def test_dtype_promotion_in_inplace_op():
+    def f(x, h):
+        h.mul_(x)  # float16 *= float32 stays float16
+        return h.float() + x
+
+    check_against_eager(f, [torch.randn(4), torch.randn(4).half()])
+
+
+def test_inplace_through_views():
+    def mutate_view_of_intermediate(x):
+        y = x * 1
+        y[0].mul_(2)
+        y[:, 1:].add_(y[:, :1])
+        return y
+
+    def mutate_view_of_input(x):
+        x[1:].add_(1)
+        x.t()[0].mul_(3)
+        x.unsqueeze(0)[:, :, -1].sub_(0.5)
+        return x * 2
+
+    out = check_against_eager(mutate_view_of_intermediate, [torch.randn(3, 2, requires_grad=True)])
+    assert no_inplace_ops(out.joint) and aten.as_strided_scatter in packets(out.joint)
+    check_against_eager(mutate_view_of_input, [torch.randn(3, 2)])
+    check_against_eager(mutate_view_of_input, [torch.randn(4, 3).t()])  # strided input
+    out = aot.aot_function(mutate_view_of_input, [torch.randn(3, 2)])
+    check_against_eager(mutate_view_of_input, [torch.randn(2, 3).t()], compiled=out)
+
+
+def test_copy_from_a_view_into_a_tensor_with_aliases():
+    def f(x, y):
+        z = x * 1
+        row = z[0]
+        z.copy_(y[1:3])  # z's new value is a view of y with a storage offset
+        return row * 2, z
+
+    check_against_eager(f, [torch.randn(2, 3, requires_grad=True), torch.randn(4, 3)])
+
+
+def test_as_strided_on_an_input_with_a_storage_offset_is_refused():
+    def f(x):
+        return x.as_strided((2,), (1,), 1) * 2
+
+    out = aot.aot_function(f, [torch.randn(4)])
+    torch.testing.assert_close(out(torch.arange(4.0))[0], torch.tensor([2.0, 4.0]))
+    with pytest.raises(RuntimeError, match="storage offset"):
+        out(torch.arange(5.0)[1:])
+
+
+def test_inplace_through_a_dtype_view_is_refused():
+    def f(x):
+        y = x * 1
+        y.view(torch.int32).bitwise_or_(1)
+        return y
+
+    with pytest.raises(RuntimeError, match="aten.bitwise_or_"):
+        aot.aot_function(f, [torch.randn(3, 2)])
+
+
+def test_inplace_on_a_view_whose_base_is_not_read_again():
+    def f(x):
+        z = (x * 1).view(-1)
+        z.add_(1)
+        return z
+
+    check_against_eager(f, [torch.randn(3, 2, requires_grad=True)])
+
+
+def test_batch_norm_updates_running_stats_like_eager():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4)
+
+    def f(x, weight, bias, mean, var, count):
+        state = dict(weight=weight, bias=bias, running_mean=mean, running_var=var)
+        state["num_batches_tracked"] = count
+        return torch.func.functional_call(bn, state, (x,))
+
+    inputs = [torch.randn(6, 4), torch.rand(4).requires_grad_(), torch.randn(4).requires_grad_()]
+    inputs += [torch.randn(4), torch.rand(4) + 0.5, torch.tensor(0)]
+    out = check_against_eager(f, inputs)
+    assert out.mutated_inputs == [3, 4, 5]
+    assert aten._native_batch_norm_legit_functional in packets(out.joint)
+
+
+def test_rnn_is_recorded_as_native_ops():
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    names = [n for n, _ in lstm.named_parameters()]
+
+    def f(x, *ps):
+        out, (h, c) = torch.func.functional_call(lstm, dict(zip(names, ps)), (x,))
+        return out, h, c
+
+    params = [p.detach().clone().requires_grad_() for p in lstm.parameters()]
+    out = check_against_eager(f, [torch.randn(2, 3, 3), *params])
+    assert not any("mkldnn" in str(t) or "cudnn" in str(t) for t in targets(out.joint))
+    assert torch.backends.mkldnn.enabled  # the backend flags are restored after tracing
+
+
+# -- compilers -----------------------------------------------------------------------------
+def test_custom_compilers_are_used():
+    calls = {"compile": [], "run": []}
+
+    def counting_compiler(gm, example_inputs):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        assert len(example_inputs) == len(placeholders)
+        for t, n in zip(example_inputs, placeholders):
+            assert isinstance(t, torch.Tensor) and t.device.type == "cpu"
+            assert (t.shape, t.dtype) == (n.meta["val"].shape, n.meta["val"].dtype)
+        calls["compile"].append(gm)
+
+        def run(args):
+            assert isinstance(args, list)
+            calls["run"].append(gm)
+            return gm(*args)
+
+        return run
+
+    x = torch.randn(10, requires_grad=True)
+    out = aot.aot_function(sin_cos, [x], fw_compiler=counting_compiler)
+    assert calls["compile"] == [out.forward, out.backward]
+    check_against_eager(sin_cos, [x], compiled=out)
+    assert calls["run"] == [out.forward, out.backward]
+    # a compiler whose callable changes the results proves the compiled callables are used
+    broken = aot.aot_function(
+        sin_cos, [x], bw_compiler=lambda gm, ex: lambda args: [g * 0 + 7 for g in gm(*args)]
+    )
+    (y,) = broken(x)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, torch.full_like(x, 7.0))
+
+
+def test_backward_example_inputs_are_the_real_saved_values():
+    seen = {}
+
+    def recording(gm, example_inputs):
+        seen[gm] = example_inputs
+        return lambda args: gm(*args)
+
+    x = torch.randn(6, requires_grad=True)
+    out = aot.aot_function(sin_cos, [x], fw_compiler=recording)
+    fw_results = out.forward(x.detach())
+    expected = [*fw_results[1:], torch.ones(6)]
+    for got, want in zip(seen[out.backward], expected):
+        torch.testing.assert_close(got, want)
+    assert operator.getitem not in targets(out.forward)
+
+
+# -- output aliasing ------------------------------------------------------------------------
+COPY_OPS = {aten.clone.default, aten._to_copy.default}
+
+
+class CopiesBecomeIdentity(fx.Interpreter):
+    """What stages 3/4 do to a copy that keeps dtype and device: return its input."""
+
+    def call_function(self, target, args, kwargs):
+        src = args[0] if args else None
+        same = isinstance(src, torch.Tensor) and kwargs.get("dtype", src.dtype) == src.dtype
+        if target in COPY_OPS and same and kwargs.get("device", src.device) == src.device:
+            return src
+        return super().call_function(target, args, kwargs)
+
+
+def copies_become_identity(gm, example_inputs):
+    return lambda args: CopiesBecomeIdentity(gm).run(*args)
+
+
+def storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+def as_tuple(outs):
+    return (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+
+
+def sharing(outs, inputs):
+    """For each output: does it share storage with each input, and with each earlier output?"""
+    outs = as_tuple(outs)
+    return [
+        ([storage(o) == storage(x) for x in inputs], [storage(o) == storage(p) for p in outs[:i]])
+        for i, o in enumerate(outs)
+    ]
+
+
+def eager_sharing(fn, inputs):
+    clones = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    return sharing(fn(*clones), clones)
+
+
+def clone_then_mutate(x, buf):
+    y = buf.clone()
+    buf.add_(1)
+    return x * 2, y  # y holds buf's value from *before* the add
+
+
+ALIASING_CASES = {
+    "clone": lambda x: x.clone(),
+    "clone_and_sin": lambda x: (x.clone(), x.sin()),
+    "t_contiguous": lambda x: x.t().contiguous(),
+    "to_copy": lambda x: x.to(torch.float32, copy=True),
+    "mixed": lambda x: (x, x.t(), x.detach(), x[1:], x.clone(), x.contiguous(), x.t().clone()),
+    "two_outputs_one_buffer": lambda x: ((y := x.sin()), y.clone(), y.view(-1)),
+}
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", sorted(ALIASING_CASES))
+def test_outputs_share_memory_only_where_eager_does(name, requires_grad):
+    fn = ALIASING_CASES[name]
+    x = torch.randn(4, 6, requires_grad=requires_grad)
+    compiled = aot.aot_function(fn, [x], fw_compiler=copies_become_identity)
+    check_against_eager(fn, [x], compiled=compiled)  # values and gradients
+    ours = [x.detach().clone().requires_grad_(requires_grad)]
+    assert sharing(compiled(*ours), ours) == eager_sharing(fn, [x])
+
+
+def test_the_compiler_really_returns_inputs_and_the_runtime_copies():
+    x = torch.randn(4, 6)
+    compiled = aot.aot_function(lambda x: x.clone(), [x], fw_compiler=copies_become_identity)
+    (raw,) = compiled.compiled_forward([x])
+    assert raw is x  # what the runtime wrapper has to repair
+    (out,) = compiled(x)
+    out.add_(1)  # a user writing into the output must not change the input
+    torch.testing.assert_close(out, x + 1)
+    assert storage(out) != storage(x)
+    # the copy has eager's strides, not the compiled graph's
+    t_contiguous = aot.aot_function(
+        lambda x: x.t().contiguous(), [x], fw_compiler=copies_become_identity
+    )
+    assert t_contiguous(x)[0].stride() == x.t().contiguous().stride() == (4, 1)
+
+
+def test_copy_is_taken_before_the_input_mutation_epilogue():
+    inputs = [torch.randn(3, requires_grad=True), torch.randn(3)]
+    compiled = aot.aot_function(clone_then_mutate, inputs, fw_compiler=copies_become_identity)
+    check_against_eager(clone_then_mutate, inputs, compiled=compiled)
+    ours = [inputs[0].detach().clone().requires_grad_(), inputs[1].clone()]
+    assert sharing(compiled(*ours), ours) == eager_sharing(clone_then_mutate, inputs)
+
+
+def test_saved_values_are_not_copied():
+    seen = []
+
+    def recording_backward(gm, example_inputs):
+        def run(args):
+            seen.extend(storage(a) for a in args)
+            return gm(*args)
+
+        return run
+
+    x = torch.randn(5, requires_grad=True)
+    compiled = aot.aot_function(
+        lambda x: (x.clone(), x.sin()),
+        [x],
+        fw_compiler=copies_become_identity,
+        bw_compiler=recording_backward,
+    )
+    assert compiled.saved_values == ["primals_1"]  # cos(x) needs x
+    clone, sin = compiled(x)
+    (clone.sum() + sin.sum()).backward()
+    assert storage(x) in seen and storage(clone) != storage(x)
+    torch.testing.assert_close(x.grad, 1 + torch.cos(x.detach()))
+
+
+def test_constant_outputs_are_fresh_on_every_call():
+    def f(x):
+        return x * 2, torch.tensor([1.0, 2.0])
+
+    compiled = aot.aot_function(f, [torch.randn(2)])
+    first = compiled(torch.randn(2))[1]
+    first.add_(5)  # must not leak into the next call's result
+    torch.testing.assert_close(compiled(torch.randn(2))[1], torch.tensor([1.0, 2.0]))
+
+
+E2E_CASES = ["clone", "clone_and_sin", "t_contiguous", "mixed"]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", E2E_CASES)
+def test_toycomp_compile_outputs_alias_like_eager(name, requires_grad):
+    fn = ALIASING_CASES[name]
+    x = torch.randn(4, 10, requires_grad=requires_grad)
+    compiled = toycomp.compile(fn, backend="cpp")
+    check_against_eager(fn, [x], compiled=lambda *args: as_tuple(compiled(*args)))
+    ours = [x.detach().clone().requires_grad_(requires_grad)]
+    assert sharing(compiled(*ours), ours) == eager_sharing(fn, [x])
