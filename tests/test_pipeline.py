@@ -1,0 +1,191 @@
+"""End to end: toycomp.compile, explain, the Dynamo backend and `python -m toycomp`.
+
+Eager PyTorch is the oracle for every value and gradient.
+"""
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import toycomp
+
+RTOL, ATOL = 1e-4, 1e-5
+CPU_BACKENDS = ["cpp", "triton"]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def sin2_cos2(x):
+    return torch.sin(x) ** 2 + torch.cos(x) ** 2
+
+
+def make_mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)
+    )
+
+
+def grads_of(fn, *inputs):
+    """Values and input gradients of sum(fn(*inputs) * a fixed random tangent)."""
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*inputs)
+    tangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+    (out * tangent).sum().backward()
+    return out.detach(), [t.grad for t in inputs if t.requires_grad]
+
+
+def assert_close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+def run_sin2_cos2(backend, device):
+    x = torch.randn(1000, device=device, requires_grad=True)
+    compiled = toycomp.compile(sin2_cos2, backend=backend)
+    out, (grad,) = grads_of(compiled, x)
+    out_ref, (grad_ref,) = grads_of(sin2_cos2, x)
+    assert_close(out, out_ref)
+    assert_close(grad, grad_ref)
+    return compiled
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_sin2_cos2_one_kernel_each_way(backend):
+    compiled = run_sin2_cos2(backend, "cpu")
+    (entry,) = compiled.entries
+    counts = {g.name: len(g.compiled.kernels) for g in entry.graphs}
+    assert counts == {"forward": 1, "backward": 1}
+    assert all(k.backend == backend for g in entry.graphs for k in g.compiled.kernels)
+
+
+def mlp_step(model, batch, target, compiled_loss=None):
+    model.zero_grad(set_to_none=True)
+    loss_fn = compiled_loss or (lambda x, t: F.cross_entropy(model(x), t))
+    loss = loss_fn(batch, target)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_mlp_training_step_matches_eager(backend):
+    model = make_mlp()
+    batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    loss_ref, grads_ref = mlp_step(model, batch, target)
+    compiled = toycomp.compile(lambda x, t: F.cross_entropy(model(x), t), backend=backend)
+    loss, grads = mlp_step(model, batch, target, compiled)
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    assert grads.keys() == grads_ref.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
+    (entry,) = compiled.entries
+    for graph in entry.graphs:
+        assert graph.fallbacks == [], f"{graph.name} fell back on {graph.fallbacks}"
+        externs = [s for s in graph.scheduled.steps if not hasattr(s, "loops")]
+        assert externs and all("mm" in s.kernel and not s.fallback for s in externs)
+        assert graph.compiled.kernels, "the non-matmul work must run in toycomp's kernels"
+
+
+def test_guards_reuse_and_recompile():
+    compiled = toycomp.compile(sin2_cos2, backend="cpp")
+    for x in (torch.randn(8), torch.randn(8), torch.randn(3, 4), torch.randn(8, dtype=torch.float64)):
+        assert_close(compiled(x), sin2_cos2(x))
+    assert len(compiled.entries) == 3  # same shape reused; new shape and new dtype recompiled
+
+
+def test_python_value_guard_recompiles():
+    def scale(x, k):
+        return x * k if k > 1 else x - k
+
+    compiled = toycomp.compile(scale, backend="cpp")
+    x = torch.randn(5)
+    for k in (2, 3, 0):
+        assert_close(compiled(x, k), scale(x, k))
+    assert len(compiled.entries) == 3
+
+
+def test_graph_break_runs_eagerly_with_warning():
+    def branchy(x):
+        if x.sum() > 0:  # branch on a tensor's value: the tracer cannot specialise it
+            return x * 2
+        return x - 1
+
+    compiled = toycomp.compile(branchy, backend="cpp")
+    x = torch.ones(4)
+    with pytest.warns(UserWarning, match="x.sum\\(\\) > 0"):
+        out = compiled(x)
+    assert_close(out, branchy(x))
+    assert_close(compiled(-x), branchy(-x))
+
+
+def test_unsupported_op_falls_back_visibly():
+    def f(x):
+        return torch.cumsum(torch.sin(x), dim=0) * 2
+
+    x = torch.randn(16, requires_grad=True)
+    ex = toycomp.explain(f, x, backend="cpp")
+    assert any("cumsum" in op for op in ex.fallbacks)
+    assert "cumsum" in str(ex)
+    out, (grad,) = grads_of(toycomp.compile(f, backend="cpp"), x)
+    out_ref, (grad_ref,) = grads_of(f, x)
+    assert_close(out, out_ref)
+    assert_close(grad, grad_ref)
+
+
+def test_explain_shows_every_stage():
+    x = torch.randn(100, requires_grad=True)
+    ex = toycomp.explain(sin2_cos2, x, backend="cpp")
+    titles = [title for title, _ in ex.sections()]
+    for stage in ("captured", "joint", "forward graph (ATen)", "backward graph (ATen)", "prims",
+                  "kernel_0", "wrapper"):
+        assert any(stage in t for t in titles), stage
+    assert "torch.sin" in ex.captured.code and ex.guards
+    assert ex.saved_values and len(ex.kernels) == 2
+    assert "<details>" in ex._repr_html_()
+    for stage in ("captured", "joint", "forward", "backward", "forward_prims", "backward_prims"):
+        assert "digraph" in ex.draw(stage).source
+
+
+def test_dynamo_backend_entry_point():
+    torch._dynamo.reset()
+    x = torch.randn(64, requires_grad=True)
+    compiled = torch.compile(sin2_cos2, backend="toycomp")
+    out, (grad,) = grads_of(compiled, x)
+    out_ref, (grad_ref,) = grads_of(sin2_cos2, x)
+    assert_close(out, out_ref)
+    assert_close(grad, grad_ref)
+
+
+def test_python_dash_m_toycomp():
+    result = subprocess.run(
+        [sys.executable, "-m", "toycomp", "--size", "64"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    for text in ("torch.sin", "aten.sin", "prims", "kernel_0", "OK: values and gradients match eager"):
+        assert text in result.stdout
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="unknown backend"):
+        toycomp.compile(sin2_cos2, backend="tpu")
+
+
+@needs_cuda
+def test_cuda_triton_end_to_end():
+    compiled = run_sin2_cos2(None, "cuda")
+    assert all(k.backend == "triton" for g in compiled.entries[0].graphs for k in g.compiled.kernels)
+    model = make_mlp().cuda()
+    batch, target = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    loss_ref, grads_ref = mlp_step(model, batch, target)
+    loss, grads = mlp_step(model, batch, target, toycomp.compile(lambda x, t: F.cross_entropy(model(x), t)))
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
+
+
+def test_warnings_do_not_fire_for_clean_programs():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_sin2_cos2("cpp", "cpu")

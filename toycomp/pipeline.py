@@ -1,0 +1,177 @@
+"""The glue: ``toycomp.compile`` and the ``torch.compile(backend="toycomp")`` entry point.
+
+Input -> output: a Python function or ``nn.Module`` -> a callable with the same results and
+gradients. The pipeline is a flat list of named stage calls; every stage's result is kept in a
+``CompiledEntry`` so that ``toycomp.explain`` can show it::
+
+    capture      fn            -> CapturedGraph (torch-level FX graph + guards)      capture.py
+    aot          captured.gm   -> joint / forward / backward ATen graphs             aot.py
+    decompose    ATen graph    -> prims graph (+ extern calls, visible fallbacks)     decompositions.py
+    lower        prims graph   -> loop IR buffers                                    inductor/lowering.py
+    schedule     loop IR       -> fused kernels                                      inductor/scheduler.py
+    compile      kernels       -> C++ / Triton source, compiled and cached           inductor/wrapper.py
+
+NB: in PyTorch this glue is torch/_dynamo/eval_frame.py (the guarded cache of compiled frames),
+torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/compile_fx.py
+(compile_fx, compile_fx_inner).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from toycomp.aot import AOTOutput, aot_function
+from toycomp.capture import CapturedGraph, capture
+from toycomp.decompositions import decompose, fallbacks
+from toycomp.inductor.lowering import lower
+from toycomp.inductor.scheduler import schedule
+from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
+from toycomp.inductor.wrapper import CompiledGraph, compile_graph
+
+BACKENDS = ("cpp", "triton")
+# Like Dynamo's cache_size_limit: past this many graphs for one function, run it eagerly.
+RECOMPILE_LIMIT = 8
+
+
+def resolve_backend(backend: str | None, example_inputs: Sequence[Any]) -> str:
+    """``None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md)."""
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"toycomp: unknown backend {backend!r}; choose one of {BACKENDS}")
+        return backend
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    return "triton" if on_cuda else "cpp"
+
+
+@dataclass
+class GraphArtefacts:
+    """What stages 3 and 4 made of one ATen graph (the forward or the backward)."""
+
+    name: str
+    aten: torch.fx.GraphModule
+    prims: torch.fx.GraphModule
+    fallbacks: list[str]
+    lowered: LoweredGraph
+    scheduled: ScheduledGraph
+    compiled: CompiledGraph
+
+
+def inductor_compiler(
+    backend: str | None, name: str, record: list[GraphArtefacts]
+) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledGraph]:
+    """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4."""
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
+        prims_gm = decompose(gm, example_inputs)
+        lowered = lower(prims_gm, example_inputs)
+        scheduled = schedule(lowered)
+        compiled = compile_graph(scheduled, resolve_backend(backend, example_inputs))
+        record.append(
+            GraphArtefacts(name, gm, prims_gm, fallbacks(prims_gm), lowered, scheduled, compiled)
+        )
+        return compiled
+
+    return compiler
+
+
+@dataclass
+class CompiledEntry:
+    """One compiled version of a function, valid while its guards hold."""
+
+    captured: CapturedGraph
+    aot: AOTOutput | None
+    graphs: list[GraphArtefacts] = field(default_factory=list)
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        flat_outputs = self.aot(*self.captured.flatten_inputs(*args, **kwargs))
+        return self.captured.unflatten_outputs(flat_outputs)
+
+
+def build(fn: Callable, args: tuple, kwargs: dict, backend: str | None) -> CompiledEntry:
+    """Run every stage once on these example inputs (a graph break stops after capture)."""
+    captured = capture(fn, *args, **kwargs)
+    if captured.graph_break is not None:
+        return CompiledEntry(captured, None)  # capture already undid fn's side effects
+    # Capturing ran fn for real; undo its in-place writes and RNG draws so that the compiled
+    # code, which runs this same call next, applies them exactly once.
+    captured.undo_side_effects()
+    graphs: list[GraphArtefacts] = []
+    aot = aot_function(
+        captured.gm,
+        captured.example_inputs,
+        fw_compiler=inductor_compiler(backend, "forward", graphs),
+        bw_compiler=inductor_compiler(backend, "backward", graphs),
+    )
+    return CompiledEntry(captured, aot, graphs)
+
+
+class CompiledFunction:
+    """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``."""
+
+    def __init__(self, fn: Callable, backend: str | None) -> None:
+        self.fn = fn
+        self.backend = backend
+        self.entries: list[CompiledEntry] = []
+        self.eager_reason: str | None = None  # set once toycomp gave up on fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        for entry in self.entries:
+            if entry.captured.check_guards(*args, **kwargs) is None:
+                return entry.run(args, kwargs)
+        return self._recompile(args, kwargs)
+
+    def _recompile(self, args: tuple, kwargs: dict) -> Any:
+        if len(self.entries) >= RECOMPILE_LIMIT:
+            return self._give_up(f"more than {RECOMPILE_LIMIT} recompilations", args, kwargs)
+        entry = build(self.fn, args, kwargs, self.backend)
+        if entry.captured.graph_break is not None:
+            return self._give_up(f"graph break: {entry.captured.graph_break}", args, kwargs)
+        self.entries.append(entry)
+        return entry.run(args, kwargs)
+
+    def _give_up(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        self.eager_reason = reason
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        warnings.warn(f"toycomp: running {name} eagerly ({reason})", stacklevel=3)
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        state = f"eager: {self.eager_reason}" if self.eager_reason else f"{len(self.entries)} graphs"
+        return f"<toycomp.compile of {name} ({state})>"
+
+
+def compile(fn: Callable, backend: str | None = None) -> CompiledFunction:  # noqa: A001
+    """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
+
+    Args:
+        fn: what to compile; it is traced on the first call's inputs.
+        backend: ``"cpp"``, ``"triton"`` or ``None`` (Triton for CUDA tensors, C++ for CPU ones;
+            Triton on CPU tensors runs through Triton's interpreter).
+
+    Returns:
+        A callable with the same results and gradients as ``fn``. A new call whose inputs break
+        a guard (other shape, dtype, device, requires_grad, Python value) recompiles; a
+        construct the tracer cannot handle makes ``fn`` run eagerly, with a warning.
+    """
+    resolve_backend(backend, ())  # reject unknown names now rather than at the first call
+    return CompiledFunction(fn, backend)
+
+
+def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
+    """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4."""
+    graphs: list[GraphArtefacts] = []
+    aot = aot_function(
+        gm,
+        list(example_inputs),
+        fw_compiler=inductor_compiler(None, "forward", graphs),
+        bw_compiler=inductor_compiler(None, "backward", graphs),
+    )
+    return lambda *args: aot(*args)
