@@ -7,6 +7,7 @@ needed); the CUDA tests run only where a GPU is present.
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import sympy
@@ -289,6 +290,7 @@ def test_bfloat16_buffers(backend):
 # --- C++ compilation cache and errors ------------------------------------------------------------
 def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    cache.vector_math_functions()  # the once-per-process probe is not what this test counts
     calls = []
     real = cache._run_compiler
     monkeypatch.setattr(cache, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
@@ -299,8 +301,139 @@ def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
     assert len(calls) == 1  # second compile: a cache hit, no compiler
     a = torch.randn(10)
     _, (out,) = run([sincos_kernel(10)], {"arg0": a}, {"buf0": ((10,), F32)}, "cpp")
-    assert len(calls) == 1
+    compiles = len(calls)  # 1 more when vector math is available (other flags: another library)
+    assert compiles == 1 + bool(cache.vector_math_functions() & {"sinf", "cosf"})
     check(out, a.sin() ** 2 + a.cos() ** 2)
+    monkeypatch.setattr(cache, "_LIBRARIES", {})  # a new process: only the disk cache is left
+    _, (out,) = run([sincos_kernel(10)], {"arg0": a}, {"buf0": ((10,), F32)}, "cpp")
+    assert len(calls) == compiles
+    check(out, a.sin() ** 2 + a.cos() ** 2)
+
+
+# --- vectorised libm (see [Note: vectorised libm] in cpp.py) ----------------------------------
+VECTOR_OPS = ["sin", "cos", "exp", "log", "log1p", "tanh", "erf", "pow"]
+
+
+def special_values(n: int = 1003) -> torch.Tensor:
+    """NaN, infinities, signed zeros, denormals, huge sin/cos arguments, then random values;
+    n is not a multiple of any vector width, so the scalar remainder runs too."""
+    special = [NAN, INF, -INF, 0.0, -0.0, 1e-40, -1e-40, 1e-30, 1.0, -1.0, 88.0, 89.0, -104.0,
+               1e4, -1e4, 1e6, 1e20, -1e30, 3.4e38, -3.4e38, 0.5, -0.5, 2.0, 1e-7, -0.999]
+    torch.manual_seed(0)
+    rest = torch.randn(n - len(special)) * torch.logspace(-3, 3, n - len(special))
+    return torch.cat([torch.tensor(special), rest])  # fmt: skip
+
+
+def vector_ops_kernel(n: int, dtype: torch.dtype = F32) -> tuple[Kernel, dict]:
+    """One store per op of VECTOR_OPS (pow: v ** 1.7), and the eager results."""
+    a, v = Load("arg0", x, dtype), special_values(n).to(dtype)
+    refs = {"sin": v.sin(), "cos": v.cos(), "exp": v.exp(), "log": v.log(), "log1p": v.log1p(),
+            "tanh": v.tanh(), "erf": v.erf(), "pow": v**1.7}  # fmt: skip
+    stores = [Store(f"out_{name}", x, Op(name, (a,), dtype)) for name in VECTOR_OPS[:-1]]
+    stores.append(Store("out_pow", x, Op("pow", (a, Constant(1.7, dtype)), dtype)))
+    dtypes = (("arg0", dtype), *((f"out_{name}", dtype) for name in VECTOR_OPS))
+    k = Kernel("kernel_0", n, 1, (Loop(False, tuple(stores)),), dtypes, tuple(VECTOR_OPS))
+    return k, {"arg0": v, **{f"out_{name}": refs[name] for name in VECTOR_OPS}}
+
+
+def run_vector_ops(dtype: torch.dtype = F32, n: int = 1003):
+    k, tensors = vector_ops_kernel(n, dtype)
+    outputs = {f"out_{name}": ((n,), dtype) for name in VECTOR_OPS}
+    compiled, outs = run([k], {"arg0": tensors["arg0"]}, outputs, "cpp")
+    for name, out in zip(VECTOR_OPS, outs):
+        ref = tensors[f"out_{name}"]
+        torch.testing.assert_close(out, ref, equal_nan=True, rtol=1e-4, atol=1e-5, msg=name)
+    return compiled
+
+
+def test_vector_math_matches_eager_on_special_values():
+    available = cache.vector_math_functions()
+    if "sinf" not in available:
+        pytest.skip("this machine's glibc has no libmvec sinf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to scalar calls here
+        compiled = run_vector_ops()
+    source = compiled.kernels[0].source
+    assert "float tmp1 = sinf(tmp0);" in source and "#pragma omp simd" in source
+    assert '#ifdef TOYCOMP_SIMD_sinf\nextern "C" float sinf(float) __attribute__' in source
+    wanted = [f for f, _ in cpp.VECTOR_MATH.values()]
+    flags = cache.vector_math_flags(wanted)
+    assert "-lmvec" in flags and "-DTOYCOMP_SIMD_sinf" in flags
+    library = cache.compile_cpp(source, flags).read_bytes()  # a cache hit: what was loaded
+    for fn in available & set(wanted):
+        assert f"v_{fn}".encode() in library, fn  # e.g. _ZGVeN16v_sinf: the vector version
+
+
+def test_vector_math_unavailable_falls_back_to_scalar(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TOYCOMP_VECTOR_MATH", "0")
+    assert cache.vector_math_functions() == frozenset()
+    compiled = run_vector_ops()
+    (library,) = (tmp_path / "cpp").glob("*.so")  # one library, compiled without the macros
+    assert b"_ZGV" not in library.read_bytes()
+    assert "sinf(tmp0)" in compiled.kernels[0].source  # the same source either way
+
+
+@pytest.mark.parametrize("failure", ["compile", "load"])
+def test_vector_math_failure_falls_back_to_scalar(tmp_path, monkeypatch, failure):
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "vector_math_functions", lambda: frozenset(["sinf", "expf"]))
+    real_compile, real_load = cache._run_compiler, cache.load_cpp_library
+
+    def failing_compiler(cmd):
+        if "-lmvec" in cmd:
+            return cache.subprocess.CompletedProcess(cmd, 1, "", "error: simulated")
+        return real_compile(cmd)
+
+    def failing_load(source, extra_flags=()):
+        if "-lmvec" in extra_flags:
+            raise OSError("undefined symbol: _ZGVeN16v_sinf (simulated)")
+        return real_load(source, extra_flags)
+
+    if failure == "compile":
+        monkeypatch.setattr(cache, "_run_compiler", failing_compiler)
+    else:
+        monkeypatch.setattr(cache, "load_cpp_library", failing_load)
+    with pytest.warns(UserWarning, match="vectorised libm failed, using scalar calls"):
+        run_vector_ops()
+
+
+def test_vector_math_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
+    available = cache.vector_math_functions()
+    if not {"sinf", "cosf"} <= available:
+        pytest.skip("this machine's glibc has no libmvec sinf/cosf")
+    assert cache.probe_vector_math(["sinf", "cosf"]) == {"sinf", "cosf"}
+    # a function computing the wrong values is left out; the others stay
+    wrong = dict(cache._VECTOR_MATH_CANDIDATES, sinf=(1, lambda v: v))
+    monkeypatch.setattr(cache, "_VECTOR_MATH_CANDIDATES", wrong)
+    assert cache.probe_vector_math(["sinf", "cosf"]) == {"cosf"}
+    # a compiler that fails: nothing, and no exception
+    failed = cache.subprocess.CompletedProcess([], 1, "", "error: simulated")
+    monkeypatch.setattr(cache, "_run_compiler", lambda cmd: failed)
+    monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path / "empty"))
+    assert cache.probe_vector_math(["cosf"]) == frozenset()
+
+
+def test_float64_keeps_std_math():
+    compiled = run_vector_ops(torch.float64, n=101)
+    source = compiled.kernels[0].source
+    assert "std::sin(tmp0)" in source and "TOYCOMP_SIMD" not in source
+
+
+def test_cpp_pragmas():
+    """Big kernels run on all cores, small ones on one; loops are `omp simd` where safe."""
+    assert "#pragma omp parallel for simd\n" in cpp.generate(sincos_kernel(1 << 16)).source
+    small = cpp.generate(sincos_kernel(1000)).source
+    assert "#pragma omp simd\n" in small and "parallel" not in small
+    big = cpp.generate(softmax_kernel(64, 1000)).source
+    assert "#pragma omp parallel for\n" in big  # rows in parallel, each r loop vectorised:
+    assert big.count("#pragma omp simd") == 3 and "simd reduction(max_nan:" in big
+    # an r loop reading what it stores at another index keeps its iterations in order
+    shifted = Load("buf0", r + 1 + 9 * x, F32)
+    loop = Loop(True, (Store("buf0", r + 9 * x, Op("add", (shifted, Constant(1.0, F32)), F32)),))
+    k = Kernel("kernel_0", 4096, 8, (loop,), (("buf0", F32),), ("shift",))
+    assert "simd" not in cpp.generate(k).source
 
 
 def test_cpp_compiler_errors(tmp_path, monkeypatch):
@@ -347,7 +480,7 @@ def test_generated_names_are_readable():
                  "tmp0", "# FX origins: amax"):  # fmt: skip
         assert name in src
     assert "libdevice" not in src
-    csrc = cpp.generate(softmax_kernel(8, 1000)).source
+    csrc = cpp.generate(softmax_kernel(64, 1000)).source
     assert '// kernel_1 (FX origins: amax' in csrc and "#pragma omp parallel for" in csrc
 
 

@@ -12,6 +12,10 @@ Files go to ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/toycomp``) under ``cpp/``
 named by the SHA-256 of everything that determines the result (source, compiler, flags, machine).
 A second request for the same source finds the file and never starts the compiler.
 
+``vector_math_flags`` says which glibc vector math functions (libmvec) C++ kernels may call on
+this machine; see [Note: vectorised libm] in cpp.py. Setting ``TOYCOMP_VECTOR_MATH=0`` turns
+them off (every kernel then calls the scalar libm).
+
 NB: in PyTorch this lives in torch/_inductor/codecache.py (CppCodeCache, PyCodeCache,
 write_atomic) and torch/_inductor/cpp_builder.py (compiler discovery and flags).
 """
@@ -23,12 +27,15 @@ import hashlib
 import importlib.util
 import os
 import platform
+import math
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Iterable, Sequence
 
 # [Note: C++ flags]
 # -O3 -march=native: vectorise for this CPU (so -march=native is part of the cache key through
@@ -90,17 +97,23 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
         raise CppCompileError(f"C++ compiler {cmd[0]!r} not found ({e})") from e
 
 
-def compile_cpp(source: str) -> Path:
-    """Compile ``source`` to a shared library (or find it already compiled) and return its path."""
+def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
+    """Compile ``source`` to a shared library (or find it already compiled) and return its path.
+
+    Args:
+        source: a C++ translation unit (``extern "C"`` functions).
+        extra_flags: added after ``CXXFLAGS`` and the source file (``-D...``, ``-lmvec``); part
+            of the cache key, so one source compiled with other flags is another library.
+    """
     cxx = find_cxx()
-    key = content_hash(source, cxx, " ".join(CXXFLAGS), platform.machine())
+    key = content_hash(source, cxx, " ".join((*CXXFLAGS, *extra_flags)), platform.machine())
     lib = cache_dir() / "cpp" / f"{key}.so"
     if lib.exists():
         return lib
     src = lib.with_suffix(".cpp")
     write_atomic(src, source)
     tmp_out = lib.with_name(f"{key}.{os.getpid()}.tmp.so")
-    cmd = [cxx, *CXXFLAGS, str(src), "-o", str(tmp_out)]
+    cmd = [cxx, *CXXFLAGS, str(src), "-o", str(tmp_out), *extra_flags]
     result = _run_compiler(cmd)
     if result.returncode != 0:
         raise CppCompileError(
@@ -111,9 +124,9 @@ def compile_cpp(source: str) -> Path:
     return lib
 
 
-def load_cpp_library(source: str) -> ctypes.CDLL:
+def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """Compile (cached) and ``dlopen`` ``source``; the library stays loaded for the process."""
-    path = compile_cpp(source)
+    path = compile_cpp(source, extra_flags)
     if path not in _LIBRARIES:
         _LIBRARIES[path] = ctypes.CDLL(str(path))
     return _LIBRARIES[path]
@@ -134,3 +147,80 @@ def load_python_module(source: str, prefix: str) -> ModuleType:
     spec.loader.exec_module(module)
     _MODULES[path] = module
     return module
+
+
+# --- vector math (glibc's libmvec), see [Note: vectorised libm] in cpp.py ----------------------
+# float function -> (arity, Python reference) for the probe
+_VECTOR_MATH_CANDIDATES = {
+    "expf": (1, math.exp), "logf": (1, math.log), "log1pf": (1, math.log1p),
+    "sinf": (1, math.sin), "cosf": (1, math.cos), "tanhf": (1, math.tanh),
+    "erff": (1, math.erf), "powf": (2, math.pow),
+}  # fmt: skip
+_PROBE_INPUTS = [0.25 + 0.37 * i for i in range(40)]  # 40: vector iterations and a remainder
+_probe_lock = threading.Lock()
+_probed: dict[str, frozenset[str]] = {}  # compiler -> functions that work
+
+
+def vector_math_flags(functions: Iterable[str]) -> tuple[str, ...]:
+    """Compiler flags that turn the ``TOYCOMP_SIMD_<fn>`` declarations of a kernel into vector
+    calls, for those of ``functions`` this machine's libmvec provides; ``()`` for none."""
+    available = sorted(set(functions) & vector_math_functions())
+    if not available:
+        return ()
+    flags = [f"-DTOYCOMP_SIMD_{fn}" for fn in available]
+    flags += [f"-fno-builtin-{fn}" for fn in available]
+    return (*flags, "-lmvec")
+
+
+def vector_math_functions() -> frozenset[str]:
+    """The float libm functions whose libmvec versions compile, load and compute correctly here
+    (probed once per process and compiler; the probe library is cached on disk like a kernel).
+    Empty when ``TOYCOMP_VECTOR_MATH=0``, off Linux, or when anything about the probe fails."""
+    if os.environ.get("TOYCOMP_VECTOR_MATH", "1") == "0" or platform.system() != "Linux":
+        return frozenset()
+    try:
+        cxx = find_cxx()
+    except CppCompileError:
+        return frozenset()
+    with _probe_lock:
+        if cxx not in _probed:
+            _probed[cxx] = probe_vector_math(sorted(_VECTOR_MATH_CANDIDATES))
+        return _probed[cxx]
+
+
+def probe_vector_math(functions: Sequence[str]) -> frozenset[str]:
+    """Compile, load and run a vectorised loop over each of ``functions``: all at once, and if
+    that fails, one by one. Returns those that work; never raises."""
+    if _probe_works(functions):
+        return frozenset(functions)
+    if len(functions) == 1:
+        return frozenset()
+    return frozenset(fn for fn in functions if _probe_works([fn]))
+
+
+def _probe_works(functions: Sequence[str]) -> bool:
+    lines = ["#include <math.h>"]
+    for fn in functions:
+        arity = _VECTOR_MATH_CANDIDATES[fn][0]
+        args = ", ".join(["float"] * arity)
+        call = f"{fn}(in[i], 1.5f)" if arity == 2 else f"{fn}(in[i])"
+        lines += [
+            f'extern "C" float {fn}({args}) __attribute__((__simd__("notinbranch")));',
+            f'extern "C" void probe_{fn}(const float* in, float* out, int n) {{',
+            f"    #pragma omp simd\n    for (int i = 0; i < n; i++) out[i] = {call};\n}}",
+        ]
+    flags = [f"-fno-builtin-{fn}" for fn in functions] + ["-lmvec"]
+    try:
+        lib = load_cpp_library("\n".join(lines) + "\n", flags)
+        n = len(_PROBE_INPUTS)
+        inputs, out = (ctypes.c_float * n)(*_PROBE_INPUTS), (ctypes.c_float * n)()
+        for fn in functions:
+            arity, ref = _VECTOR_MATH_CANDIDATES[fn]
+            getattr(lib, f"probe_{fn}")(inputs, out, ctypes.c_int(n))
+            for x, y in zip(inputs, out):
+                expected = ref(x, 1.5) if arity == 2 else ref(x)
+                if not math.isclose(y, expected, rel_tol=1e-5, abs_tol=1e-6):
+                    return False
+        return True
+    except Exception:  # a missing libmvec, an old glibc, another compiler: no vector math
+        return False

@@ -2,17 +2,23 @@
 
 Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cpp`` and called
 through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
-``#pragma omp parallel for`` across cores, with an inner ``for rindex`` loop per ``ir.Loop`` that
-runs over the reduced elements. For ``sin(x)**2 + cos(x)**2`` on 1000 floats::
+``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
+loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd`` and float
+``sin``/``exp``/... call glibc's vector math (see [Note: vectorised libm]). For
+``sin(x)**2 + cos(x)**2`` on 4M floats::
 
     // kernel_0 (FX origins: sin, pow, cos, pow_1, add)
+    #ifdef TOYCOMP_SIMD_sinf
+    extern "C" float sinf(float) __attribute__((__simd__("notinbranch")));
+    #endif
+    ...
     extern "C" void kernel_0(const float* in_ptr0, float* out_ptr0)
     {
-        #pragma omp parallel for
-        for (int64_t xindex = 0; xindex < 1000; xindex++)
+        #pragma omp parallel for simd
+        for (int64_t xindex = 0; xindex < 4194304; xindex++)
         {
             float tmp0 = in_ptr0[xindex];
-            float tmp1 = std::sin(tmp0);
+            float tmp1 = sinf(tmp0);
             float tmp2 = tmp1 * tmp1;
             ...
             out_ptr0[xindex] = tmp5;
@@ -31,6 +37,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
+import warnings
 from typing import Callable
 
 import sympy
@@ -54,6 +62,35 @@ CPP_TYPES = {
 
 # When a kernel has a single row (numel == 1), parallelise its r loops instead, from this size.
 PARALLEL_REDUCTION_MIN_RNUMEL = 4096
+# Smaller kernels (numel * rnumel elements) run on one core: starting OpenMP's threads costs
+# microseconds, more than the work of a small pointwise kernel (the MLP's bias + GELU, say).
+PARALLEL_MIN_ELEMENTS = 16384
+
+# [Note: vectorised libm]
+# GCC vectorises `+ - * /` and comparisons by itself, but not calls to sin, cos, exp: libm's
+# scalar sinf runs one element at a time, and it dominates a loop like sin(x)**2 + cos(x)**2
+# (about 9x slower than the vector version on 4M floats). glibc ships SIMD versions of these
+# functions in libmvec (_ZGVeN16v_sinf: 16 floats per call with AVX-512), within 4 ulp, with the
+# same NaN / inf / large-argument behaviour. GCC calls them when
+#   1. the function is declared with `__attribute__((__simd__("notinbranch")))` (the kernel's
+#      `#ifdef TOYCOMP_SIMD_sinf` block),
+#   2. the call is a plain `sinf(x)`, not `std::sin`, in a loop marked `#pragma omp simd`, and
+#   3. `-fno-builtin-sinf` keeps GCC from merging sinf and cosf into one scalar sincosf call;
+#      the library is linked with `-lmvec`.
+# libmvec exists only on Linux/glibc (x86_64; aarch64 in newer releases) and which functions it
+# has depends on the version (sin, cos, exp, log, pow since 2.22; tanh, erf, log1p since 2.35).
+# So the generated source is the same everywhere, and cache.py decides at compile time: it
+# probes once which functions this machine's libmvec provides (a tiny library, compiled and
+# checked against Python's math) and defines TOYCOMP_SIMD_<name> only for those. Without the
+# macro the same source calls the scalar sinf, exactly what std::sin(float) calls. If a
+# vectorised kernel fails to compile or load, `load` compiles it again without the macros.
+# Only float (fp32, and fp16/bf16 computed in float) uses it: double keeps std::sin.
+# NB: Inductor does the same with its own vector types (at::vec::Vectorized, Sleef) in
+# torch/_inductor/codegen/cpp.py (CppVecKernel).
+VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
+    "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "sin": ("sinf", 1),
+    "cos": ("cosf", 1), "tanh": ("tanhf", 1), "erf": ("erff", 1), "pow": ("powf", 2),
+}  # fmt: skip
 
 PREAMBLE = r"""#include <cmath>
 #include <cstdint>
@@ -147,6 +184,15 @@ class CppKernelCodegen(KernelCodegen):
         super().__init__(kernel)
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
+        self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
+
+    def op(self, expr: ir.Op, args: list[str]) -> str:
+        """float ``sin``/``exp``/... call ``sinf``/``expf`` (see [Note: vectorised libm])."""
+        if expr.name in VECTOR_MATH and compute_dtype(expr.dtype) == torch.float32:
+            fn, arity = VECTOR_MATH[expr.name]
+            self.vector_math[fn] = arity
+            return f"{fn}({', '.join(args)})"
+        return super().op(expr, args)
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         code = f"{self.args[buffer]}[{self.print_index(index)}]"
@@ -204,11 +250,14 @@ class CppKernelCodegen(KernelCodegen):
     def codegen_kernel(self) -> str:
         k = self.kernel
         body = IndentedBuffer()
+        parallel = k.numel * k.rnumel >= PARALLEL_MIN_ELEMENTS
         parallel_r = k.numel == 1 and k.rnumel >= PARALLEL_REDUCTION_MIN_RNUMEL
         for loop in k.loops:
             self.codegen_loop_code(body, loop, parallel_r)
         code = IndentedBuffer()
         code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
+        for fn, arity in sorted(self.vector_math.items()):
+            code.writelines(_declare_vector_math(fn, arity))
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(_declare_reduction(clause, dtype, self))
         code.writeline(f'extern "C" void {k.name}({self.signature()})')
@@ -218,7 +267,11 @@ class CppKernelCodegen(KernelCodegen):
                 code.writeline("const int64_t xindex = 0;")
                 code.splice(body)
             else:
-                code.writeline("#pragma omp parallel for")
+                # A pointwise kernel's x loop is its only loop: vectorise it too.
+                simd = all(not loop.over_r and _independent_iterations(loop) for loop in k.loops)
+                pragma = " ".join(["parallel for"] * parallel + ["simd"] * simd)
+                if pragma:
+                    code.writeline(f"#pragma omp {pragma}")
                 code.writeline(f"for (int64_t xindex = 0; xindex < {k.numel}; xindex++)")
                 code.writeline("{")
                 with code.indent():
@@ -239,7 +292,7 @@ class CppKernelCodegen(KernelCodegen):
         clauses = "".join(f" reduction({c})" for c in self.loop_reductions)
         if parallel_r:
             body.writeline(f"#pragma omp parallel for{' simd' if clauses else ''}{clauses}")
-        elif clauses:
+        elif clauses or _independent_iterations(loop):
             body.writeline(f"#pragma omp simd{clauses}")
         body.writeline(f"for (int64_t rindex = 0; rindex < {self.kernel.rnumel}; rindex++)")
         body.writeline("{")
@@ -268,6 +321,24 @@ def _declare_reduction(clause: str, dtype: torch.dtype, cg: CppKernelCodegen) ->
     )
 
 
+def _declare_vector_math(fn: str, arity: int) -> list[str]:
+    """``sinf`` -> its SIMD declaration, used where cache.py defines ``TOYCOMP_SIMD_sinf``."""
+    params = ", ".join(["float"] * arity)
+    attribute = '__attribute__((__simd__("notinbranch")))'
+    return [f"#ifdef TOYCOMP_SIMD_{fn}", f'extern "C" float {fn}({params}) {attribute};', "#endif"]
+
+
+def _independent_iterations(loop: ir.Loop) -> bool:
+    """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
+    stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
+    stored = {buffer for buffer, _ in stores}
+    for stmt in loop.body:
+        for e in ir.walk(stmt.value):
+            if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
+                return False
+    return True
+
+
 def _python_dtype(value: ir.Number) -> torch.dtype:
     if isinstance(value, bool):
         return torch.bool
@@ -284,17 +355,23 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
 
 
 def load(generated: GeneratedKernel) -> Callable[..., None]:
-    """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers."""
-    fn = getattr(cache.load_cpp_library(generated.source), generated.name)
+    """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers.
+
+    The kernel is compiled with the vector math this machine has (see [Note: vectorised libm]);
+    should that fail to compile or load, it is compiled again with scalar calls, with a warning.
+    """
+    wanted = re.findall(r"^#ifdef TOYCOMP_SIMD_(\w+)$", generated.source, re.MULTILINE)
+    flags = cache.vector_math_flags(wanted)
+    try:
+        lib = cache.load_cpp_library(generated.source, flags)
+    except (cache.CppCompileError, OSError) as e:
+        if not flags:
+            raise
+        warnings.warn(f"{generated.name}: vectorised libm failed, using scalar calls ({e})")
+        lib = cache.load_cpp_library(generated.source)
+    fn = getattr(lib, generated.name)
+    # Declared argument types let ctypes take the ints from data_ptr() directly: the call is
+    # on every kernel launch, so it stays one ctypes call with no Python wrapper around it.
+    fn.argtypes = [ctypes.c_void_p] * generated.call.count(".data_ptr()")
     fn.restype = None
-    return _PointerCall(fn)
-
-
-class _PointerCall:
-    """Calls a C function whose arguments are all pointers (ints from ``Tensor.data_ptr()``)."""
-
-    def __init__(self, fn: ctypes._CFuncPtr) -> None:
-        self.fn = fn
-
-    def __call__(self, *ptrs: int) -> None:
-        self.fn(*(ctypes.c_void_p(p) for p in ptrs))
+    return fn
