@@ -1,6 +1,7 @@
 """Tests for toycomp.aot and toycomp.partitioners (stage 2). Eager PyTorch is the oracle."""
 
 import operator
+import random
 
 import pytest
 import torch
@@ -382,6 +383,267 @@ def test_inplace_on_a_view_whose_base_is_not_read_again():
         return z
 
     check_against_eager(f, [torch.randn(3, 2, requires_grad=True)])
+
+
+# -- layouts: a node has its tensor's layout (functionalize.py) ---------------------------------
+def significant_strides(t):
+    return [s for n, s in zip(t.shape, t.stride()) if n > 1]
+
+
+class LayoutChecker(fx.Interpreter):
+    """Every call_function node's meta["val"] has the strides that replaying it gives (size-1
+    dimensions aside: their strides are arbitrary, and eager picks them case by case)."""
+
+    def run_node(self, n):
+        result = super().run_node(n)
+        if n.op == "call_function" and isinstance(result, torch.Tensor):
+            meta = n.meta["val"]
+            assert result.shape == meta.shape, n.name
+            assert significant_strides(result) == significant_strides(meta), n.format_node()
+        return result
+
+
+def check_joint_meta(out, inputs):
+    """The joint graph's meta["val"] strides are the real ones (replayed on real inputs)."""
+    placeholders = [n for n in out.joint.graph.nodes if n.op == "placeholder"]
+    tangents = [torch.ones(n.meta["val"].shape) for n in placeholders[len(inputs) :]]
+    out.joint.graph.lint()
+    LayoutChecker(out.joint).run(*[x.detach() for x in inputs], *tangents)
+
+
+def copy_transposed_then_as_strided(a):
+    r = torch.empty(5, 4)
+    r.copy_(a.t())
+    return r.as_strided([4], [1], 0) * 1, r.view(-1) * 1  # eager: a[:4, 0]; r's memory order
+
+
+def copy_expanded_then_as_strided(v):
+    r = torch.empty(3, 4)
+    r.copy_(v)  # v: (4,) broadcast, stride 0 in dim 0
+    return r.as_strided([2, 2], [4, 1], 2) + 0, r.view(2, 6) * 2
+
+
+def copy_into_an_offset_view_then_as_strided(a):
+    buf = torch.zeros(12)
+    r = buf[2:12].view(2, 5)
+    r.copy_(a.t())  # a: (5, 2)
+    return r.as_strided([3], [2], 3) * 1, buf * 1  # storage offset 3: buf[3], buf[5], buf[7]
+
+
+def as_strided_reaching_outside_its_view(a, b):
+    x = a * 1
+    row0, row1 = x[0], x[1]
+    row1.copy_(b)  # row0 does not overlap row1: only x is regenerated
+    return row0.as_strided([6], [1], 0) * 1, row1.as_strided([2], [3], 1) * 1
+
+
+def as_strided_inplace(a):
+    y = a * 1
+    z = y.t()
+    z.as_strided_([3], [4], 1)
+    z.mul_(2)
+    return y, z * 1
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (copy_transposed_then_as_strided, [(4, 5)]),
+        (copy_expanded_then_as_strided, [(4,)]),
+        (copy_into_an_offset_view_then_as_strided, [(5, 2)]),
+        (as_strided_reaching_outside_its_view, [(2, 3), (3,)]),
+        (as_strided_inplace, [(3, 4)]),
+    ],
+)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_views_after_copy_and_as_strided_see_the_real_layout(fn, shapes, requires_grad):
+    torch.manual_seed(0)
+    inputs = [torch.randn(s, requires_grad=requires_grad) for s in shapes]
+    out = check_against_eager(fn, inputs)
+    if requires_grad:
+        check_joint_meta(out, inputs)
+
+
+def inplace_on_a_row_then_transpose(x, m):
+    y = x * 1
+    y[1].mul_(2)
+    return y.t() * m  # the gradient reaching CopySlices is transposed
+
+
+def inplace_on_a_row_then_sum(x):
+    y = x * 1
+    y[1].mul_(2)
+    return y.sum()  # the gradient reaching CopySlices is an expand (stride 0)
+
+
+def test_gradient_through_copyslices_with_a_strided_incoming_gradient():
+    torch.manual_seed(0)
+    x, m = torch.randn(4, 5, requires_grad=True), torch.randn(5, 4)
+    for fn, inputs in [(inplace_on_a_row_then_transpose, [x, m]), (inplace_on_a_row_then_sum, [x])]:
+        out = check_against_eager(fn, inputs)
+        check_joint_meta(out, inputs)
+        (g,) = torch.autograd.grad(out(*inputs)[0].sum(), x)
+        (ge,) = torch.autograd.grad(fn(*inputs).sum(), x)
+        torch.testing.assert_close(g, ge, **TOL)
+
+
+def inplace_on_a_row(x):
+    y = x * 1
+    y[1].mul_(2)
+    return y
+
+
+def test_gradient_with_a_storage_offset_reaches_as_strided_correctly():
+    x = torch.randn(4, 5, requires_grad=True)
+    out = aot.aot_function(inplace_on_a_row, [x])
+    grad_out = torch.randn(21)[1:].view(4, 5)  # storage offset 1
+    (g,) = torch.autograd.grad(out(x)[0], x, grad_out)
+    (ge,) = torch.autograd.grad(inplace_on_a_row(x), x, grad_out)
+    torch.testing.assert_close(g, ge, **TOL)
+
+
+def test_as_strided_of_overwritten_memory_is_refused():
+    def f(x):
+        y = x * 1
+        y.view(torch.int32)[0].bitwise_or_(1)  # no root of one dtype: y becomes stale
+        return y.as_strided([2], [1], 0) * 1
+
+    with pytest.raises(RuntimeError, match="aten.as_strided"):
+        aot.aot_function(f, [torch.randn(3, 2)])
+
+
+def test_writing_to_an_expanded_tensor_is_refused():
+    def f(x):
+        y = x * 1
+        y.expand(2, 3).fill_(2.0)  # eager allows it: every element gets the same value
+        return y
+
+    with pytest.raises(NotImplementedError, match="aten.fill_"):
+        aot.aot_function(f, [torch.randn(3)])
+
+
+def test_closed_over_strided_constants_keep_their_layout():
+    expanded, cols = torch.randn(1, 3).expand(4, 3), torch.randn(8, 6)[:, ::2]  # stride 0; gaps
+
+    def f(x):
+        return x * expanded.t(), x * cols.t()[:, :4], cols.view(4, 2, 3)[1:].sum()
+
+    check_against_eager(f, [torch.randn(3, 4)])
+    out = aot.aot_function(f, [torch.randn(3, 4)])
+    check_meta(out.forward, [torch.randn(3, 4)])
+
+
+# -- randomized in-place-through-view programs, compared with eager --------------------------
+def _views(v):
+    """Random views of ``v``: (name, args) the interpreter below knows."""
+    dims = [d for d in range(v.ndim) if v.shape[d] > 1]
+    out = [("unsqueeze", (0,)), ("transpose", (0, v.ndim - 1))] if v.ndim else []
+    for d in dims:
+        out += [("select", (d, v.shape[d] - 1)), ("slice", (d, 1, v.shape[d], 2))]
+    if v.ndim >= 2:
+        out.append(("diagonal", ()))
+    if v.is_contiguous() and v.ndim:
+        out.append(("view_flat", ()))
+    if v.ndim <= 2 and v.numel() > 0:
+        out.append(("reshape", ((-1,),)))
+    return out
+
+
+def _as_strided_args(rng, v):
+    """size, stride, offset of a non-overlapping as_strided inside ``v``'s storage."""
+    n = v.untyped_storage().nbytes() // v.element_size()
+    a, b, s1 = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 2)
+    s0 = b * s1 + rng.randint(0, 1)
+    size, stride = ([a, b], [s0, s1]) if rng.random() < 0.5 else ([b, a], [s1, s0])
+    last = (a - 1) * s0 + (b - 1) * s1
+    return size, stride, rng.randint(0, max(0, n - 1 - last))
+
+
+def _random_step(rng, env):
+    i = rng.randrange(len(env))
+    v = env[i]
+    kind = rng.choice(["view", "view", "as_strided", "mul_", "add_", "copy_t", "copy_bcast",
+                       "zero_", "fresh"])  # fmt: skip
+    if kind == "view":
+        views = _views(v)
+        return ("view", i, *rng.choice(views)) if views else ("fresh", i)
+    if kind == "as_strided":
+        return ("as_strided", i, *_as_strided_args(rng, v))
+    return (kind, i, rng.randrange(len(env)), round(rng.uniform(-2, 2), 2))
+
+
+def _apply(step, env):
+    kind, i, *rest = step
+    v = env[i]
+    if kind == "view":
+        name, args = rest
+        if name == "slice":  # v[..., start:end:step] in dimension d
+            d, start, end, step_ = args
+            env.append(v[(slice(None),) * d + (slice(start, end, step_),)])
+        else:
+            new = {"view_flat": lambda: v.view(-1), "diagonal": lambda: v.diagonal()}.get(name)
+            env.append(new() if new else getattr(v, name)(*args))
+    elif kind == "as_strided":
+        env.append(v.as_strided(*rest))
+    elif kind == "fresh":
+        env.append(v * 1.5)
+    else:
+        j, c = rest
+        if kind == "mul_":
+            v.mul_(c)
+        elif kind == "add_":
+            v.add_(env[j].sum() * c)
+        elif kind == "copy_t":  # a source laid out transposed
+            src = torch.arange(v.numel(), dtype=v.dtype).reshape(v.shape[::-1]) * c
+            v.copy_(src.permute(list(reversed(range(v.ndim)))) + env[j].sum() * 0.1)
+        elif kind == "copy_bcast":  # a stride-0 source
+            v.copy_((env[j].sum() * c).expand(v.shape))
+        elif kind == "zero_":
+            v.zero_()
+
+
+def random_program(seed, n_steps, mutate_input):
+    """A list of steps that eager PyTorch runs (forward and backward) without error."""
+    rng = random.Random(seed)
+    steps = []
+    while len(steps) < n_steps:
+        step = _random_step(rng, _run_program(steps, example_input(seed, mutate_input)))
+        try:
+            outs = _run_program(steps + [step], example_input(seed, mutate_input))
+            if not mutate_input:
+                sum(o.sum() for o in outs).backward()
+        except RuntimeError:
+            continue  # an op eager refuses (overlapping in-place, modified saved tensor...)
+        steps.append(step)
+    return steps
+
+
+def example_input(seed, mutate_input):
+    """A (4, 6) input; for odd seeds a transposed (strided) one."""
+    x = torch.randn(4, 6) if seed % 2 else torch.randn(6, 4).t()
+    return x.requires_grad_(not mutate_input)
+
+
+def _run_program(steps, x):
+    env = [x if not x.requires_grad else x * 1]
+    for step in steps:
+        _apply(step, env)
+    return env
+
+
+@pytest.mark.parametrize("mutate_input", [False, True])
+@pytest.mark.parametrize("seed", range(16))
+def test_random_inplace_through_view_programs_equal_eager(seed, mutate_input):
+    steps = random_program(seed, 8, mutate_input)
+
+    def program(x):
+        return tuple(t * 1 for t in _run_program(steps, x))
+
+    torch.manual_seed(seed)
+    x = example_input(seed, mutate_input)
+    out = check_against_eager(program, [x])
+    if not mutate_input:
+        check_joint_meta(out, [x])
 
 
 def test_batch_norm_updates_running_stats_like_eager():

@@ -24,12 +24,15 @@ same graph (the joint graph). And composite ops (``F.gelu``, ``matmul``) arrive 
 into the ATen ops that really run.
 
 Functionalisation: in-place ATen ops (``aten.mul_``, ``aten.copy_``, ``out=`` ops) are recorded
-as their out-of-place versions (``_functional_variant``), and the mutated tensor's "current
+as their out-of-place versions (``functional_variant``), and the mutated tensor's "current
 value" becomes the new node (``FunctionalRecorder._replace``). Writes through views
 (``x[0].mul_(2)``) regenerate the base and its other views with ``as_strided_scatter`` /
 ``as_strided``; where that is impossible (a view that reinterprets the dtype) reading the
-overwritten tensor raises an error naming the in-place op. Mutations of graph *inputs* are
-left to ``toycomp.aot``, which returns their final values for its runtime wrapper to copy back.
+overwritten tensor raises an error naming the in-place op. Each node keeps its tensor's
+strides ([Note: a node has its tensor's layout]) and ``as_strided``, which reads memory rather
+than values, is taken on a fresh root ([Note: as_strided reads memory]). Mutations of graph
+*inputs* are left to ``toycomp.aot``, which returns their final values for its runtime wrapper
+to copy back. Schema and memory helpers live in ``toycomp.functional_utils``.
 
 NB: in PyTorch the recording is make_fx's ``ProxyTorchDispatchMode``
 (torch/fx/experimental/proxy_tensor.py) and functionalisation is ``FunctionalTensorMode``
@@ -52,6 +55,28 @@ import torch
 import torch.fx as fx
 
 from toycomp._torch_compat import TorchDispatchMode, tree_map
+from toycomp.functional_utils import (
+    AS_STRIDED_OPS,
+    BATCH_NORM_OPS,
+    DATA_DEPENDENT_OPS,
+    FUNCTIONAL_OVERRIDES,
+    UNSUPPORTED_MUTATIONS,
+    copy_like,
+    covers,
+    extent,
+    functional_variant,
+    geometry,
+    is_dense,
+    mutated_args,
+    non_overlapping,
+    overlaps,
+    same_strides,
+    same_view,
+    span,
+    storage_key,
+    to_meta,
+    to_meta_value,
+)
 
 __all__ = [
     "BATCH_NORM_OPS",
@@ -65,79 +90,6 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-
-
-def _ops(*names: str) -> set:
-    """The ATen overloads named ``packet.overload`` that exist in this PyTorch build."""
-    found = set()
-    for name in names:
-        packet, overload = name.split(".")
-        op = getattr(getattr(aten, packet, None), overload, None)
-        if op is not None:
-            found.add(op)
-    return found
-
-
-# Results that depend on tensor *values*: tracing them on one example would bake it in.
-DATA_DEPENDENT_OPS = _ops(
-    "_local_scalar_dense.default", "nonzero.default", "masked_select.default",
-    "_unique2.default", "unique_dim.default", "unique_consecutive.default",
-    "repeat_interleave.Tensor", "bincount.default",
-)  # fmt: skip
-UNSUPPORTED_MUTATIONS = _ops(
-    "set_.source_Tensor", "set_.source_Storage", "set_.source_Storage_storage_offset",
-    "resize_.default", "resize_as_.default", "cudnn_batch_norm.default",
-    "miopen_batch_norm.default",
-)  # fmt: skip
-# Functional versions that are not "drop the trailing underscore".
-FUNCTIONAL_OVERRIDES = dict(zip(_ops("normal_.default"), _ops("normal_functional.default")))
-# [Note: batch norm's hidden mutation]
-# native_batch_norm updates running_mean/running_var in place, but its schema does not say so
-# (no `Tensor(a!)`). We rewrite it, in training mode, to _native_batch_norm_legit_functional,
-# whose outputs 3 and 4 are the new running statistics (that is what PyTorch does too).
-BATCH_NORM_OPS = _ops("native_batch_norm.default", "_native_batch_norm_legit.default")
-
-
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _meta_val(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _meta(value)
-    if isinstance(value, (tuple, list)):
-        return tuple(_meta_val(v) for v in value)
-    return value
-
-
-def copy_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible)."""
-    try:
-        out = torch.empty_strided(like.shape, like.stride(), dtype=t.dtype, device=t.device)
-        return out.copy_(t.detach())
-    except RuntimeError:  # e.g. expanded (stride 0) layouts cannot be written to
-        return t.detach().clone(memory_format=torch.contiguous_format)
-
-
-def storage_key(t: torch.Tensor) -> tuple | None:
-    storage = t.untyped_storage()
-    return None if storage.nbytes() == 0 else (t.device, storage.data_ptr())
-
-
-def _extent(t: torch.Tensor) -> tuple[int, int]:
-    """The byte range [lo, hi) of its storage that ``t`` may touch."""
-    size = t.element_size()
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
-    return t.storage_offset() * size, (t.storage_offset() + last + 1) * size
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.shape, a.stride(), a.storage_offset(), a.dtype) == (
-        b.shape,
-        b.stride(),
-        b.storage_offset(),
-        b.dtype,
-    )
 
 
 @dataclasses.dataclass
@@ -174,7 +126,7 @@ class FunctionalRecorder(TorchDispatchMode):
                 node = self.graph.placeholder(name)
         else:
             node = self.graph.placeholder(name)
-        node.meta["val"] = _meta(t)
+        node.meta["val"] = to_meta(t)
         self.placeholders.append(node)
         self._track(t, node)
         return node
@@ -193,9 +145,9 @@ class FunctionalRecorder(TorchDispatchMode):
         key = storage_key(t)
         if key is None:
             return []
-        lo, hi = _extent(t)
+        lo, hi = extent(t)
         entries = self._by_storage.get(key, {}).values()
-        return [e for e in entries if e.tensor is not t and _overlaps(_extent(e.tensor), lo, hi)]
+        return [e for e in entries if e.tensor is not t and overlaps(extent(e.tensor), lo, hi)]
 
     def read(self, t: Any, op: str) -> Any:
         """The node holding ``t``'s current value (non-tensors are returned unchanged)."""
@@ -221,7 +173,7 @@ class FunctionalRecorder(TorchDispatchMode):
         # with the same view we can reuse that node, otherwise we refuse.
         aliases = self._aliases(t)
         for alias in aliases:
-            if _same_view(alias.tensor, t) and not alias.stale:
+            if same_view(alias.tensor, t) and not alias.stale:
                 return self._track(t, alias.node)
         if aliases:
             raise RuntimeError(f"toycomp.aot: {op} got an untraced alias of a traced tensor")
@@ -230,16 +182,21 @@ class FunctionalRecorder(TorchDispatchMode):
                 f"toycomp.aot: {op} uses a closed-over tensor that requires grad "
                 f"(shape {tuple(t.shape)}); pass it as an input so it gets a gradient."
             )
+        # An expanded constant is stored compact and expanded again, keeping t's strides.
+        shape = [1 if st == 0 else n for n, st in zip(t.shape, t.stride())]
+        compact = t.detach().as_strided(shape, t.stride(), t.storage_offset())
         name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = t.detach().clone()
+        self.constants[name] = copy_like(compact, compact)  # t's strides where it can
         node = self.graph.get_attr(name)
-        node.meta["val"] = _meta(t)
+        node.meta["val"] = to_meta(self.constants[name])
+        if shape != list(t.shape):
+            node = self._emit(aten.expand.default, (node, list(t.shape)), {}, t)
         return self._track(t, node, constant=True)
 
     def _emit(self, op: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
-        node.meta["val"] = _meta_val(val)
+        node.meta["val"] = to_meta_value(val)
         return node
 
     def _emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
@@ -262,7 +219,11 @@ class FunctionalRecorder(TorchDispatchMode):
         if func in DATA_DEPENDENT_OPS:
             raise RuntimeError(f"toycomp.aot: {func} is data-dependent (its result or shape "
                                "depends on tensor values); it cannot be traced ahead of time")
-        mutated = _mutated_args(func, args, kwargs)
+        if func in AS_STRIDED_OPS:
+            return self._as_strided(func, args, kwargs)
+        mutated = mutated_args(func, args, kwargs)
+        if func.is_view or torch.Tag.inplace_view in func.tags:
+            self._ensure_layout(args[0], str(func))
         nargs, nkwargs = tree_map(lambda a: self.read(a, str(func)), (args, kwargs))
         if mutated:
             self._snapshot([t for _, t in mutated])
@@ -295,16 +256,16 @@ class FunctionalRecorder(TorchDispatchMode):
         old = self._tracked.get(id(t))
         if old is not None and old.constant:
             raise RuntimeError(f"toycomp.aot: {op} mutates a closed-over constant tensor")
-        entry = self._retrack(self._track(t, node), node)
-        aliases = self._aliases(t)
+        if not view_op and not non_overlapping(t):  # x.expand(2, 3).fill_(1) in eager
+            raise NotImplementedError(f"toycomp.aot: {op} writes to a tensor whose elements "
+                                      "share memory (e.g. an expand); clone it first")  # fmt: skip
+        entry = self._track(t, node)
         if view_op:  # unsqueeze_ & co change metadata only, not values
+            self._retrack(entry, node)
             return
-        for alias in aliases:
-            if _same_view(alias.tensor, t):  # e.g. x and x.detach(): same value
-                self._retrack(alias, node)
-        others = [a for a in aliases if not _same_view(a.tensor, t)]
-        if not others:
-            return
+        aliases = self._aliases(t)
+        same = [a for a in aliases if same_view(a.tensor, t)]  # e.g. x and x.detach()
+        others = [a for a in aliases if not same_view(a.tensor, t)]
         # [Note: mutating through views]
         # t shares memory with other tensors (x[0].mul_(2): t = x[0], alias x). We find a
         # "root" alias: a dense tensor covering all the memory involved (x). Its new value is
@@ -312,21 +273,86 @@ class FunctionalRecorder(TorchDispatchMode):
         # as_strided(new root, alias geometry), offsets relative to the root, which must be a
         # fresh tensor (not a view with its own offset). Without a root (views reinterpreting
         # dtype...), the aliases are marked stale: reading one later raises naming `op`.
-        root = self._root([entry, *aliases])
+        # [Note: a node has its tensor's layout]
+        # The new value may be laid out differently from t (r.copy_(a.t()) gives a.t()'s
+        # strides; an expand gives stride 0). Later views of t are recorded on t's node, so its
+        # value is first rewritten to t's strides (_relayout, or a view of the new root).
+        root = self._root([entry, *aliases]) if others else None
+        if root is None or root is entry:
+            node = self._relayout(node, t, force=root is entry and not _is_fresh(node))
+        for alias in (entry, *same):
+            self._retrack(alias, node)
         if root is None:
             for alias in others:
                 alias.stale = op
             return
-        base = self._relayout(root.node, root.tensor, force=not _is_fresh(root.node))
+        base, regenerate = node, [a for a in others if a is not root]
         if root is not entry:
-            geometry = _geometry(t, root.tensor)
-            base = self._emit(aten.as_strided_scatter.default, (base, node, *geometry), {},
-                              _meta(root.tensor))  # fmt: skip
+            base = self._relayout(root.node, root.tensor, force=not _is_fresh(root.node))
+            args = (base, node, *geometry(t, root.tensor))
+            base = self._emit(aten.as_strided_scatter.default, args, {}, to_meta(root.tensor))
+            if not same_strides(node.meta["val"], t):
+                regenerate += [entry, *same]
         self._retrack(root, base)
-        for alias in others:
-            if alias is not root:
-                args = (base, *_geometry(alias.tensor, root.tensor))
-                self._retrack(alias, self._emit(aten.as_strided.default, args, {}, alias.tensor))
+        for alias in regenerate:
+            args = (base, *geometry(alias.tensor, root.tensor))
+            self._retrack(alias, self._emit(aten.as_strided.default, args, {}, alias.tensor))
+
+    def _ensure_layout(self, t: Any, op: str) -> None:
+        """Before a view op on ``t``: make ``t``'s node have ``t``'s strides, or raise."""
+        entry = self._tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if entry is None or entry.stale or same_strides(entry.node.meta["val"], t):
+            return
+        if not non_overlapping(t):
+            raise RuntimeError(
+                f"toycomp.aot: {op} views a tensor whose recorded strides "
+                f"{tuple(entry.node.meta['val'].stride())} differ from its real strides "
+                f"{tuple(t.stride())}, which overlap; toycomp cannot record this view"
+            )
+        self._retrack(entry, self._relayout(entry.node, t))
+
+    def _as_strided(self, func, args: tuple, kwargs: dict) -> torch.Tensor:
+        """Record ``as_strided`` / ``as_strided_``, which read *memory*, not values.
+
+        [Note: as_strided reads memory] t.as_strided(size, stride, offset) may read elements
+        outside t and depends on how t's storage is laid out; a node only knows its value. So
+        we take it on a "root" alias, a dense current tensor covering the memory read, whose
+        node is (or is rewritten to) a tensor with the root's strides and storage offset 0
+        (a fresh result or an input: aot checks that inputs have offset 0), and make the
+        offset relative to the root.
+        """
+        op = str(func)
+        bound = {a.name: v for a, v in zip(func._schema.arguments, args)} | kwargs
+        t, size, stride = bound["self"], list(bound["size"]), list(bound["stride"])
+        offset = bound.get("storage_offset")
+        offset = t.storage_offset() if offset is None else offset
+        root = self._strided_root(t, span(size, stride, offset, t.element_size()), op)
+        out = func(*args, **kwargs)
+        if _needs_relayout(root):
+            self._retrack(root, self._relayout(root.node, root.tensor, force=True))
+        args = (root.node, size, stride, offset - root.tensor.storage_offset())
+        node = self._emit(aten.as_strided.default, args, {}, out)
+        if func is aten.as_strided.default:
+            self._track(out, node)
+        else:
+            self._replace(t, node, op, view_op=True)
+        return out
+
+    def _strided_root(self, t: torch.Tensor, read: tuple[int, int] | None, op: str) -> _Tracked:
+        """The tracked alias of ``t`` that ``t.as_strided`` reading bytes ``read`` is taken on."""
+        entry = self._tracked.get(id(t)) or self._unknown(t, op)
+        if read is None:  # reads nothing
+            return entry
+        key = storage_key(t)
+        entries = [entry, *self._by_storage.get(key, {}).values()] if key else [entry]
+        roots = [e for e in entries if not e.stale and e.tensor.dtype == t.dtype
+                 and is_dense(e.tensor) and covers(extent(e.tensor), read)]  # fmt: skip
+        if not roots:
+            raise RuntimeError(
+                f"toycomp.aot: {op} reads memory that no dense, up-to-date traced tensor covers "
+                "(e.g. an as_strided reaching outside its input); toycomp cannot record it"
+            )
+        return min(roots, key=_needs_relayout)  # stable: t itself if it can
 
     def _retrack(self, entry: _Tracked, node: fx.Node) -> _Tracked:
         entry.node, entry.stale = node, None
@@ -337,19 +363,19 @@ class FunctionalRecorder(TorchDispatchMode):
 
     def _root(self, entries: list[_Tracked]) -> _Tracked | None:
         """A dense alias, not stale, that covers the memory of all ``entries`` (or None)."""
-        lo = min(_extent(e.tensor)[0] for e in entries)
-        hi = max(_extent(e.tensor)[1] for e in entries)
+        lo = min(extent(e.tensor)[0] for e in entries)
+        hi = max(extent(e.tensor)[1] for e in entries)
         if len({e.tensor.dtype for e in entries}) > 1:
             return None
         for e in entries:
-            e_lo, e_hi = _extent(e.tensor)
+            e_lo, e_hi = extent(e.tensor)
             if not e.stale and e_lo <= lo and e_hi >= hi and is_dense(e.tensor):
                 return e
         return None
 
     def _relayout(self, node: fx.Node, like: torch.Tensor, force: bool = False) -> fx.Node:
-        """``node``'s value in a fresh tensor with ``like``'s strides (for as_strided)."""
-        if not force and (node.meta["val"].stride() == like.stride() or like.numel() <= 1):
+        """``node``'s value in a fresh tensor (storage offset 0) with ``like``'s strides."""
+        if not force and (same_strides(node.meta["val"], like) or like.numel() <= 1):
             return node
         size, stride = list(like.shape), list(like.stride())
         empty = self._emit(aten.empty_strided.default, (size, stride), _factory(like), like)
@@ -358,14 +384,14 @@ class FunctionalRecorder(TorchDispatchMode):
 
     def _functionalize(self, func, mutated, nargs, nkwargs, real, out) -> None:
         op = str(func)
-        functional, result_of, outputs = _functional_variant(func, [n for n, _ in mutated])
+        functional, result_of, outputs = functional_variant(func, [n for n, _ in mutated])
         schema = func._schema
         drop = {a.name for a in schema.arguments if a.is_out}
         # Defaults of the in-place schema (bernoulli_(p=0.5)) may be required by the functional.
         defaults = {a.name: a.default_value for a in schema.arguments[len(real[0]) :]
                     if a.has_default_value() and a.name not in drop and a.name not in nkwargs}
         nkwargs = {k: v for k, v in (defaults | nkwargs).items() if k not in drop}
-        margs, mkwargs = tree_map(lambda a: _meta(a) if isinstance(a, torch.Tensor) else a, real)
+        margs, mkwargs = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, real)
         mkwargs = {k: v for k, v in (defaults | mkwargs).items() if k not in drop}
         try:
             val = functional(*margs, **mkwargs)
@@ -397,24 +423,9 @@ class FunctionalRecorder(TorchDispatchMode):
             val = torch.empty_strided(val.shape, val.stride(), dtype=dst.dtype, device="meta")
             node = self._emit(aten._to_copy.default, (node,), kwargs, val)
         if tuple(src_t.shape) != tuple(dst.shape):
-            val = _meta(val).expand(dst.shape)
+            val = to_meta(val).expand(dst.shape)
             node = self._emit(aten.expand.default, (node, list(dst.shape)), {}, val)
         return node
-
-
-def is_dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: its elements fill a contiguous block of memory."""
-    expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _geometry(t: torch.Tensor, root: torch.Tensor) -> tuple[list[int], list[int], int]:
-    """(size, stride, storage offset relative to ``root``) of the view ``t``."""
-    return list(t.shape), list(t.stride()), t.storage_offset() - root.storage_offset()
 
 
 def _is_fresh(node: fx.Node) -> bool:
@@ -426,6 +437,15 @@ def _is_fresh(node: fx.Node) -> bool:
     return node.op == "call_function" and not is_view
 
 
+def _needs_relayout(root: _Tracked) -> bool:
+    """Must ``root``'s node be copied before ``as_strided`` reads its memory?
+
+    Inputs need not: ``toycomp.aot`` checks at run time that they have storage offset 0.
+    """
+    node, fresh = root.node, _is_fresh(root.node) or root.node.op == "placeholder"
+    return not fresh or not same_strides(node.meta["val"], root.tensor)
+
+
 def _factory(t: torch.Tensor) -> dict[str, Any]:
     return {"dtype": t.dtype, "device": t.device}
 
@@ -434,47 +454,3 @@ def _as_list(value: Any) -> list:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
-def _overlaps(extent: tuple[int, int], lo: int, hi: int) -> bool:
-    return extent[0] < hi and lo < extent[1]
-
-
-def _mutated_args(func, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
-    """(argument name, tensor) for every tensor that ``func`` writes to, in schema order."""
-    schema = func._schema
-    bound = {a.name: v for a, v in zip(schema.arguments, args)} | kwargs
-    if func in BATCH_NORM_OPS:
-        training = bound.get("training", False)
-        names = ["running_mean", "running_var"] if training else []
-    else:
-        names = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
-    mutated = [(n, bound[n]) for n in names if bound.get(n) is not None]
-    if mutated and func in UNSUPPORTED_MUTATIONS:
-        raise NotImplementedError(f"toycomp.aot: {func} (in-place) is not supported")
-    for name, value in mutated:
-        if not isinstance(value, torch.Tensor):
-            raise NotImplementedError(f"toycomp.aot: {func} mutates a list of tensors ({name})")
-    return mutated
-
-
-def _functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[int]]:
-    """The out-of-place twin of ``func``.
-
-    Returns ``(functional_op, result index per mutated arg, result index per op output that is
-    not a mutated arg)``.
-    """
-    if func in BATCH_NORM_OPS:
-        return aten._native_batch_norm_legit_functional.default, [3, 4], [0, 1, 2]
-    schema = func._schema
-    outs = [a.name for a in schema.arguments if a.is_out]
-    if func in FUNCTIONAL_OVERRIDES:
-        return FUNCTIONAL_OVERRIDES[func], [0], []
-    name = func.overloadpacket.__name__
-    base = name[:-1] if name.endswith("_") and not outs else name
-    packet = getattr(aten, base, None)
-    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
-    for overload in packet.overloads() if packet is not None else []:
-        candidate = getattr(packet, overload)
-        args = [(a.name, str(a.type)) for a in candidate._schema.arguments]
-        if not candidate._schema.is_mutable and args == want:
-            return candidate, list(range(len(mutated))), []
-    raise NotImplementedError(f"toycomp.aot: no out-of-place version of {func} to functionalise")

@@ -1,0 +1,223 @@
+"""Functionalisation's helpers: which ATen ops write to what, and tensors as memory.
+
+Input -> output: ATen ``OpOverload``s and real tensors -> facts that ``toycomp.functionalize``'s
+recorder decides with: the arguments an op mutates and its out-of-place twin (from the op's
+schema), and where a tensor lives in its storage (byte extents, layouts, aliasing).
+
+Tiny example::
+
+    mutated_args(aten.add_.Tensor, (x, y), {})      # [("self", x)]
+    functional_variant(aten.add_.Tensor, ["self"])  # (aten.add.Tensor, [0], [])
+    x = torch.randn(4, 6)
+    same_view(x[1], x.t()[:, 1])                    # True: one piece of memory, one layout
+    same_view(x[0], x[:, 0])                        # False
+    covers(extent(x), extent(x[1]))                 # True: x is a root for writes to x[1]
+
+NB: in PyTorch this lives in torch/_functorch/_aot_autograd/functional_utils.py
+(``has_data_mutation``, ``gen_alias_from_base``...), torchgen's schema model
+(``FunctionSchema.kind()``, ``SchemaKind.inplace``) and torch/_prims_common
+(``is_non_overlapping_and_dense``, ``compute_required_storage_length``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "AS_STRIDED_OPS",
+    "BATCH_NORM_OPS",
+    "DATA_DEPENDENT_OPS",
+    "FUNCTIONAL_OVERRIDES",
+    "UNSUPPORTED_MUTATIONS",
+    "copy_like",
+    "covers",
+    "extent",
+    "functional_variant",
+    "geometry",
+    "is_dense",
+    "mutated_args",
+    "non_overlapping",
+    "overlaps",
+    "same_strides",
+    "same_view",
+    "span",
+    "storage_key",
+    "to_meta",
+    "to_meta_value",
+]
+
+aten = torch.ops.aten
+
+
+# -- which ATen ops write to what ----------------------------------------------------------------
+def _ops(*names: str) -> set:
+    """The ATen overloads named ``packet.overload`` that exist in this PyTorch build."""
+    found = set()
+    for name in names:
+        packet, overload = name.split(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            found.add(op)
+    return found
+
+
+# Results that depend on tensor *values*: tracing them on one example would bake it in.
+DATA_DEPENDENT_OPS = _ops(
+    "_local_scalar_dense.default", "nonzero.default", "masked_select.default",
+    "_unique2.default", "unique_dim.default", "unique_consecutive.default",
+    "repeat_interleave.Tensor", "bincount.default",
+)  # fmt: skip
+UNSUPPORTED_MUTATIONS = _ops(
+    "set_.source_Tensor", "set_.source_Storage", "set_.source_Storage_storage_offset",
+    "resize_.default", "resize_as_.default", "cudnn_batch_norm.default",
+    "miopen_batch_norm.default",
+)  # fmt: skip
+# Functional versions that are not "drop the trailing underscore".
+FUNCTIONAL_OVERRIDES = dict(zip(_ops("normal_.default"), _ops("normal_functional.default")))
+# [Note: batch norm's hidden mutation]
+# native_batch_norm updates running_mean/running_var in place, but its schema does not say so
+# (no `Tensor(a!)`). We rewrite it, in training mode, to _native_batch_norm_legit_functional,
+# whose outputs 3 and 4 are the new running statistics (that is what PyTorch does too).
+BATCH_NORM_OPS = _ops("native_batch_norm.default", "_native_batch_norm_legit.default")
+# Views that read memory rather than values: [Note: as_strided reads memory].
+AS_STRIDED_OPS = _ops("as_strided.default", "as_strided_.default")
+
+
+def mutated_args(func, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """(argument name, tensor) for every tensor that ``func`` writes to, in schema order."""
+    schema = func._schema
+    bound = {a.name: v for a, v in zip(schema.arguments, args)} | kwargs
+    if func in BATCH_NORM_OPS:
+        training = bound.get("training", False)
+        names = ["running_mean", "running_var"] if training else []
+    else:
+        names = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+    mutated = [(n, bound[n]) for n in names if bound.get(n) is not None]
+    if mutated and func in UNSUPPORTED_MUTATIONS:
+        raise NotImplementedError(f"toycomp.aot: {func} (in-place) is not supported")
+    for name, value in mutated:
+        if not isinstance(value, torch.Tensor):
+            raise NotImplementedError(f"toycomp.aot: {func} mutates a list of tensors ({name})")
+    return mutated
+
+
+def functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[int]]:
+    """The out-of-place twin of ``func``.
+
+    Returns ``(functional_op, result index per mutated arg, result index per op output that is
+    not a mutated arg)``.
+    """
+    if func in BATCH_NORM_OPS:
+        return aten._native_batch_norm_legit_functional.default, [3, 4], [0, 1, 2]
+    schema = func._schema
+    outs = [a.name for a in schema.arguments if a.is_out]
+    if func in FUNCTIONAL_OVERRIDES:
+        return FUNCTIONAL_OVERRIDES[func], [0], []
+    name = func.overloadpacket.__name__
+    base = name[:-1] if name.endswith("_") and not outs else name
+    packet = getattr(aten, base, None)
+    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+    for overload in packet.overloads() if packet is not None else []:
+        candidate = getattr(packet, overload)
+        args = [(a.name, str(a.type)) for a in candidate._schema.arguments]
+        if not candidate._schema.is_mutable and args == want:
+            return candidate, list(range(len(mutated))), []
+    raise NotImplementedError(f"toycomp.aot: no out-of-place version of {func} to functionalise")
+
+
+# -- memory and layout --------------------------------------------------------------------------
+def to_meta(t: torch.Tensor) -> torch.Tensor:
+    """An empty meta tensor with ``t``'s shape, stride and dtype (a node's ``meta["val"]``)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def to_meta_value(value: Any) -> Any:
+    """``to_meta`` on a tensor or on each tensor of a tuple/list; other values unchanged."""
+    if isinstance(value, torch.Tensor):
+        return to_meta(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(to_meta_value(v) for v in value)
+    return value
+
+
+def copy_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible)."""
+    try:
+        out = torch.empty_strided(like.shape, like.stride(), dtype=t.dtype, device=t.device)
+        return out.copy_(t.detach())
+    except RuntimeError:  # e.g. expanded (stride 0) layouts cannot be written to
+        return t.detach().clone(memory_format=torch.contiguous_format)
+
+
+def storage_key(t: torch.Tensor) -> tuple | None:
+    """Equal for tensors sharing a storage; None for an empty storage (shares nothing)."""
+    storage = t.untyped_storage()
+    return None if storage.nbytes() == 0 else (t.device, storage.data_ptr())
+
+
+def extent(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range [lo, hi) of its storage that ``t`` may touch."""
+    size = t.element_size()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+    return t.storage_offset() * size, (t.storage_offset() + last + 1) * size
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, strides, storage offset and dtype (e.g. ``x`` and ``x.detach()``)."""
+    return (a.shape, a.stride(), a.storage_offset(), a.dtype) == (
+        b.shape,
+        b.stride(),
+        b.storage_offset(),
+        b.dtype,
+    )
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: its elements fill a contiguous block of memory."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def geometry(t: torch.Tensor, root: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """(size, stride, storage offset relative to ``root``) of the view ``t``."""
+    return list(t.shape), list(t.stride()), t.storage_offset() - root.storage_offset()
+
+
+def same_strides(meta: torch.Tensor, t: torch.Tensor) -> bool:
+    """Same shape, and the same strides in every dimension that has more than one element."""
+    strides = zip(t.shape, meta.stride(), t.stride())
+    return meta.shape == t.shape and all(a == b for n, a, b in strides if n > 1)
+
+
+def non_overlapping(t: torch.Tensor) -> bool:
+    """No two elements of ``t`` share memory (gaps allowed, unlike ``is_dense``)."""
+    end = 0  # the furthest element reachable with the smaller strides
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride <= end:
+            return False
+        end += stride * (size - 1)
+    return True
+
+
+def span(size: list[int], stride: list[int], offset: int, itemsize: int) -> tuple | None:
+    """The byte range [lo, hi) that ``as_strided(size, stride, offset)`` reads (None: nothing)."""
+    if 0 in size:
+        return None
+    last = sum((n - 1) * s for n, s in zip(size, stride))
+    return offset * itemsize, (offset + last + 1) * itemsize
+
+
+def covers(outer: tuple[int, int], inner: tuple[int, int]) -> bool:
+    """Does the byte range ``outer`` contain ``inner``?"""
+    return outer[0] <= inner[0] and inner[1] <= outer[1]
+
+
+def overlaps(region: tuple[int, int], lo: int, hi: int) -> bool:
+    """Does the byte range ``region`` meet [lo, hi)?"""
+    return region[0] < hi and lo < region[1]
