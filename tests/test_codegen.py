@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from toycomp import prims
-from toycomp.inductor import cache, cpp, ir, triton, wrapper
+from toycomp.inductor import cache, codegen, cpp, ir, triton, wrapper
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,
@@ -505,3 +505,15 @@ def test_cuda_ops_and_mm():
     a, b = torch.randn(8, 16, device="cuda"), torch.randn(4, 16, device="cuda")
     relu, _, _ = wrapper.compile_graph(mm_graph("cuda"), "triton")([a, b])
     check(relu, torch.relu(a @ b.T))
+
+
+@pytest.mark.parametrize("printer", [codegen.IndexPrinter(), cpp.CppPrinter()])
+def test_index_printer_keeps_floordiv_operands_together(printer):
+    """Printed indices evaluate like the sympy expression (C++ '/' on non-negative ints is '//')."""
+    x, r = ir.x, ir.r
+    exprs = [ir.FloorDiv(6 * r + x, 24), ir.modular(x + 3 * r, 7), 5 * ir.FloorDiv(x, 4) + r]
+    for expr in exprs:
+        text = printer.doprint(expr).replace("//", "/").replace("/", "//")
+        for xv, rv in [(0, 0), (5, 3), (23, 1), (100, 17)]:
+            expected = int(expr.subs({x: xv, r: rv}).replace(ir.FloorDiv, lambda a, b: a // b))
+            assert eval(text, {"xindex": xv, "rindex": rv}) == expected, (expr, text)

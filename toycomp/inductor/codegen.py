@@ -118,7 +118,8 @@ class IndexPrinter(StrPrinter):
 
     def _print_FloorDiv(self, expr: ir.FloorDiv) -> str:
         base, divisor = (self._print(a) for a in expr.args)
-        return f"({base} {self.floordiv} {divisor})"
+        # Parenthesise both operands: FloorDiv(6*r + x, 24) must not print as 6*r + x // 24.
+        return f"(({base}) {self.floordiv} ({divisor}))"
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
         raise NotImplementedError(f"index expression {expr} (powers are not supported)")
