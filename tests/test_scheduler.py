@@ -283,3 +283,33 @@ def test_random_prim_programs_match_eager():
         x = torch.randn(shape[::-1]).permute(*reversed(range(len(shape))))  # non-contiguous
         steps, shapes, outs = _random_program(rng, shape)
         compile_and_run(lambda x, y: _run_program(steps, shapes, outs, x, y), x, torch.randn(shape))
+
+
+def test_multi_output_extern_is_one_step_and_only_live_outputs_matter():
+    from toycomp.inductor.scheduler import format_scheduled
+    from toycomp.inductor.wrapper import compile_graph
+
+    x = torch.randn(6, 5)
+    sort = ir.ExternKernel(
+        "buf0", "aten.sort.default", (ir.TensorArg("x", (6, 5), (5, 1)), 1), (), (), (),
+        torch.float32, fallback=True, outputs=(
+            ir.MultiOutput("buf0_0", 0, (6, 5), (5, 1), torch.float32),
+            ir.MultiOutput("buf0_1", 1, (6, 5), (5, 1), torch.int64),
+        ),
+    )  # fmt: skip
+    dead = ir.Pointwise("buf1", (6, 5), torch.float32, _load("x", 5, 1))  # nothing reads it
+    exp_body = ir.Op("exp", (_load("buf0_0", 5, 1),), torch.float32)
+    exp = ir.Pointwise("buf2", (6, 5), torch.float32, exp_body)
+    graph = ir.LoweredGraph(
+        (ir.InputBuffer("x", (6, 5), (5, 1), torch.float32),),
+        (sort, dead, exp),
+        (ir.TensorArg("buf2", (6, 5), (5, 1)),),
+        torch.device("cpu"),
+    )
+    scheduled = schedule(graph)
+    assert [type(s).__name__ for s in scheduled.steps] == ["ExternKernel", "Kernel"]
+    assert [a.name for a in scheduled.allocations] == ["buf2"]
+    assert "buf0_0 = buf0[0]" in format_scheduled(scheduled)
+    for backend in ("cpp", "triton"):
+        (out,) = compile_graph(scheduled, backend)([x])
+        torch.testing.assert_close(out, x.sort(1).values.exp())

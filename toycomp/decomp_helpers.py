@@ -30,6 +30,7 @@ class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)
     INT_TO_FLOAT = "int_to_float"  # bool/int -> default float (sin, exp, true division...)
     ALWAYS_BOOL = "always_bool"  # comparisons compute in the promoted dtype, return bool
     BOOL_TO_LONG = "bool_to_long"  # pow: bool -> int64
+    NO_OPMATH = "no_opmath"  # selections (where, clamp): compute in the result dtype itself
 
 
 KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
@@ -81,6 +82,22 @@ def result_type(*args: Any) -> torch.dtype:
     return result
 
 
+# [Note: low precision computes in float32]
+# ATen kernels compute float16/bfloat16 ops in float32 ("opmath") and round once when they store
+# the result; torch._prims_common calls float32 the *computation dtype* of such ops. Computing
+# ``mul(x_bf16, 0.1)`` in bfloat16 instead rounds 0.1 to bfloat16 first, and that extra rounding
+# changes the last bit of about 1 result in 5. So ``elementwise`` converts low-precision operands
+# to float32, applies the prim, and converts the result back (torch/_refs does the same with its
+# ``elementwise_type_promotion_wrapper``); a chain of ops rounds between ops, exactly like eager.
+# One wrinkle: a Python number operand. ATen's CPU kernels for mul and div keep it in float32,
+# but add, sub, pow and the comparisons read it after TensorIterator cast it to the tensor's
+# dtype (measured on torch 2.13; CUDA kernels keep full precision more often). Decompositions of
+# those ops pass ``round_numbers=True``, which rounds the number in Python, at trace time.
+def get_computation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16 compute in float32 (``torch._prims_common.get_computation_dtype``)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def elementwise_dtypes(*args: Any, kind: KIND = KIND.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) of an elementwise op, as in torch._prims_common."""
     dtype = result_type(*args)
@@ -88,7 +105,15 @@ def elementwise_dtypes(*args: Any, kind: KIND = KIND.DEFAULT) -> tuple[torch.dty
         dtype = torch.get_default_dtype()
     if kind is KIND.BOOL_TO_LONG and dtype is torch.bool:
         dtype = torch.int64
-    return dtype, (torch.bool if kind is KIND.ALWAYS_BOOL else dtype)
+    result = torch.bool if kind is KIND.ALWAYS_BOOL else dtype
+    return (dtype if kind is KIND.NO_OPMATH else get_computation_dtype(dtype)), result
+
+
+def round_number(value: Any, dtype: torch.dtype) -> Any:
+    """A Python float as ``dtype`` holds it (``0.1`` -> ``0.10009765625`` in bfloat16)."""
+    if not isinstance(value, float) or dtype not in (torch.float16, torch.bfloat16):
+        return value
+    return torch.tensor(value, dtype=dtype).item()
 
 
 def upcast(*args: Any) -> tuple[Any, torch.dtype]:
@@ -135,12 +160,18 @@ def broadcast_to(a: Any, shape: Sequence[int]) -> Any:
 
 
 def elementwise(
-    fn: Callable[..., Any], *args: Any, kind: KIND = KIND.DEFAULT
+    fn: Callable[..., Any], *args: Any, kind: KIND = KIND.DEFAULT, round_numbers: bool = False
 ) -> Any:
-    """Promote and broadcast ``args`` explicitly, apply ``fn`` (a prim), convert the result."""
+    """Promote and broadcast ``args`` explicitly, apply ``fn`` (a prim) in the computation
+    dtype, convert the result. ``round_numbers``: see [Note: low precision computes in float32].
+    """
     computation, result = elementwise_dtypes(*args, kind=kind)
     shape = broadcast_shapes(*(a.shape for a in args if not is_number(a)))
-    operands = [broadcast_to(convert(a, computation), shape) for a in args]
+    promoted = result_type(*args)
+    operands = [
+        round_number(a, promoted) if round_numbers and is_number(a) else a for a in args
+    ]
+    operands = [broadcast_to(convert(a, computation), shape) for a in operands]
     return convert(fn(*operands), result)
 
 

@@ -32,10 +32,12 @@ from toycomp.decomp_helpers import (
     elementwise,
     elementwise_dtypes,
     expand_back,
+    get_computation_dtype,
     is_number,
     reduce,
     reshape,
     reduction_dims,
+    round_number,
     upcast,
 )
 from toycomp.decompositions import Unsupported, register
@@ -68,9 +70,16 @@ _BINARY_KINDS = {
 }  # fmt: skip
 
 
+# Ops whose ATen CPU kernels round a Python number to the tensor's dtype first (see
+# [Note: low precision computes in float32] in decomp_helpers.py); mul and div do not.
+_ROUNDS_NUMBERS = {"maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"}
+
+
 def _pointwise(prim: Any, kind: KIND) -> Any:
+    round_numbers = prim.__name__ in _ROUNDS_NUMBERS
+
     def decomp(*args: Any) -> Any:
-        return elementwise(prim, *args, kind=kind)
+        return elementwise(prim, *args, kind=kind, round_numbers=round_numbers)
 
     decomp.__name__ = decomp.__qualname__ = prim.__name__
     return decomp
@@ -85,18 +94,22 @@ for _name, _kind in _BINARY_KINDS.items():
 del _name, _kind
 
 
+def _add_or_sub(prim: Any, a: Any, b: Any, alpha: Any) -> Any:
+    """``a + alpha * b`` (or ``-``), computed in one go: rounded once, like ATen's kernel."""
+    if alpha == 1 or is_number(b):
+        b = b * alpha if is_number(b) else b
+        return elementwise(prim, a, b, round_numbers=True)
+    return elementwise(lambda x, y: prim(x, prims.mul(y, alpha)), a, b, round_numbers=True)
+
+
 @register(aten.add.Tensor, aten.add.Scalar)
 def add(a: Any, b: Any, alpha: Any = 1) -> Any:
-    if alpha != 1:
-        b = b * alpha if is_number(b) else elementwise(prims.mul, b, alpha)
-    return elementwise(prims.add, a, b)
+    return _add_or_sub(prims.add, a, b, alpha)
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, alpha: Any = 1) -> Any:
-    if alpha != 1:
-        b = b * alpha if is_number(b) else elementwise(prims.mul, b, alpha)
-    return elementwise(prims.sub, a, b)
+    return _add_or_sub(prims.sub, a, b, alpha)
 
 
 @register(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -111,7 +124,7 @@ def div_mode(a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     computation, _ = elementwise_dtypes(a, b)
     if rounding_mode != "trunc" or not computation.is_floating_point:
         raise Unsupported(f"div with rounding_mode={rounding_mode!r} on {computation}")
-    return trunc(elementwise(prims.div, a, b))  # ATen computes trunc(a / b) too
+    return elementwise(lambda x, y: trunc(prims.div(x, y)), a, b)  # like ATen: trunc(a / b)
 
 
 @register(aten.trunc.default)
@@ -146,7 +159,7 @@ def logical_or(a: Any, b: Any) -> Any:
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(a: Any, exponent: Any) -> Any:
     computation, result = elementwise_dtypes(a, exponent, kind=KIND.BOOL_TO_LONG)
-    a = convert(a, computation)
+    a, exponent = convert(a, computation), round_number(exponent, result)
     if exponent == 1:
         out = a
     elif exponent == 2:  # like Inductor: small integer powers become multiplications
@@ -160,12 +173,12 @@ def pow_tensor_scalar(a: Any, exponent: Any) -> Any:
 
 @register(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_tensor(a: Any, b: Any) -> Any:
-    return elementwise(prims.pow, a, b, kind=KIND.BOOL_TO_LONG)
+    return elementwise(prims.pow, a, b, kind=KIND.BOOL_TO_LONG, round_numbers=True)
 
 
 @register(aten.where.self, *_overloads("where", "ScalarSelf", "ScalarOther", "Scalar"))
 def where(cond: Any, a: Any, b: Any) -> Any:
-    computation, _ = elementwise_dtypes(a, b)
+    computation, _ = elementwise_dtypes(a, b, kind=KIND.NO_OPMATH)  # a selection: no rounding
     shapes = [t.shape for t in (cond, a, b) if not is_number(t)]
     shape = broadcast_shapes(*shapes)
     a, b = (broadcast_to(convert(t, computation), shape) for t in (a, b))
@@ -186,7 +199,7 @@ def masked_fill(a: Any, mask: Any, value: Any) -> Any:
 @register(aten.clamp.default, aten.clamp.Tensor)
 def clamp(a: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 (ATen's names)
     bounds = [v for v in (min, max) if v is not None]
-    computation, _ = elementwise_dtypes(a, *bounds)
+    computation, _ = elementwise_dtypes(a, *bounds, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(*(v.shape for v in (a, *bounds) if not is_number(v)))
     out, min, max = (broadcast_to(convert(v, computation), shape) for v in (a, min, max))
     if min is not None:
@@ -220,7 +233,7 @@ def relu(a: Any) -> Any:
 @register(aten.threshold_backward.default)
 def threshold_backward(grad: Any, a: Any, threshold: Any) -> Any:
     mask = elementwise(prims.le, a, threshold, kind=KIND.ALWAYS_BOOL)
-    computation, _ = elementwise_dtypes(grad, a)
+    computation, _ = elementwise_dtypes(grad, a, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(grad.shape, a.shape)
     grad = broadcast_to(convert(grad, computation), shape)
     return prims.where(broadcast_to(mask, shape), 0, grad)
@@ -250,7 +263,8 @@ def silu(a: Any) -> Any:
 
 @register(aten.leaky_relu.default)
 def leaky_relu(a: Any, negative_slope: float = 0.01) -> Any:
-    return prims.where(prims.gt(a, 0), a, prims.mul(a, negative_slope))
+    x, dtype = upcast(a)
+    return convert(prims.where(prims.gt(x, 0), x, prims.mul(x, negative_slope)), dtype)
 
 
 @register(aten.gelu.default)
@@ -370,6 +384,22 @@ def nll_loss_backward(
     return reshape(out, a.shape)
 
 
+@register(aten.mse_loss.default)
+def mse_loss(a: Any, target: Any, reduction: int = 1) -> Any:
+    diff = elementwise(prims.sub, a, target)
+    squared = elementwise(lambda d: prims.mul(d, d), diff)
+    if reduction == 0:  # "none"
+        return squared
+    return mean(squared) if reduction == 1 else sum_(squared)
+
+
+@register(aten.mse_loss_backward.default)
+def mse_loss_backward(grad: Any, a: Any, target: Any, reduction: int) -> Any:
+    scale = 2 / a.numel() if reduction == 1 else 2
+    diff = elementwise(prims.sub, a, target)
+    return elementwise(lambda g, d: prims.mul(prims.mul(d, scale), g), grad, diff)
+
+
 # --- matmul: the product stays extern, bias and scaling become prims that fuse ------------------
 def _extern(op: Any, *args: Any) -> Any:
     tracer = prims.current_tracer()
@@ -401,7 +431,9 @@ def _add_product(bias: Any, product: Any, beta: Any, alpha: Any) -> Any:
 def sum_(a: Any, dim: Sequence[int] | None = None, keepdim: bool = False, dtype: Any = None) -> Any:
     if dtype is None and not a.dtype.is_floating_point:
         dtype = torch.int64  # ATen sums bools and integers as int64
-    return reduce(prims.sum, convert(a, dtype or a.dtype), dim, keepdim)
+    dtype = dtype or a.dtype  # float16/bfloat16 accumulate in float32, rounded once at the end
+    out = reduce(prims.sum, convert(a, get_computation_dtype(dtype)), dim, keepdim)
+    return convert(out, dtype)
 
 
 @register(aten.mean.default, aten.mean.dim)
@@ -441,6 +473,72 @@ def var(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = Fals
 @register(aten.std.correction)
 def std(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
     return prims.sqrt(var(a, dim, correction=correction, keepdim=keepdim))
+
+
+# --- normalization -----------------------------------------------------------------------------
+# [Note: layer norm]
+# ``native_layer_norm`` returns three tensors: the output, and the mean and 1/std of each row,
+# which the backward reuses (AOT saves them). Both keep the normalized dims with size 1, e.g.
+# (2, 8, 1) for an input (2, 8, 16) normalized over its last dim. Like torch/_refs we compute in
+# float32 for float16/bfloat16 inputs and convert at the end; ATen's CPU kernel also converts the
+# statistics back to the input dtype, its CUDA kernel keeps them in float32.
+def _layer_norm_dims(a: Any, normalized_shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    axis = a.ndim - len(normalized_shape)
+    return list(range(axis)), list(range(axis, a.ndim))
+
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(
+    a: Any, normalized_shape: Sequence[int], weight: Any, bias: Any, eps: float
+) -> tuple[Any, Any, Any]:
+    outer, inner = _layer_norm_dims(a, normalized_shape)
+    x, dtype = upcast(a)
+    count = math.prod(a.shape[d] for d in inner)
+    mean = prims.div(prims.sum(x, inner), count)
+    centered = prims.sub(x, expand_back(mean, x.shape, inner))
+    var = prims.div(prims.sum(prims.mul(centered, centered), inner), count)
+    rstd = prims.rsqrt(prims.add(var, eps))
+    out = prims.mul(centered, expand_back(rstd, x.shape, inner))
+    if weight is not None:
+        out = prims.mul(out, broadcast_to(convert(weight, x.dtype), x.shape))
+    if bias is not None:
+        out = prims.add(out, broadcast_to(convert(bias, x.dtype), x.shape))
+    stats_shape = [a.shape[d] for d in outer] + [1] * len(inner)
+    stats_dtype = dtype if a.device.type == "cpu" else x.dtype
+    mean, rstd = (convert(reshape(s, stats_shape), stats_dtype) for s in (mean, rstd))
+    return convert(out, dtype), mean, rstd
+
+
+@register(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(
+    grad_out: Any,
+    a: Any,
+    normalized_shape: Sequence[int],
+    mean: Any,
+    rstd: Any,
+    weight: Any,
+    bias: Any,
+    output_mask: Sequence[bool],
+) -> tuple[Any, Any, Any]:
+    outer, inner = _layer_norm_dims(a, normalized_shape)
+    count = math.prod(a.shape[d] for d in inner)
+    if a.numel() == 0:
+        raise Unsupported("native_layer_norm_backward of an empty tensor")
+    (g, x), _ = upcast(grad_out, a)
+    mu, rs = (broadcast_to(convert(s, x.dtype), x.shape) for s in (mean, rstd))
+    x_hat = prims.mul(prims.sub(x, mu), rs)
+    g_hat = g if weight is None else prims.mul(g, broadcast_to(convert(weight, x.dtype), x.shape))
+    # d_input = rstd / N * (N * g_hat - sum(g_hat) - x_hat * sum(g_hat * x_hat))
+    sum_g = expand_back(prims.sum(g_hat, inner), x.shape, inner)
+    sum_gx = expand_back(prims.sum(prims.mul(g_hat, x_hat), inner), x.shape, inner)
+    centered = prims.sub(prims.sub(prims.mul(g_hat, count), sum_g), prims.mul(x_hat, sum_gx))
+    d_input = convert(prims.mul(prims.div(rs, count), centered), a.dtype)
+    d_weight = d_bias = None
+    if output_mask[1] and weight is not None:
+        d_weight = convert(prims.sum(prims.mul(g, x_hat), outer), weight.dtype)
+    if output_mask[2] and bias is not None:
+        d_bias = convert(prims.sum(g, outer), bias.dtype)
+    return (d_input if output_mask[0] else None), d_weight, d_bias
 
 
 from toycomp import decomp_views  # noqa: E402,F401  (views, creation, copies)

@@ -246,12 +246,23 @@ def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Grap
         elif node.op == "output":
             out = graph.output(_node_of(fx.node.map_arg(node.args[0], env.__getitem__)))
             out.meta["aten_origin"] = node.name
-            out.meta["val"] = _meta_of(fx.node.map_arg(node.args[0], env.__getitem__))
+            out.meta["val"] = _output_vals(node, env)
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
     graph.lint()
     return fx.GraphModule(gm, graph)
+
+
+def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    """What the graph returns, laid out as the ATen graph's values are (the strides eager gives,
+    which the backward's example inputs have too); the prims' meta values where unknown."""
+
+    def val(n: fx.Node) -> Any:
+        aten_val = n.meta.get("val")
+        return to_meta(aten_val) if isinstance(aten_val, torch.Tensor) else _meta_of(env[n])
+
+    return fx.node.map_arg(node.args[0], val)
 
 
 def _copy_input(gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, inputs: Any) -> Proxy:

@@ -24,7 +24,7 @@ ReinterpretView) and torch/_inductor/scheduler.py (SchedulerNode, FusedScheduler
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterator, Union
 
@@ -255,6 +255,19 @@ class InputBuffer:
 
 
 @dataclass(frozen=True)
+class ConstantBuffer:
+    """A tensor stored in the graph itself (an FX ``get_attr`` node, e.g. ``torch.tensor([1.,
+    2.])`` in the traced code): read like an input, but bound once when the graph is compiled;
+    the wrapper keeps it in its namespace (PyTorch: ``GraphLowering.constants``)."""
+
+    name: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    value: torch.Tensor = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class Pointwise:
     """``name[i0, i1, ...] = body`` for every index of ``size``; stored contiguously."""
 
@@ -302,11 +315,24 @@ class TensorArg:
 
 
 @dataclass(frozen=True)
+class MultiOutput:
+    """Tensor ``index`` of an extern call that returns several (PyTorch: ``ir.MultiOutput``)."""
+
+    name: str
+    index: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
 class ExternKernel:
     """A call into eager PyTorch (matmuls, and visible fallbacks for unsupported ops).
 
     ``args`` mirror the FX node's args with tensors replaced by ``TensorArg``; the result keeps
-    the strides that eager PyTorch gives it (``stride``).
+    the strides that eager PyTorch gives it (``stride``). An op returning a tuple (``aten.sort``)
+    lists its tensors in ``outputs``, each a buffer of its own; then ``name`` holds the tuple
+    and ``size``/``stride`` are empty.
     """
 
     name: str
@@ -318,9 +344,14 @@ class ExternKernel:
     dtype: torch.dtype
     fallback: bool  # True when the op runs eagerly only because toycomp cannot lower it
     origins: tuple[str, ...] = ()
+    outputs: tuple[MultiOutput, ...] = ()
+
+    def buffers(self) -> tuple[str, ...]:
+        """The buffers this call defines: ``name``, or the tensors of a tuple result."""
+        return tuple(o.name for o in self.outputs) or (self.name,)
 
 
-Buffer = Union[InputBuffer, Pointwise, Reduction, ExternKernel]
+Buffer = Union[InputBuffer, ConstantBuffer, Pointwise, Reduction, ExternKernel]
 
 
 def extern_callable(kernel: str) -> Callable[..., object]:
@@ -346,6 +377,10 @@ class LoweredGraph:
     nodes: tuple[Union[Pointwise, Reduction, ExternKernel], ...]
     outputs: tuple[TensorArg | None, ...]
     device: torch.device
+    constants: tuple[ConstantBuffer, ...] = ()
+    # Per output: the strides eager gives it where they differ from ``outputs``' (else None);
+    # the wrapper copies such an output into them (saved tensors must match the backward's).
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
 
 
 # --- kernels: what the scheduler produces ---------------------------------------------------------
@@ -429,3 +464,5 @@ class ScheduledGraph:
     steps: tuple[Union[Kernel, ExternKernel], ...]
     outputs: tuple[TensorArg | None, ...]
     device: torch.device
+    constants: tuple[ConstantBuffer, ...] = ()
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()

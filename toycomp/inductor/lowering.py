@@ -26,6 +26,7 @@ interpreter that runs the rules) and torch/_inductor/ir.py (``TensorBox``/``Stor
 from __future__ import annotations
 
 import inspect
+import operator
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -119,8 +120,10 @@ class GraphLowering:
         self.env: dict[Node, Any] = {}
         self.meta: dict[Node, Any] = {}  # node -> meta tensor (size, dtype, stride) or value
         self.inputs: list[ir.InputBuffer] = []
+        self.constants: list[ir.ConstantBuffer] = []
         self.nodes: list[ir.Pointwise | ir.Reduction | ir.ExternKernel] = []
         self.outputs: tuple[ir.TensorArg | None, ...] = ()
+        self.output_strides: tuple[tuple[int, ...] | None, ...] = ()
         self.current_origin = ""
         self.device = _graph_device(gm, self.example_inputs)
 
@@ -132,6 +135,8 @@ class GraphLowering:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 self.placeholder(node, next(placeholders))
+            elif node.op == "get_attr":
+                self.get_attr(node)
             elif node.op == "call_function":
                 self.meta[node] = _meta_value(node, self.meta)
                 self.call_function(node)
@@ -139,7 +144,14 @@ class GraphLowering:
                 self.output(node)
             else:
                 raise LoweringError(f"toycomp cannot lower {node.op} node {node.name!r}")
-        return ir.LoweredGraph(tuple(self.inputs), tuple(self.nodes), self.outputs, self.device)
+        return ir.LoweredGraph(
+            tuple(self.inputs),
+            tuple(self.nodes),
+            self.outputs,
+            self.device,
+            tuple(self.constants),
+            self.output_strides,
+        )
 
     def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -149,8 +161,28 @@ class GraphLowering:
         self.meta[node] = torch.empty_strided(size, stride, dtype=tensor.dtype, device="meta")
         self.env[node] = _strided_load(node.name, size, stride, tensor.dtype)
 
+    # [Note: graph constants]
+    # AOT puts tensors made from Python data (``torch.tensor([1., 2.])`` in the traced code)
+    # into the graph as ``get_attr`` nodes. They are read-only inputs whose value is known at
+    # compile time: a ConstantBuffer that kernels load from and extern calls receive like any
+    # buffer; the wrapper binds the tensor (moved to the graph's device) in its namespace.
+    def get_attr(self, node: Node) -> None:
+        value = getattr(self.gm, str(node.target), None)
+        if not isinstance(value, torch.Tensor):
+            raise LoweringError(f"get_attr node {node.name!r} is a {type(value).__name__}")
+        value = value.detach().to(self.device)
+        size, stride = tuple(value.shape), tuple(value.stride())
+        self.constants.append(ir.ConstantBuffer(node.name, size, stride, value.dtype, value))
+        self.meta[node] = torch.empty_strided(size, stride, dtype=value.dtype, device="meta")
+        self.env[node] = _strided_load(node.name, size, stride, value.dtype)
+
     def call_function(self, node: Node) -> None:
-        if isinstance(node.target, OpOverload):
+        if node.target is operator.getitem:  # one tensor of an extern call's tuple result
+            source, index = node.args
+            if not isinstance(self.env.get(source), tuple):
+                raise LoweringError(f"toycomp cannot lower {node.name!r}: getitem of {source}")
+            self.env[node] = self.env[source][index]
+        elif isinstance(node.target, OpOverload):
             fallback = node.target.overloadpacket not in EXTERN_KERNELS
             self.extern(node, _kernel_name(node), fallback)
         elif prims.is_prim(node.target):
@@ -178,8 +210,10 @@ class GraphLowering:
 
     def extern(self, node: Node, kernel: str, fallback: bool) -> None:
         out = self.meta[node]
+        if isinstance(out, (tuple, list)):
+            return self.multi_output_extern(node, kernel, fallback, out)
         if not isinstance(out, torch.Tensor):
-            raise LoweringError(f"extern {kernel} ({node.name!r}) must return one tensor")
+            raise LoweringError(f"extern {kernel} ({node.name!r}) returns a {type(out).__name__}")
         args, kwargs = _map_nodes((node.args, node.kwargs), self.realize)
         size, stride = tuple(out.shape), tuple(out.stride())
         name = self.new_name()
@@ -191,12 +225,41 @@ class GraphLowering:
         )  # fmt: skip
         self.env[node] = _strided_load(name, size, stride, out.dtype)
 
+    def multi_output_extern(self, node: Node, kernel: str, fallback: bool, out: Any) -> None:
+        """An extern call returning a tuple: one ``MultiOutput`` buffer per tensor in it; the
+        FX graph reads them through ``getitem`` nodes (env holds a tuple of TensorValues)."""
+        if not all(isinstance(t, torch.Tensor) or t is None for t in out):
+            raise LoweringError(f"extern {kernel} ({node.name!r}) returns non-tensors: {out}")
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.realize)
+        if not any(isinstance(t, torch.Tensor) for t in out):
+            raise LoweringError(f"extern {kernel} ({node.name!r}) returns no tensor")
+        name = self.new_name()
+        outputs, values = [], []
+        for k, t in enumerate(out):
+            if t is None:
+                values.append(None)
+                continue
+            size, stride = tuple(t.shape), tuple(t.stride())
+            outputs.append(ir.MultiOutput(f"{name}_{k}", k, size, stride, t.dtype))
+            values.append(_strided_load(outputs[-1].name, size, stride, t.dtype))
+        self.nodes.append(
+            ir.ExternKernel(
+                name, kernel, args, tuple(kwargs.items()), (), (), outputs[0].dtype, fallback,
+                origins=(_origin(node),), outputs=tuple(outputs),
+            )
+        )  # fmt: skip
+        self.env[node] = tuple(values)
+
     def output(self, node: Node) -> None:
         results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
         for r in results:
             if r is not None and not isinstance(r, Node):
                 raise LoweringError(f"graph output {r!r} is not a tensor")
         self.outputs = tuple(None if r is None else self.realize(r) for r in results)
+        vals = node.meta.get("val")
+        vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+        if len(vals) == len(self.outputs):
+            self.output_strides = tuple(map(_eager_stride, self.outputs, vals))
 
     def realize(self, node: Node) -> ir.TensorArg:
         """Make ``node``'s value exist in memory and return how to read it (see the Note)."""
@@ -255,12 +318,34 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
     return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
 
 
+def _eager_stride(arg: ir.TensorArg | None, val: Any) -> tuple[int, ...] | None:
+    """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None.
+
+    Eager strides matter for the forward's saved tensors: AOT compiles the backward for them
+    (a chunk of a bigger tensor keeps that tensor's strides; our realized copy is contiguous).
+    """
+    if arg is None or not isinstance(val, torch.Tensor) or tuple(val.shape) != arg.size:
+        return None
+    stride = tuple(val.stride())
+    if all(n <= 1 or a == b for n, a, b in zip(arg.size, arg.stride, stride)):
+        return None
+    return stride
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
     """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
     running the op (the prim's eager reference) on meta tensors."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+        return _to_meta(val)
+    if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
+        return meta[node.args[0]][node.args[1]]
+    if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
+        return tuple(_to_meta(v) for v in val)
     args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
     fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
     try:

@@ -84,7 +84,9 @@ class _Group:
     extern: ExternKernel | None = None
 
     def writes(self) -> set[str]:
-        return {self.extern.name} if self.extern else {e.node.name for e in self.entries}
+        if self.extern is not None:
+            return {self.extern.name, *self.extern.buffers()}
+        return {e.node.name for e in self.entries}
 
     def reads(self) -> set[str]:
         return {b for e in self.entries for b in buffer_reads(e.node)}
@@ -117,7 +119,13 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
         steps.append(kernel)
     return ir.ScheduledGraph(
-        lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device
+        lowered.inputs,
+        tuple(allocations),
+        tuple(steps),
+        lowered.outputs,
+        lowered.device,
+        lowered.constants,
+        lowered.output_strides,
     )
 
 
@@ -243,7 +251,8 @@ def _live_nodes(lowered: ir.LoweredGraph) -> list:
     live = {o.buffer for o in lowered.outputs if o is not None}
     kept = []
     for node in reversed(lowered.nodes):
-        if node.name in live:
+        defined = node.buffers() if isinstance(node, ExternKernel) else (node.name,)
+        if any(name in live for name in defined):
             kept.append(node)
             live.update(buffer_reads(node))
     return kept[::-1]
@@ -330,6 +339,7 @@ def format_scheduled(scheduled: ir.ScheduledGraph) -> str:
         if isinstance(step, ExternKernel):
             kind = "fallback" if step.fallback else "extern"
             lines.append(f"{step.name} = {kind} {step.kernel}{step.args}")
+            lines += [f"{o.name} = {step.name}[{o.index}]" for o in step.outputs]
             continue
         lines.append(f"{step.name}(numel={step.numel}, rnumel={step.rnumel}):  # {step.origins}")
         for loop in step.loops:

@@ -91,6 +91,7 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
     generated = [generate(k) for k in kernels]
     source = WrapperCodegen(scheduled, generated).generate()
     namespace = _namespace(device)
+    namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
     for step in scheduled.steps:
         if isinstance(step, ir.ExternKernel):
@@ -129,11 +130,14 @@ class WrapperCodegen:
         self.graph = scheduled
         self.calls = {g.name: g.call for g in generated}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        for buf in (*scheduled.inputs, *scheduled.allocations):
+        self.constants = {c.name for c in scheduled.constants}
+        for buf in (*scheduled.inputs, *scheduled.constants, *scheduled.allocations):
             self.layouts[buf.name] = (tuple(buf.size), tuple(buf.stride))
         for step in scheduled.steps:
             if isinstance(step, ir.ExternKernel):
                 self.layouts[step.name] = (tuple(step.size), tuple(step.stride))
+                for o in step.outputs:
+                    self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
         taken = set(_namespace(torch.device("cpu"))) | set(self.calls)
         for name in self.layouts:
             if not name.isidentifier() or name in taken:
@@ -157,15 +161,14 @@ class WrapperCodegen:
                 self._allocate_for(code, step, allocs)
                 code.writeline(self._step_line(step))
                 if isinstance(step, ir.ExternKernel):
-                    layout = f"{tuple(step.size)}, {tuple(step.stride)}, {step.dtype}"
-                    check = f"check_extern({step.name}, {layout}, {step.name!r})"
-                    code.writeline(f"{step.name} = {check}")
+                    code.writelines(_check_extern_lines(step))
                 dead = [b for b, j in last_use.items() if j == i]
                 if dead:
                     code.writeline(f"del {', '.join(dead)}")
             for name, a in allocs.items():  # written by no step (e.g. empty outputs)
                 code.writeline(_empty(a))
-            outputs = [self._view(o) if o is not None else "None" for o in self.graph.outputs]
+            strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
+            outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
             code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
         return code.getvalue()
 
@@ -184,16 +187,26 @@ class WrapperCodegen:
         args += [f"{k}={self._render(v)}" for k, v in step.kwargs]
         return f"{step.name} = {target}({', '.join(args)})"
 
+    def _output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:
+        if arg is None:
+            return "None"
+        if stride is not None:  # eager lays this output out otherwise: copy it there
+            return f"restride({self._view(arg)}, {stride})"
+        if arg.buffer in self.constants:  # a fresh tensor per call, as eager returns
+            return f"{self._view(arg)}.clone()"
+        return self._view(arg)
+
     def _last_uses(self) -> dict[str, int]:
-        """Step index after which each intermediate buffer is dead (outputs and inputs never)."""
-        keep = {b.name for b in self.graph.inputs}
+        """Step index after which each intermediate buffer is dead (outputs, inputs and
+        constants never: a ``del`` of a constant would make it a local of ``call``)."""
+        keep = {b.name for b in self.graph.inputs} | self.constants
         keep |= {o.buffer for o in self.graph.outputs if o is not None}
         last: dict[str, int] = {}
         for i, step in enumerate(self.graph.steps):
             if isinstance(step, ir.Kernel):
                 used = [*step.reads(), *step.writes()]
             else:
-                used = [step.name, *_tensor_args(step.args), *_tensor_args(step.kwargs)]
+                used = [step.name, *step.buffers(), *_tensor_args((step.args, step.kwargs))]
             for name in used:
                 last[name] = i
         return {b: i for b, i in last.items() if b not in keep}
@@ -222,6 +235,18 @@ class WrapperCodegen:
         if isinstance(value, (torch.layout, torch.memory_format)):
             return repr(value)
         raise NotImplementedError(f"extern kernel argument of type {type(value).__name__}")
+
+
+def _check_extern_lines(step: ir.ExternKernel) -> list[str]:
+    """Check an extern's result; a tuple result is split into its ``MultiOutput`` buffers."""
+    results = [(step.name, step)] if not step.outputs else [
+        (f"{step.name}[{o.index}]", o) for o in step.outputs
+    ]
+    lines = []
+    for value, out in results:
+        layout = f"{tuple(out.size)}, {tuple(out.stride)}, {out.dtype}"
+        lines.append(f"{out.name} = check_extern({value}, {layout}, {out.name!r})")
+    return lines
 
 
 def _unpack(names: list[str]) -> str:
@@ -264,6 +289,11 @@ def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int)
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+def restride(t: torch.Tensor, stride: tuple) -> torch.Tensor:
+    """A copy of ``t`` with ``stride`` (which may leave gaps, like a chunk of a bigger tensor)."""
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _same_layout(t: torch.Tensor, size: tuple, stride: tuple) -> bool:
     if tuple(t.shape) != tuple(size):
         return False
@@ -300,6 +330,7 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "device": device,
         "empty_strided": torch.empty_strided,
         "reinterpret_tensor": reinterpret_tensor,
+        "restride": restride,
         "check_input": check_input,
         "check_extern": check_extern,
     }

@@ -1,0 +1,130 @@
+"""Small models end to end through ``toycomp.compile``: one training step each, on both backends.
+
+Eager PyTorch is the oracle: the loss and every parameter gradient (fp32: rtol 1e-4, atol 1e-5).
+Sizes stay small because the Triton backend runs in Triton's CPU interpreter here.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import toycomp
+
+RTOL, ATOL = 1e-4, 1e-5
+BACKENDS = ["cpp", "triton"]
+
+
+def training_step(model, loss_fn, *inputs):
+    """Loss and parameter gradients of one step of ``loss_fn(*inputs)`` on ``model``."""
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(*inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def check_training_step(model, loss_fn, backend, *inputs):
+    """Compare one compiled training step with eager; returns the compiled function."""
+    loss_ref, grads_ref = training_step(model, loss_fn, *inputs)
+    compiled = toycomp.compile(loss_fn, backend=backend)
+    loss, grads = training_step(model, compiled, *inputs)
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    assert grads.keys() == grads_ref.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL, msg=name)
+    assert len(compiled.entries) == 1, compiled  # compiled, not run eagerly after a graph break
+    return compiled
+
+
+def fallbacks_of(compiled):
+    return [f for g in compiled.entries[0].graphs for f in g.fallbacks]
+
+
+# --- the course MLP, with an in-place ReLU --------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_with_inplace_relu(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(inplace=True), nn.Linear(128, 10))
+    x, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    loss_fn = lambda x, t: F.cross_entropy(model(x), t)  # noqa: E731
+    assert fallbacks_of(check_training_step(model, loss_fn, backend, x, target)) == []
+
+
+# --- a tiny transformer block: LayerNorm, attention with matmul/bmm, residuals --------------------
+class Block(nn.Module):
+    def __init__(self, dim: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        x = x + self.proj(torch.bmm(scores.softmax(dim=-1), v))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transformer_block(backend):
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 8, 16)
+    target = torch.randn(2, 8, 16)
+    loss_fn = lambda x, t: F.mse_loss(model(x), t)  # noqa: E731
+    compiled = check_training_step(model, loss_fn, backend, x, target)
+    # chunk's backward concatenates the three gradients: no prim can express ``cat`` (there is
+    # no pad prim), so it runs as a visible fallback
+    assert fallbacks_of(compiled) == ["aten.cat.default"]
+
+
+# Regression: index FloorDiv(6*r + x, 24) once printed as "6*rindex + xindex // 24".
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_over_two_dims_without_affine(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm((4, 6), elementwise_affine=False))
+    x = torch.randn(3, 4, 6)
+    compiled = check_training_step(model, lambda x: model(x).sin().sum(), backend, x)
+    assert fallbacks_of(compiled) == []
+
+
+# --- dropout in eval mode is the identity ---------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_with_dropout_in_eval_mode(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.Tanh(), nn.Linear(32, 4))
+    model.eval()
+    x, target = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    loss_fn = lambda x, t: F.cross_entropy(model(x), t)  # noqa: E731
+    assert fallbacks_of(check_training_step(model, loss_fn, backend, x, target)) == []
+
+
+# --- low precision: float32 computation, one rounding per op, like eager --------------------------
+def _low_precision_fn(x, w):
+    h = F.layer_norm(x * 0.1 + 0.3, (x.shape[-1],))
+    return (h * w).sum(-1), F.gelu(h) / 3.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_forward_matches_eager(backend, dtype):
+    if (backend, dtype) == ("triton", torch.bfloat16) and not torch.cuda.is_available():
+        # Triton 3.9's interpreter converts float32 -> bfloat16 by truncation, not rounding to
+        # nearest: every rounding is off by up to one step, and a sum of them drifts further.
+        pytest.skip("Triton's CPU interpreter truncates float32 -> bfloat16")
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64).to(dtype), torch.randn(64).to(dtype)
+    got = toycomp.compile(_low_precision_fn, backend=backend)(x, w)
+    want = _low_precision_fn(x, w)
+    rtol = torch.finfo(dtype).eps  # one step of the dtype, relative
+    for g, e in zip(got, want, strict=True):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g.float(), e.float(), rtol=rtol, atol=1e-3)
+
+
+def test_low_precision_scalar_multiply_is_exact():
+    x = torch.randn(1000).to(torch.bfloat16)
+    got = toycomp.compile(lambda x: x * 0.1, backend="cpp")(x)
+    assert torch.equal(got, x * 0.1)
