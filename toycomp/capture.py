@@ -37,6 +37,7 @@ output_graph.py builds the FX graph, guards.py builds guards).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import linecache
 import operator
@@ -97,28 +98,53 @@ class CapturedGraph:
     output_leaves: list = field(default_factory=list)  # int: index into gm's outputs; else const
     _side_effects: Any = field(default=None, repr=False)
 
-    def _user_leaves(self, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-        return G.flatten_user_inputs(self.signature, args, kwargs)[0]
-
-    def check_guards(self, *args: Any, **kwargs: Any) -> G.Guard | None:
-        """Return the first guard that fails for these arguments, or None when all pass."""
+    def _current_values(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        """Every guard source's current value (None when the arguments don't even bind)."""
         try:
             leaves, structure = G.flatten_user_inputs(self.signature, args, kwargs)
         except TypeError:
-            return self.guards[0]  # the structure guard
+            return None
         values = {G.STRUCTURE: structure, G.GRAD_MODE: torch.is_grad_enabled(), **dict(leaves)}
-        readers = {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
-        for source, read in readers.items():
+        for source, read in self.state_readers.items():
             try:
                 values[source] = read()
             except (AttributeError, KeyError, ValueError):
                 pass  # a missing source fails its guards
+        for lifted in self.lifted:
+            try:
+                values[lifted.name] = lifted.fetch()
+            except (AttributeError, KeyError, ValueError):
+                pass
+        return values
+
+    def check_guards(self, *args: Any, **kwargs: Any) -> G.Guard | None:
+        """Return the first guard that fails for these arguments, or None when all pass."""
+        values = self._current_values(args, kwargs)
+        if values is None:
+            return self.guards[0]  # the structure guard
         return G.first_failing(self.guards, values)
 
     def flatten_inputs(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         """The tensors to call ``gm`` with: user tensors, then current values of lifted ones."""
-        user = [v for _, v in self._user_leaves(args, kwargs) if isinstance(v, torch.Tensor)]
+        leaves = G.flatten_user_inputs(self.signature, args, kwargs)[0]
+        user = [v for _, v in leaves if isinstance(v, torch.Tensor)]
         return user + [lifted.fetch() for lifted in self.lifted]
+
+    @functools.cached_property
+    def input_sources(self) -> list[str]:
+        """Guard sources of ``gm``'s placeholders, in order: user tensors (a tensor passed twice
+        has an ``alias`` guard instead of metadata guards), then lifted tensors."""
+        lifted = [lt.name for lt in self.lifted]
+        user = [g.source for g in self.guards if g.kind in ("shape", "alias")]
+        return [src for src in user if src not in lifted] + lifted
+
+    def guarded_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+        """``flatten_inputs`` if every guard holds, else None: one pass over the arguments,
+        which is what a cache lookup on every call wants (``toycomp.compile``)."""
+        values = self._current_values(args, kwargs)
+        if values is None or G.first_failing(self.guards, values) is not None:
+            return None
+        return [values[name] for name in self.input_sources]
 
     def unflatten_outputs(self, flat: tuple | list) -> Any:
         """Rebuild the structure ``fn`` returned from ``gm``'s flat tuple of tensors."""

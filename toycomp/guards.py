@@ -22,6 +22,7 @@ C++ ``GuardManager`` tree) and torch/_guards.py (``Guard``, ``Source``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from dataclasses import dataclass
@@ -140,7 +141,10 @@ def flatten_user_inputs(
         TypeError: when the arguments do not bind to the signature.
     """
     named: list[tuple[str, Any]] = []
-    if signature is None:
+    simple = _plain_parameter_names(signature) if signature is not None else None
+    if simple is not None and not kwargs and len(args) == len(simple):
+        named = list(zip(simple, args))  # the common case, without Signature.bind's cost
+    elif signature is None:
         named += [(f"args[{i}]", a) for i, a in enumerate(args)]
         named += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
     else:
@@ -159,6 +163,15 @@ def flatten_user_inputs(
     for source, value in named:
         _walk(source, value, leaves, structure)
     return leaves, tuple(structure)
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_parameter_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """Parameter names when every parameter is a plain positional-or-keyword one without a
+    default (then binding positional arguments is just zipping), else None."""
+    params = signature.parameters.values()
+    plain = all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params)
+    return tuple(signature.parameters) if plain else None
 
 
 def _walk(source: str, value: Any, leaves: list, structure: list) -> None:

@@ -87,9 +87,8 @@ class CompiledEntry:
     aot: AOTOutput | None
     graphs: list[GraphArtefacts] = field(default_factory=list)
 
-    def run(self, args: tuple, kwargs: dict) -> Any:
-        flat_outputs = self.aot(*self.captured.flatten_inputs(*args, **kwargs))
-        return self.captured.unflatten_outputs(flat_outputs)
+    def run(self, flat_inputs: list[torch.Tensor]) -> Any:
+        return self.captured.unflatten_outputs(self.aot(*flat_inputs))
 
 
 def build(fn: Callable, args: tuple, kwargs: dict, backend: str | None) -> CompiledEntry:
@@ -123,8 +122,9 @@ class CompiledFunction:
         if self.eager_reason is not None:
             return self.fn(*args, **kwargs)
         for entry in self.entries:
-            if entry.captured.check_guards(*args, **kwargs) is None:
-                return entry.run(args, kwargs)
+            flat_inputs = entry.captured.guarded_inputs(args, kwargs)  # None: a guard failed
+            if flat_inputs is not None:
+                return entry.run(flat_inputs)
         return self._recompile(args, kwargs)
 
     def _recompile(self, args: tuple, kwargs: dict) -> Any:
@@ -134,7 +134,7 @@ class CompiledFunction:
         if entry.captured.graph_break is not None:
             return self._give_up(f"graph break: {entry.captured.graph_break}", args, kwargs)
         self.entries.append(entry)
-        return entry.run(args, kwargs)
+        return entry.run(entry.captured.flatten_inputs(*args, **kwargs))
 
     def _give_up(self, reason: str, args: tuple, kwargs: dict) -> Any:
         self.eager_reason = reason
