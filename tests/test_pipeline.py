@@ -146,6 +146,12 @@ def test_explain_shows_every_stage():
     assert "<details>" in ex._repr_html_()
     for stage in ("captured", "joint", "forward", "backward", "forward_prims", "backward_prims"):
         assert "digraph" in ex.draw(stage).source
+    # every computing prims node of the forward is boxed in the one fused kernel
+    lines = ex.draw("forward_prims").text.splitlines()
+    for node in ex.graph("forward").prims.graph.nodes:
+        if node.op == "call_function":
+            (line,) = [ln for ln in lines if ln.strip().startswith(f"{node.name} =")]
+            assert "kernel_0" in line, line
 
 
 def test_dynamo_backend_entry_point():

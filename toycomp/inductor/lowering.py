@@ -402,7 +402,9 @@ def _kernel_name(node: Node) -> str:
 
 
 def _origin(node: Node) -> str:
-    return str(node.meta.get("aten_origin", node.name))
+    """The FX node a buffer's work comes from: the prims graph's node name (each prims node
+    keeps the ATen node it was decomposed from in ``meta["aten_origin"]``)."""
+    return node.name
 
 
 def _tree_size(expr: ir.Expr, limit: int) -> int:
