@@ -132,29 +132,33 @@ class AOTOutput:
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        inputs = [_with_layout(a, n.meta["val"]) for a, n in zip(args, self._placeholders())]
+        inputs = [_with_layout(a, meta) for a, meta in zip(args, self._placeholder_vals)]
         for i in self.offset_sensitive:
             if args[i].storage_offset() != 0:
                 raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
                                    "applies as_strided to it (traced with offset 0)")  # fmt: skip
         needs_grad = torch.is_grad_enabled() and any(a.requires_grad for a in args)
-        if needs_grad and self.backward is None:
-            raise RuntimeError("toycomp.aot: traced without autograd, but now an input "
-                               "requires grad; trace again with the same requires_grad")
-        new_grads = [i for i, a in enumerate(args) if a.requires_grad and not self.requires_grad[i]]
-        if needs_grad and new_grads:
-            raise RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not "
-                               "when traced; trace again")
         if needs_grad:
+            self._check_requires_grad(args)
             outs = CompiledFunction.apply(self, *inputs)
         else:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
                 outs = self.unalias_outputs(outs, inputs)
-        with torch.no_grad():  # the input-mutation epilogue, as in AOTAutograd
-            for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
-                args[index].copy_(value)
+        if self.mutated_inputs:
+            with torch.no_grad():  # the input-mutation epilogue, as in AOTAutograd
+                for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
+                    args[index].copy_(value)
         return tuple(outs[: self.num_user_outputs])
+
+    def _check_requires_grad(self, args: Sequence[torch.Tensor]) -> None:
+        if self.backward is None:
+            raise RuntimeError("toycomp.aot: traced without autograd, but now an input "
+                               "requires grad; trace again with the same requires_grad")
+        new_grads = [i for i, a in enumerate(args) if a.requires_grad and not self.requires_grad[i]]
+        if new_grads:
+            raise RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not "
+                               "when traced; trace again")
 
     # [Note: outputs that eager made fresh]
     # Stages 3/4 may turn a copy into nothing: aten.clone(x), contiguous, _to_copy to the same
@@ -195,6 +199,11 @@ class AOTOutput:
     def _placeholders(self) -> list[fx.Node]:
         return [n for n in self.forward.graph.nodes if n.op == "placeholder"]
 
+    @functools.cached_property
+    def _placeholder_vals(self) -> list[torch.Tensor]:
+        """The traced (meta) value of each forward input, looked up once, not on every call."""
+        return [n.meta["val"] for n in self._placeholders()]
+
     def __repr__(self) -> str:
         parts = [
             f"AOTOutput(saved_values={self.saved_values}, num_fwd_outputs={self.num_fwd_outputs}"
@@ -214,6 +223,8 @@ def _with_layout(arg: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     if not isinstance(arg, torch.Tensor) or (arg.shape, arg.dtype) != (meta.shape, meta.dtype):
         raise RuntimeError(f"toycomp.aot: expected a {meta.dtype} tensor of shape "
                            f"{tuple(meta.shape)} like when traced; trace again")  # fmt: skip
+    if arg.stride() == meta.stride():  # the common case, checked first
+        return arg
     strides = zip(arg.shape, arg.stride(), meta.stride())
     if all(stride == traced for size, stride, traced in strides if size > 1):
         return arg
