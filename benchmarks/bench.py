@@ -5,9 +5,9 @@
 
 Programs: f(x) = sin(x)**2 + cos(x)**2 on 4M floats (forward; forward + backward), one training
 step of the course's MLP (Linear(64,128) -> GELU -> Linear(128,10) -> cross_entropy, batch 32),
-and a row softmax over an 8192 x 1000 matrix. Times are medians over ``--repeat`` runs after
-warm-up (compilation excluded); the ratios are what to read, since absolute times depend on the
-machine. This is a measurement, not a test: nothing here asserts.
+and a row softmax over an 8192 x 1000 matrix. Times are medians over ``--repeat`` batches of ten
+calls after warm-up (compilation excluded); the ratios are what to read, since absolute times
+depend on the machine. This is a measurement, not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ def make_programs(device: str) -> dict[str, tuple[Callable, Callable[[Callable],
     }
 
 
-def measure(step: Callable[[], object], device: str, repeat: int) -> float:
-    """Median seconds of one ``step()`` after three warm-up calls (which also compile)."""
+def measure(step: Callable[[], object], device: str, repeat: int, batch: int = 10) -> float:
+    """Median seconds per ``step()``, over ``repeat`` batches of ``batch`` back-to-back calls
+    after three warm-up calls (which also compile). On a GPU the device is synchronised once
+    per batch, so the time is that of the slower of host (Python, launches) and device."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(3):
         step()
@@ -72,9 +74,10 @@ def measure(step: Callable[[], object], device: str, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        step()
+        for _ in range(batch):
+            step()
         sync()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / batch)
     return statistics.median(times)
 
 
