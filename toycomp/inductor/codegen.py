@@ -108,6 +108,19 @@ class CSE:
 
 
 # --- sympy index expressions ----------------------------------------------------------------------
+# Binary operators spelled the same in C++ and in Triton (Python): both backends' rule tables
+# (CPP_OPS, TRITON_OPS) start from these and add their own spellings of everything else.
+INFIX_OPS = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+}  # fmt: skip
+
+
+def infix_rules() -> dict[str, Callable[[str, str], str]]:
+    """``{"add": lambda a, b: f"{a} + {b}", ...}`` for every entry of ``INFIX_OPS``."""
+    return {name: (lambda op: lambda a, b: f"{a} {op} {b}")(op) for name, op in INFIX_OPS.items()}
+
+
 class IndexPrinter(StrPrinter):
     """Prints index expressions over ``x``/``r`` as ``xindex``/``rindex`` arithmetic."""
 

@@ -52,6 +52,7 @@ from toycomp.inductor.codegen import (
     IndexPrinter,
     KernelCodegen,
     compute_dtype,
+    infix_rules,
 )
 
 CPP_TYPES = {
@@ -129,6 +130,7 @@ def cpp_convert(value: str, dtype: torch.dtype) -> str:
 
 # Rule table: prim name -> C++ expression. Arguments are already named values (tmpN) or literals.
 CPP_OPS: dict[str, Callable[..., str]] = {
+    **infix_rules(),  # add, sub, mul, div and the comparisons
     "neg": lambda a: f"-{a}",
     "abs": lambda a: f"std::abs({a})",
     "exp": lambda a: f"std::exp({a})",
@@ -144,19 +146,9 @@ CPP_OPS: dict[str, Callable[..., str]] = {
     "floor": lambda a: f"std::floor({a})",
     "sign": lambda a: f"({a} > 0) - ({a} < 0)",  # NaN -> 0, like torch.sign
     "logical_not": lambda a: f"!{a}",
-    "add": lambda a, b: f"{a} + {b}",
-    "sub": lambda a, b: f"{a} - {b}",
-    "mul": lambda a, b: f"{a} * {b}",
-    "div": lambda a, b: f"{a} / {b}",
     "pow": lambda a, b: f"std::pow({a}, {b})",
     "maximum": lambda a, b: f"max_propagate_nan({a}, {b})",
     "minimum": lambda a, b: f"min_propagate_nan({a}, {b})",
-    "eq": lambda a, b: f"{a} == {b}",
-    "ne": lambda a, b: f"{a} != {b}",
-    "lt": lambda a, b: f"{a} < {b}",
-    "le": lambda a, b: f"{a} <= {b}",
-    "gt": lambda a, b: f"{a} > {b}",
-    "ge": lambda a, b: f"{a} >= {b}",
     "logical_and": lambda a, b: f"{a} && {b}",
     "where": lambda c, a, b: f"{c} ? {a} : {b}",
     "convert_element_type": cpp_convert,

@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from toycomp.inductor.codegen import infix_rules
+
 TRITON_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
     torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -42,6 +44,7 @@ def triton_convert(value: str, dtype: torch.dtype) -> str:
 # torch.maximum / torch.amax propagate NaN; tl.maximum's default does not (on a GPU it is
 # fmaxf). `where((a > b) | (a != a), a, b)` is NaN when either side is NaN, for every dtype.
 TRITON_OPS: dict[str, Callable[..., str]] = {
+    **infix_rules(),  # add, sub, mul, div and the comparisons
     "neg": lambda a: f"-{a}",
     "abs": lambda a: f"tl.abs({a})",
     "exp": lambda a: f"tl.exp({a})",
@@ -57,19 +60,9 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "floor": lambda a: f"tl.floor({a})",
     "sign": lambda a: f"({a} > 0).to({a}.dtype) - ({a} < 0).to({a}.dtype)",  # sign(NaN) = 0
     "logical_not": lambda a: f"{a} == 0",
-    "add": lambda a, b: f"{a} + {b}",
-    "sub": lambda a, b: f"{a} - {b}",
-    "mul": lambda a, b: f"{a} * {b}",
-    "div": lambda a, b: f"{a} / {b}",
     "pow": lambda a, b: f"_pow({a}, {b})",
     "maximum": lambda a, b: f"tl.where(({a} > {b}) | ({a} != {a}), {a}, {b})",
     "minimum": lambda a, b: f"tl.where(({a} < {b}) | ({a} != {a}), {a}, {b})",
-    "eq": lambda a, b: f"{a} == {b}",
-    "ne": lambda a, b: f"{a} != {b}",
-    "lt": lambda a, b: f"{a} < {b}",
-    "le": lambda a, b: f"{a} <= {b}",
-    "gt": lambda a, b: f"{a} > {b}",
-    "ge": lambda a, b: f"{a} >= {b}",
     "logical_and": lambda a, b: f"({a} != 0) & ({b} != 0)",
     "where": lambda c, a, b: f"tl.where({c}, {a}, {b})",
     "convert_element_type": triton_convert,
