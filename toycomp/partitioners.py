@@ -18,20 +18,34 @@ Tiny example, ``f(x) = sin(x)``::
 
 ``default_partition`` is PyTorch's simplest policy: the forward graph is exactly what the forward
 outputs need; everything else the backward needs is either saved (if the forward graph computes
-it, primals included) or recomputed in the backward (``cos`` above). Cleverer policies
-(``min_cut_rematerialization_partition``) choose what to save versus recompute by a min-cut.
+it, primals included) or recomputed in the backward (``cos`` above).
+``min_cut_rematerialization_partition`` chooses what to save by a minimum cut of a flow graph
+weighted by the values' sizes, recomputing cheap pointwise and view ops in the backward; it first
+merges duplicate nodes (``fx_graph_cse``). For ``sin(x)**2 + cos(x)**2`` it saves only ``x``.
 
 NB: in PyTorch this lives in torch/_functorch/partitioners.py (``default_partition``,
-``_extract_graph_with_inputs_outputs``, ``_extract_fwd_bwd_modules``).
+``min_cut_rematerialization_partition``, ``solve_min_cut``, ``_extract_graph_with_inputs_outputs``,
+``_extract_fwd_bwd_modules``) and torch/_functorch/compile_utils.py (``fx_graph_cse``).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 
+import networkx as nx
+import torch
 import torch.fx as fx
 
-__all__ = ["default_partition", "extract_graph"]
+from toycomp._torch_compat import OpOverload
+
+__all__ = [
+    "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph", "fx_graph_cse",
+    "min_cut_rematerialization_partition", "saved_bytes", "should_ban_recomputation",
+    "solve_min_cut",
+]  # fmt: skip
+
+aten = torch.ops.aten
 
 
 def _is_primal(node: fx.Node) -> bool:
@@ -141,3 +155,256 @@ def default_partition(
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, bwd_outputs, bwd_nodes | set(tangents))
     return forward, backward, [n.name for n in saved]
+
+
+# -- common-subexpression elimination ---------------------------------------------------------
+# Ops that allocate without initialising: two results are not "the same value" (PyTorch skips
+# aten.empty in fx_graph_cse too).
+_UNINITIALIZED = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty}
+
+
+def _is_random(node: fx.Node) -> bool:
+    """An op that draws from the RNG (ATen tags them ``nondeterministic_seeded``)."""
+    target = node.target
+    return isinstance(target, OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def _is_pure(node: fx.Node) -> bool:
+    """A call whose result depends only on its arguments: safe to merge with an equal call."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    target = node.target
+    return (
+        isinstance(target, OpOverload)
+        and not target._schema.is_mutable
+        and not _is_random(node)
+        and target.overloadpacket not in _UNINITIALIZED
+    )
+
+
+def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
+    """``(target, args, kwargs)`` with nodes replaced by their merged copies; None if unkeyable.
+
+    Constants are keyed with their type and floats by ``repr``: ``pow(x, 2)`` and ``pow(x, 2.0)``
+    are different calls, and so are ``mul(x, 0.0)`` and ``mul(x, -0.0)`` (0.0 == -0.0 in Python).
+    """
+
+    def norm(a):
+        if isinstance(a, fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return (type(a), tuple(norm(b) for b in a))
+        if isinstance(a, dict):
+            return (dict, tuple((k, norm(v)) for k, v in a.items()))
+        if isinstance(a, torch.Tensor):
+            raise TypeError("tensor constant")  # compared by value, never by identity
+        return (type(a), repr(a) if isinstance(a, (float, complex)) else a)
+
+    try:
+        key = (node.target, norm(node.args), norm(node.kwargs))
+        hash(key)
+    except TypeError:  # an unhashable constant (a slice...): keep the node as it is
+        return None
+    return key
+
+
+def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
+    """Merge calls of the same pure op on the same arguments into one node (a new graph).
+
+    [Note: CSE before partitioning]
+    The joint graph often computes a value twice: autograd's formula for ``sin`` recomputes
+    ``cos(x)`` in the backward although the forward computed ``cos(x)`` for ``cos(x)**2``.
+    Merged, the partitioner sees one ``cos`` that both halves need, and can decide once whether
+    to save or recompute it. Random ops are never merged (two ``rand_like(x)`` are two draws),
+    nor in-place or allocating ones; and a node the graph returns is never replaced by an
+    earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
+    """
+    new_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    seen: dict[tuple, fx.Node] = {}
+    returned = set(graph.output_node().all_input_nodes)
+    for node in graph.nodes:
+        key = _cse_key(node, env) if _is_pure(node) else None
+        if key is not None and key in seen and node not in returned:
+            env[node] = seen[key]
+            continue
+        env[node] = new_graph.node_copy(node, lambda n: env[n])
+        if key is not None:
+            seen.setdefault(key, env[node])
+    new_graph.lint()
+    return new_graph
+
+
+# -- the min-cut partitioner ------------------------------------------------------------------
+# [Note: what may be recomputed]
+# Recomputing a value in the backward is cheap only if the backward's kernels can absorb it:
+# pointwise ops fuse into the kernel that uses them (a few instructions per element, no memory
+# traffic), views cost nothing. Like PyTorch's "fusible" / default_recomputable_ops list, we
+# allow exactly those (and getitem); everything else computed by the forward is banned from
+# recomputation: matmuls and convolutions (expensive), reductions and normalisations such as
+# _log_softmax (they read their whole input again; PyTorch allows reductions whose output is not
+# much smaller than their input), and random ops (a second draw gives different numbers, so the
+# gradient would be wrong). as_strided is not in the list: its offsets are storage-absolute.
+# PyTorch adds more heuristics (a bias towards values close to the backward, never recomputing
+# a value the backward must write to memory anyway, is_materialized_backwards); toycomp weighs
+# a value by its size in bytes only.
+VIEW_OPS = frozenset({
+    aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute,
+    aten.expand, aten.squeeze, aten.unsqueeze, aten.slice, aten.select, aten.alias,
+    aten.detach, aten.diagonal, aten.unfold,
+})  # fmt: skip
+_POINTWISE_OPS = frozenset({
+    aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.neg, aten.abs, aten.sign,
+    aten.exp, aten.expm1, aten.log, aten.log1p, aten.log2, aten.sqrt, aten.rsqrt,
+    aten.reciprocal, aten.pow, aten.sin, aten.cos, aten.tan, aten.tanh, aten.sigmoid,
+    aten.erf, aten.relu, aten.gelu, aten.silu, aten.gelu_backward, aten.threshold_backward,
+    aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum, aten.minimum, aten.where,
+    aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.logical_not, aten.bitwise_not,
+    aten._to_copy, aten.clone, aten.fill, aten.zeros_like, aten.ones_like, aten.full_like,
+})  # fmt: skip
+RECOMPUTABLE_OPS = VIEW_OPS | _POINTWISE_OPS
+
+
+def should_ban_recomputation(node: fx.Node) -> bool:
+    """True for a call the backward must not recompute ([Note: what may be recomputed])."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    packet = getattr(node.target, "overloadpacket", None)
+    return _is_random(node) or packet not in RECOMPUTABLE_OPS
+
+
+def _weight(node: fx.Node) -> float:
+    """The cost of saving ``node``: its size in bytes.
+
+    A tuple (``native_batch_norm``'s outputs...) cannot be saved as such: infinite, so its
+    ``getitem``s are saved instead. A view is never saved either (PyTorch's
+    ``recompute_views``): its base is, and the backward takes the view again for free.
+    """
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return math.inf
+    if getattr(node.target, "overloadpacket", None) in VIEW_OPS:
+        return math.inf
+    return val.numel() * val.element_size()
+
+
+def _tangent_closure(joint: fx.GraphModule, tangents: list[fx.Node]) -> set[fx.Node]:
+    """The tangents and every node computed from them: these can only run in the backward."""
+    closure = set(tangents)
+    for node in joint.graph.nodes:
+        if node.op != "output" and any(a in closure for a in node.all_input_nodes):
+            closure.add(node)
+    return closure
+
+
+def _flow_graph(
+    joint: fx.GraphModule, required_fw: set[fx.Node], required_bw: set[fx.Node]
+) -> nx.DiGraph:
+    """The flow graph of [Note: the flow graph], vertices named ``<node>_in`` / ``<node>_out``."""
+    flow = nx.DiGraph()
+    flow.add_nodes_from(["source", "sink"])
+    for node in joint.graph.nodes:
+        if node.op == "output":
+            continue
+        if node in required_bw and node not in required_fw:
+            flow.add_edge(f"{node.name}_in", "sink", capacity=math.inf)
+            continue
+        if node in required_bw:  # a gradient that the forward computes (a primal...): save it
+            flow.add_edge(f"{node.name}_out", "sink", capacity=math.inf)
+        in_forward = node in required_fw or _is_random(node)  # random ops run where eager ran them
+        if _is_primal(node) or (in_forward and should_ban_recomputation(node)):
+            flow.add_edge("source", f"{node.name}_in", capacity=math.inf)
+        flow.add_edge(f"{node.name}_in", f"{node.name}_out", capacity=_weight(node))
+        for user in node.users:
+            if user.op != "output":
+                flow.add_edge(f"{node.name}_out", f"{user.name}_in", capacity=math.inf)
+    return flow
+
+
+def solve_min_cut(
+    joint: fx.GraphModule, fwd_outputs: list[fx.Node], bwd_outputs: list[fx.Node]
+) -> list[fx.Node]:
+    """The values to save, in graph order: a minimum cut between the primals and the backward.
+
+    [Note: the flow graph]
+    Each joint node ``n`` becomes two vertices joined by an edge ``n_in -> n_out`` whose
+    capacity is what saving ``n`` costs (``_weight``); each use of ``n`` is an edge
+    ``n_out -> user_in`` of infinite capacity. The source feeds every primal (the forward starts
+    from them) and every forward node that must not be recomputed (``should_ban_recomputation``);
+    every node computed from a tangent drains into the sink (it can only run in the backward),
+    and so does every gradient. A finite cut between source and sink cuts only ``n_in -> n_out``
+    edges: saving those nodes lets the backward compute all it needs from them and the
+    tangents, recomputing the nodes on the sink's side. The minimum cut is the cheapest set.
+
+    Args:
+        joint: the joint graph.
+        fwd_outputs: its forward outputs (``required_fw`` are their ancestors and the primals).
+        bwd_outputs: its gradients that are not None.
+
+    Returns:
+        The nodes whose ``n_in -> n_out`` edge the minimum cut cuts.
+    """
+    tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
+    required_fw = _ancestors(fwd_outputs) | {n for n in joint.graph.nodes if _is_primal(n)}
+    required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
+    flow = _flow_graph(joint, required_fw, required_bw)
+    try:
+        _, (source_side, _) = nx.minimum_cut(flow, "source", "sink")
+    except nx.NetworkXUnbounded as e:
+        raise RuntimeError(
+            "min_cut_rematerialization_partition: the backward needs a value that can be "
+            "neither saved nor recomputed (no finite cut)"
+        ) from e
+    return [
+        n
+        for n in joint.graph.nodes
+        if f"{n.name}_in" in source_side
+        and flow.has_node(f"{n.name}_out")
+        and f"{n.name}_out" not in source_side
+    ]
+
+
+def min_cut_rematerialization_partition(
+    joint: fx.GraphModule, *, num_fwd_outputs: int | None = None
+) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
+    """Split a joint graph, saving the cheapest set of values (by size) the backward needs.
+
+    Runs ``fx_graph_cse`` on the joint graph, finds the saved values with ``solve_min_cut``,
+    and recomputes in the backward whatever else it needs (pointwise and view ops only).
+
+    Args:
+        joint: joint forward+backward graph (``toycomp.aot.trace_joint``).
+        num_fwd_outputs: how many leading outputs are forward outputs; defaults to
+            ``joint.meta["num_fwd_outputs"]``.
+
+    Returns:
+        ``(forward_gm, backward_gm, saved_values)``, with ``default_partition``'s contract.
+    """
+    if num_fwd_outputs is None:
+        num_fwd_outputs = joint.meta["num_fwd_outputs"]
+    joint = fx.GraphModule(joint, fx_graph_cse(joint.graph))
+    outputs = list(joint.graph.output_node().args[0])
+    fwd_outputs = outputs[:num_fwd_outputs]
+    bwd_outputs = [o for o in outputs[num_fwd_outputs:] if o is not None]
+    primals = [n for n in joint.graph.nodes if _is_primal(n)]
+    tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
+    cut = set(solve_min_cut(joint, fwd_outputs, bwd_outputs))
+    reached = _ancestors(bwd_outputs, stop=cut)
+    saved = [n for n in joint.graph.nodes if n in reached and n in cut]
+    bwd_nodes = reached - cut
+    fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
+    banned = [n for n in bwd_nodes & fwd_nodes if _is_primal(n) or should_ban_recomputation(n)]
+    if banned or any(_is_tangent(n) for n in fwd_nodes):  # impossible for a finite cut
+        raise RuntimeError(f"min_cut_rematerialization_partition: bad cut (recomputes {banned})")
+    forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
+    backward = extract_graph(joint, saved + tangents, bwd_outputs, bwd_nodes | set(tangents))
+    return forward, backward, [n.name for n in saved]
+
+
+def saved_bytes(forward: fx.GraphModule, saved_values: list[str]) -> int:
+    """Bytes of the saved values (each counted as if it had its own storage: views and inputs
+    may in fact share memory with tensors that are alive anyway)."""
+    vals = {n.name: n.meta.get("val") for n in forward.graph.nodes}
+    return sum(vals[name].numel() * vals[name].element_size() for name in saved_values)
