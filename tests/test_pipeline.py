@@ -195,3 +195,18 @@ def test_warnings_do_not_fire_for_clean_programs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run_sin2_cos2("cpp", "cpu")
+
+
+@pytest.mark.parametrize("partition, saved", [("min_cut", ["primals_1"]),
+                                              ("default", ["primals_1", "sin", "cos"])])
+def test_partition_choice(partition, saved):
+    x = torch.randn(256, requires_grad=True)
+    compiled = toycomp.compile(sin2_cos2, backend="cpp", partition=partition)
+    out, (grad,) = grads_of(compiled, x)
+    out_ref, (grad_ref,) = grads_of(sin2_cos2, x)
+    assert_close(out, out_ref)
+    assert_close(grad, grad_ref)
+    assert compiled.entries[0].aot.saved_values == saved
+    assert toycomp.explain(sin2_cos2, x, partition=partition).saved_values == saved
+    with pytest.raises(ValueError, match="unknown partition"):
+        toycomp.compile(sin2_cos2, partition="greedy")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch.fx
 
 from toycomp import viz
-from toycomp.pipeline import CompiledEntry, GraphArtefacts, build
+from toycomp.pipeline import CompiledEntry, GraphArtefacts, build, check_choices
 
 
 @dataclass
@@ -152,15 +152,24 @@ def _code(gm: torch.fx.GraphModule) -> str:
     return gm.code.strip()
 
 
-def explain(fn: Callable, *example_inputs: Any, backend: str | None = None, **kwargs: Any) -> Explanation:
+def explain(
+    fn: Callable,
+    *example_inputs: Any,
+    backend: str | None = None,
+    partition: str = "min_cut",
+    **kwargs: Any,
+) -> Explanation:
     """Run every stage of toycomp on ``fn(*example_inputs, **kwargs)`` and keep what each made.
 
     Args:
         fn: a function or ``nn.Module``.
         *example_inputs: the inputs to trace with (tensors and Python values).
         backend: ``"cpp"``, ``"triton"`` or ``None`` as in ``toycomp.compile``.
+        partition: ``"min_cut"`` or ``"default"`` as in ``toycomp.compile``.
+        **kwargs: keyword arguments for ``fn``.
 
     Returns:
         An ``Explanation``: print it, or display it in a notebook.
     """
-    return Explanation(build(fn, example_inputs, kwargs, backend))
+    check_choices(backend, partition)
+    return Explanation(build(fn, example_inputs, kwargs, backend, partition))

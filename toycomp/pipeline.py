@@ -32,8 +32,12 @@ from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.wrapper import CompiledGraph, compile_graph
+from toycomp.partitioners import default_partition, min_cut_rematerialization_partition
 
 BACKENDS = ("cpp", "triton")
+# How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the
+# backward (TorchInductor's choice); "default" saves every forward value the backward reads.
+PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
 # Like Dynamo's cache_size_limit: past this many graphs for one function, run it eagerly.
 RECOMPILE_LIMIT = 8
 
@@ -91,7 +95,16 @@ class CompiledEntry:
         return self.captured.unflatten_outputs(self.aot(*flat_inputs))
 
 
-def build(fn: Callable, args: tuple, kwargs: dict, backend: str | None) -> CompiledEntry:
+def check_choices(backend: str | None, partition: str) -> None:
+    """Reject unknown backend / partition names when compile() is called, not at the first call."""
+    resolve_backend(backend, ())
+    if partition not in PARTITIONS:
+        raise ValueError(f"toycomp: unknown partition {partition!r}; choose one of {list(PARTITIONS)}")
+
+
+def build(
+    fn: Callable, args: tuple, kwargs: dict, backend: str | None, partition: str = "min_cut"
+) -> CompiledEntry:
     """Run every stage once on these example inputs (a graph break stops after capture)."""
     captured = capture(fn, *args, **kwargs)
     if captured.graph_break is not None:
@@ -105,6 +118,7 @@ def build(fn: Callable, args: tuple, kwargs: dict, backend: str | None) -> Compi
         captured.example_inputs,
         fw_compiler=inductor_compiler(backend, "forward", graphs),
         bw_compiler=inductor_compiler(backend, "backward", graphs),
+        partition_fn=PARTITIONS[partition],
     )
     return CompiledEntry(captured, aot, graphs)
 
@@ -112,9 +126,10 @@ def build(fn: Callable, args: tuple, kwargs: dict, backend: str | None) -> Compi
 class CompiledFunction:
     """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``."""
 
-    def __init__(self, fn: Callable, backend: str | None) -> None:
+    def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut") -> None:
         self.fn = fn
         self.backend = backend
+        self.partition = partition
         self.entries: list[CompiledEntry] = []
         self.eager_reason: str | None = None  # set once toycomp gave up on fn
 
@@ -130,7 +145,7 @@ class CompiledFunction:
     def _recompile(self, args: tuple, kwargs: dict) -> Any:
         if len(self.entries) >= RECOMPILE_LIMIT:
             return self._give_up(f"more than {RECOMPILE_LIMIT} recompilations", args, kwargs)
-        entry = build(self.fn, args, kwargs, self.backend)
+        entry = build(self.fn, args, kwargs, self.backend, self.partition)
         if entry.captured.graph_break is not None:
             return self._give_up(f"graph break: {entry.captured.graph_break}", args, kwargs)
         self.entries.append(entry)
@@ -148,21 +163,25 @@ class CompiledFunction:
         return f"<toycomp.compile of {name} ({state})>"
 
 
-def compile(fn: Callable, backend: str | None = None) -> CompiledFunction:  # noqa: A001
+def compile(  # noqa: A001 (torch.compile's name)
+    fn: Callable, backend: str | None = None, partition: str = "min_cut"
+) -> CompiledFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
     Args:
         fn: what to compile; it is traced on the first call's inputs.
         backend: ``"cpp"``, ``"triton"`` or ``None`` (Triton for CUDA tensors, C++ for CPU ones;
             Triton on CPU tensors runs through Triton's interpreter).
+        partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
+            or ``"default"`` (save every forward value the backward reads).
 
     Returns:
         A callable with the same results and gradients as ``fn``. A new call whose inputs break
         a guard (other shape, dtype, device, requires_grad, Python value) recompiles; a
         construct the tracer cannot handle makes ``fn`` run eagerly, with a warning.
     """
-    resolve_backend(backend, ())  # reject unknown names now rather than at the first call
-    return CompiledFunction(fn, backend)
+    check_choices(backend, partition)
+    return CompiledFunction(fn, backend, partition)
 
 
 def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
@@ -173,5 +192,6 @@ def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
         list(example_inputs),
         fw_compiler=inductor_compiler(None, "forward", graphs),
         bw_compiler=inductor_compiler(None, "backward", graphs),
+        partition_fn=min_cut_rematerialization_partition,
     )
     return lambda *args: aot(*args)
