@@ -382,3 +382,70 @@ def test_multi_output_fallback_runs_visibly(backend):
     externs = [s for s in forward.scheduled.steps if isinstance(s, ir.ExternKernel)]
     assert [len(e.outputs) for e in externs] == [2, 2] and all(e.fallback for e in externs)
     assert "buf1_0 = check_extern(buf1[0]" in forward.compiled.wrapper_source
+
+
+# --- the interpreter knows graph constants and multi-output externs -------------------------------
+def _run_both(lowered, inputs, expected):
+    """run_lowered and run_scheduled on ``inputs`` agree with eager's ``expected`` outputs."""
+    for outs in (run_lowered(lowered, inputs), run_scheduled(schedule(lowered), inputs)):
+        assert len(outs) == len(expected)
+        for got, want in zip(outs, expected, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_interpreter_binds_graph_constants():
+    root = torch.nn.Module()
+    root.c = torch.randn(6, 3)
+    g = Graph()
+    x, c = g.placeholder("x"), g.get_attr("c")
+    mm = g.call_function(aten.mm.default, (x, c))  # an extern reads the constant...
+    rows = g.call_function(p.slice, (c, 0, 0, 4))
+    out = g.call_function(p.add, (mm, g.call_function(p.exp, (rows,))))
+    t = g.call_function(p.permute, (c, [1, 0]))
+    g.output((out, c, t))  # ...a kernel reads it, it is returned, and a view of it too
+    x_val = torch.randn(4, 6)
+    lowered = lower(GraphModule(root, g), [x_val])
+    assert [k.name for k in lowered.constants] == ["c"]
+    expected = (x_val @ root.c + root.c[:4].exp(), root.c, root.c.t())
+    _run_both(lowered, [x_val], expected)
+    returned = run_lowered(lowered, [x_val])[1]
+    returned.add_(1.0)  # the caller owns returned tensors: the constant must not change
+    torch.testing.assert_close(lowered.constants[0].value, root.c)
+    torch.testing.assert_close(run_scheduled(schedule(lowered), [x_val])[1], root.c)
+
+
+def _max_and_sort_graph(use_values: bool) -> GraphModule:
+    """values, indices = max(sin(x), 1); ordered, order = sort(x, 0); outputs built from them."""
+    g = Graph()
+    x = g.placeholder("x")
+    mx = g.call_function(aten.max.dim, (g.call_function(p.sin, (x,)), 1))
+    indices = g.call_function(operator.getitem, (mx, 1))
+    srt = g.call_function(aten.sort.default, (x, 0))
+    order = g.call_function(p.permute, (g.call_function(operator.getitem, (srt, 1)), [1, 0]))
+    ordered = g.call_function(operator.getitem, (srt, 0))
+    first_col = g.call_function(p.slice, (ordered, 1, 0, 1))  # (5, 1)
+    if use_values:
+        values = g.call_function(operator.getitem, (mx, 0))
+        scaled = g.call_function(p.mul, (values, 2.0))  # (5,)
+        col = g.call_function(p.reshape, (first_col, [5]))
+        g.output((g.call_function(p.add, (scaled, col)), indices, order))
+    else:
+        g.output((indices, order, first_col))
+    return GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("use_values", [True, False])
+def test_interpreter_runs_multi_output_fallbacks(use_values):
+    x = torch.randn(5, 7)
+    lowered = lower(_max_and_sort_graph(use_values), [x])
+    externs = [n for n in lowered.nodes if isinstance(n, ir.ExternKernel)]
+    assert [e.kernel for e in externs] == ["aten.max.dim", "aten.sort.default"]
+    assert all(len(e.outputs) == 2 and e.fallback for e in externs)
+    values, indices = torch.max(x.sin(), 1)
+    ordered, order = torch.sort(x, 0)
+    if use_values:
+        expected = (values * 2 + ordered[:, 0], indices, order.t())
+    else:
+        expected = (indices, order.t(), ordered[:, :1])
+    _run_both(lowered, [x], expected)

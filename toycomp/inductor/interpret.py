@@ -3,7 +3,9 @@
 Input: a ``ScheduledGraph`` (or a ``LoweredGraph``) and real input tensors. Output: the graph's
 output tensors. Each kernel is evaluated for all ``x`` at once (``x = arange(numel)[:, None]``,
 ``r = arange(rnumel)[None, :]``); an index is a sympy expression evaluated with ``FloorDiv`` as
-``//``; a load indexes the flat memory of a buffer; an ``Op`` calls the prim's eager reference.
+``//``; a load indexes the flat memory of a buffer; an ``Op`` calls the prim's eager reference;
+graph constants (``ConstantBuffer``) are bound next to the inputs, and an extern call returning a
+tuple defines one buffer per ``MultiOutput``.
 It is the executable meaning of the IR, so lowering and scheduling can be tested (against eager
 PyTorch) before, and independently of, the C++ and Triton code generators::
 
@@ -42,37 +44,65 @@ class _Env:
 
 def run_scheduled(scheduled: ir.ScheduledGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the kernels and extern calls of ``scheduled`` on ``inputs``; return the outputs."""
-    buffers = _bind_inputs(scheduled.inputs, inputs)
+    buffers = _bind_inputs(scheduled.inputs, inputs, scheduled.constants, scheduled.device)
     for a in scheduled.allocations:
         buffers[a.name] = torch.empty_strided(
             a.size, a.stride, dtype=a.dtype, device=scheduled.device
         )
     for step in scheduled.steps:
         if isinstance(step, ir.ExternKernel):
-            buffers[step.name] = _run_extern(step, buffers)
+            buffers.update(_run_extern(step, buffers))
         else:
             _run_kernel(step, _Env(buffers, {}, {}, scheduled.device))
-    return [None if o is None else _view(buffers, o) for o in scheduled.outputs]
+    return _outputs(scheduled, buffers)
 
 
 def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``lowered`` buffer by buffer (no fusion): the reference for the scheduler."""
-    buffers = _bind_inputs(lowered.inputs, inputs)
+    buffers = _bind_inputs(lowered.inputs, inputs, lowered.constants, lowered.device)
     for node in lowered.nodes:
         if isinstance(node, ir.ExternKernel):
-            buffers[node.name] = _run_extern(node, buffers)
+            buffers.update(_run_extern(node, buffers))
         else:
             buffers[node.name] = _run_buffer(node, _Env(buffers, {}, {}, lowered.device))
-    return [None if o is None else _view(buffers, o) for o in lowered.outputs]
+    return _outputs(lowered, buffers)
 
 
-def _bind_inputs(specs, inputs) -> dict[str, torch.Tensor]:
+def _bind_inputs(specs, inputs, constants, device) -> dict[str, torch.Tensor]:
+    """The buffer environment before the first step: the inputs, and the graph's constants
+    (``ConstantBuffer``, bound at compile time like the wrapper's namespace does)."""
     if len(specs) != len(inputs):
         raise ValueError(f"expected {len(specs)} inputs, got {len(inputs)}")
     for spec, t in zip(specs, inputs):  # loads use the strides of lowering time: check them
         if (tuple(t.shape), tuple(t.stride()), t.dtype) != (spec.size, spec.stride, spec.dtype):
             raise ValueError(f"input {spec.name}: {t.shape} {t.stride()} {t.dtype} != {spec}")
-    return {spec.name: t for spec, t in zip(specs, inputs)}
+    buffers = {spec.name: t for spec, t in zip(specs, inputs)}
+    for c in constants:
+        value = c.value.to(device)
+        if (tuple(value.shape), tuple(value.stride()), value.dtype) != (c.size, c.stride, c.dtype):
+            raise ValueError(f"constant {c.name}: {value.shape} {value.stride()} != {c}")
+        buffers[c.name] = value
+    return buffers
+
+
+def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, buffers) -> list[torch.Tensor | None]:
+    """The graph's outputs: views of its buffers, laid out with ``output_strides`` where given;
+    a constant is copied (a fresh tensor per call, as eager returns and the wrapper does)."""
+    constants = {c.name for c in graph.constants}
+    strides = graph.output_strides or (None,) * len(graph.outputs)
+    results: list[torch.Tensor | None] = []
+    for arg, stride in zip(graph.outputs, strides, strict=True):
+        if arg is None:
+            results.append(None)
+            continue
+        out = _view(buffers, arg)
+        if stride is not None:
+            like = torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
+            out = like.copy_(out)
+        elif arg.buffer in constants:
+            out = out.clone()
+        results.append(out)
+    return results
 
 
 def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
@@ -109,17 +139,33 @@ def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
     return value.contiguous()
 
 
-def _run_extern(node: ir.ExternKernel, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+def _run_extern(
+    node: ir.ExternKernel, buffers: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Call the eager kernel; return the buffers it defines: ``{node.name: result}``, or for a
+    tuple result one buffer per ``MultiOutput`` (PyTorch: ``ir.MultiOutput``, read by getitem)."""
+
     def arg(a):
         if isinstance(a, ir.TensorArg):
             return _view(buffers, a)
         return type(a)(arg(b) for b in a) if isinstance(a, (tuple, list)) else a
 
     out = ir.extern_callable(node.kernel)(*arg(node.args), **{k: arg(v) for k, v in node.kwargs})
-    if tuple(out.shape) != node.size or out.dtype != node.dtype:
-        raise RuntimeError(f"{node.kernel} returned {out.shape} {out.dtype}, lowering said {node}")
-    if any(n > 1 and s != t for n, s, t in zip(node.size, out.stride(), node.stride)):
-        like = torch.empty_strided(node.size, node.stride, dtype=out.dtype, device=out.device)
+    if not node.outputs:
+        return {node.name: _check_extern(node.kernel, out, node)}
+    if not isinstance(out, (tuple, list)):
+        raise RuntimeError(f"{node.kernel} returned a {type(out).__name__}, lowering said a tuple")
+    return {o.name: _check_extern(node.kernel, out[o.index], o) for o in node.outputs}
+
+
+def _check_extern(kernel: str, out, spec: ir.ExternKernel | ir.MultiOutput) -> torch.Tensor:
+    """An extern result as lowering planned it (size, dtype), copied into its planned strides."""
+    is_tensor = isinstance(out, torch.Tensor)
+    if not is_tensor or (tuple(out.shape), out.dtype) != (spec.size, spec.dtype):
+        got = f"{tuple(out.shape)} {out.dtype}" if is_tensor else type(out).__name__
+        raise RuntimeError(f"{kernel} returned {got}, lowering said {spec}")
+    if any(n > 1 and s != t for n, s, t in zip(spec.size, out.stride(), spec.stride)):
+        like = torch.empty_strided(spec.size, spec.stride, dtype=out.dtype, device=out.device)
         out = like.copy_(out)
     return out
 

@@ -14,9 +14,11 @@ and only become buffers when they must (see [Note: when to realize]). Example::
         nodes=(buf0[1000] = add(mul(sin(load(x, i0)), sin(load(x, i0))), mul(cos(...), ...)),),
         outputs=(TensorArg("buf0", (1000,), (1,)),), ...)
 
-Views (``permute``, ``broadcast_in_dim``, ``slice``, ``reshape``) rewrite the index of every
-load in a body and never copy; ``full`` becomes a ``Constant``; ``iota`` an ``IndexValue``;
-reductions become ``Reduction`` buffers; ATen ops become ``ExternKernel`` calls into eager PyTorch.
+This module is the machinery: the ``LOWERINGS`` table, ``GraphLowering`` (the FX interpreter
+that runs the rules, realizes buffers and turns ATen ops into ``ExternKernel`` calls into eager
+PyTorch) and ``lower``. The rules themselves, one per prim, live in ``lowering_rules.py`` (views
+rewrite the index of every load and never copy; ``full`` becomes a ``Constant``; reductions become
+``Reduction`` buffers); ``TensorValue`` and the view index maps live in ``tensor_value.py``.
 
 NB: in PyTorch this lives in torch/_inductor/lowering.py (the ``lowerings`` table,
 ``make_pointwise``, ``make_reduction``), torch/_inductor/graph.py (``GraphLowering``, the FX
@@ -27,36 +29,28 @@ from __future__ import annotations
 
 import inspect
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable
 
-import sympy
 import torch
 from torch.fx.node import Node
 
 from toycomp import prims
 from toycomp._torch_compat import OpOverload
 from toycomp.inductor import ir
+from toycomp.inductor.tensor_value import (  # noqa: F401  (reindex: importable from here too)
+    TensorValue,
+    as_strided_view,
+    reindex,
+    strided_load,
+    tree_size,
+)
 
 aten = torch.ops.aten
 
 
 class LoweringError(RuntimeError):
     """A node that toycomp can neither lower nor run as a fallback (the message names it)."""
-
-
-@dataclass(frozen=True)
-class TensorValue:
-    """An unrealized tensor: ``body`` computes element ``(i0, i1, ...)`` of a ``size`` tensor
-    (PyTorch's ``TensorBox``). ``origins``: the FX nodes whose work is inlined in ``body``."""
-
-    size: tuple[int, ...]
-    dtype: torch.dtype
-    body: ir.Expr
-    origins: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        return f"TensorValue({list(self.size)}, {self.dtype}, {self.body!r})"
 
 
 Rule = Callable[..., TensorValue]
@@ -159,7 +153,7 @@ class GraphLowering:
         size, stride = tuple(tensor.shape), tuple(tensor.stride())
         self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype))
         self.meta[node] = torch.empty_strided(size, stride, dtype=tensor.dtype, device="meta")
-        self.env[node] = _strided_load(node.name, size, stride, tensor.dtype)
+        self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
     # [Note: graph constants]
     # AOT puts tensors made from Python data (``torch.tensor([1., 2.])`` in the traced code)
@@ -174,7 +168,7 @@ class GraphLowering:
         size, stride = tuple(value.shape), tuple(value.stride())
         self.constants.append(ir.ConstantBuffer(node.name, size, stride, value.dtype, value))
         self.meta[node] = torch.empty_strided(size, stride, dtype=value.dtype, device="meta")
-        self.env[node] = _strided_load(node.name, size, stride, value.dtype)
+        self.env[node] = strided_load(node.name, size, stride, value.dtype)
 
     def call_function(self, node: Node) -> None:
         if node.target is operator.getitem:  # one tensor of an extern call's tuple result
@@ -205,7 +199,7 @@ class GraphLowering:
         _check_matches_meta(node, value, self.meta[node])
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
-        if len(node.users) >= 2 and _tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
+        if len(node.users) >= 2 and tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
             self.realize(node)
 
     def extern(self, node: Node, kernel: str, fallback: bool) -> None:
@@ -223,7 +217,7 @@ class GraphLowering:
                 origins=(_origin(node),),
             )
         )  # fmt: skip
-        self.env[node] = _strided_load(name, size, stride, out.dtype)
+        self.env[node] = strided_load(name, size, stride, out.dtype)
 
     def multi_output_extern(self, node: Node, kernel: str, fallback: bool, out: Any) -> None:
         """An extern call returning a tuple: one ``MultiOutput`` buffer per tensor in it; the
@@ -241,7 +235,7 @@ class GraphLowering:
                 continue
             size, stride = tuple(t.shape), tuple(t.stride())
             outputs.append(ir.MultiOutput(f"{name}_{k}", k, size, stride, t.dtype))
-            values.append(_strided_load(outputs[-1].name, size, stride, t.dtype))
+            values.append(strided_load(outputs[-1].name, size, stride, t.dtype))
         self.nodes.append(
             ir.ExternKernel(
                 name, kernel, args, tuple(kwargs.items()), (), (), outputs[0].dtype, fallback,
@@ -272,7 +266,7 @@ class GraphLowering:
         name = self.new_name()
         self.nodes.append(ir.Pointwise(name, value.size, value.dtype, value.body, value.origins))
         stride = ir.contiguous_strides(value.size)
-        self.env[node] = _strided_load(name, value.size, stride, value.dtype)
+        self.env[node] = strided_load(name, value.size, stride, value.dtype)
         return ir.TensorArg(name, value.size, stride)
 
     def make_reduction(self, size, reduction_size, reduction_type, dtype, body, origins):
@@ -280,7 +274,7 @@ class GraphLowering:
         self.nodes.append(
             ir.Reduction(name, size, reduction_size, reduction_type, dtype, body, origins)
         )
-        return _strided_load(name, size, ir.contiguous_strides(size), dtype)
+        return strided_load(name, size, ir.contiguous_strides(size), dtype)
 
     def new_name(self) -> str:
         return f"buf{len(self.nodes)}"
@@ -296,26 +290,6 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.devic
         if node.op == "call_function" and node.target in (prims.full, prims.iota):
             return torch.device(node.kwargs.get("device", node.args[-1]))
     return torch.device("cpu")
-
-
-def _strided_load(name: str, size, stride, dtype: torch.dtype) -> TensorValue:
-    index = ir.linear_index(ir.index_vars("i", len(size)), stride)
-    return TensorValue(tuple(size), dtype, ir.Load(name, index, dtype))
-
-
-def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
-    """A TensorArg when ``value`` is exactly a strided view of a buffer (one load at an affine
-    index ``offset + sum(stride_k * i_k)``), else None."""
-    if not isinstance(value.body, ir.Load):
-        return None
-    index, ivars = sympy.expand(value.body.index), ir.index_vars("i", len(value.size))
-    strides = [sympy.diff(index, v) for v in ivars]
-    offset = index.subs({v: 0 for v in ivars})
-    if not all(s.is_Integer and s >= 0 for s in strides) or not offset.is_Integer:
-        return None
-    if sympy.expand(index - ir.linear_index(ivars, strides, offset)) != 0:
-        return None
-    return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
 
 
 def _eager_stride(arg: ir.TensorArg | None, val: Any) -> tuple[int, ...] | None:
@@ -407,155 +381,4 @@ def _origin(node: Node) -> str:
     return node.name
 
 
-def _tree_size(expr: ir.Expr, limit: int) -> int:
-    """Number of nodes in ``expr`` seen as a tree, counting stops a little past ``limit``."""
-    count, stack = 0, [expr]
-    while stack and count <= limit:
-        e = stack.pop()
-        count += 1
-        if isinstance(e, ir.Op):
-            stack.extend(e.args)
-    return count
-
-
-def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None) -> TensorValue:
-    """A view: element ``(i0, i1, ...)`` of the result is element ``index`` of ``value``.
-
-    ``ranges`` (variable -> extent) defaults to ``i0 < size[0], i1 < size[1], ...``.
-    """
-    if ranges is None:
-        ranges = dict(zip(ir.index_vars("i", len(size)), size))
-    mapping = dict(zip(ir.index_vars("i", len(value.size)), index))
-
-    def move(e: ir.Expr) -> ir.Expr | None:
-        if isinstance(e, ir.Load):
-            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype)
-        if isinstance(e, ir.IndexValue):
-            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
-        return None
-
-    return TensorValue(tuple(size), value.dtype, ir.map_expr(value.body, move), value.origins)
-
-
-def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
-    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
-
-
-
-# --- the rules: one per prim ------------------------------------------------------------------
-def _cast(value: prims.Number, dtype: torch.dtype) -> prims.Number:
-    """A Python number as the eager reference sees it: converted to the tensor's dtype."""
-    if dtype == torch.bool:
-        return bool(value)
-    return float(value) if dtype.is_floating_point else int(value)
-
-
-def _pointwise_rule(name: str) -> Rule:
-    def rule(g: GraphLowering, out: torch.Tensor, *args: Any) -> TensorValue:
-        tensors = [a for a in args if isinstance(a, TensorValue)]
-        if any(t.size != tuple(out.shape) for t in tensors):
-            raise LoweringError(f"{name}: operands must have one shape (broadcast_in_dim first)")
-        # Numbers take the dtype of the tensor the eager reference converts them like.
-        operands = args[1:] if name == "where" else args
-        like = next(a for a in operands if isinstance(a, TensorValue))
-        bodies = tuple(
-            a.body if isinstance(a, TensorValue) else ir.Constant(_cast(a, like.dtype), like.dtype)
-            for a in args
-        )
-        return TensorValue(tuple(out.shape), out.dtype, ir.Op(name, bodies, out.dtype))
-
-    return rule
-
-
-for _prim, _info in prims.PRIM_INFO.items():
-    if _info.kind == prims.PrimKind.POINTWISE and _info.name != "convert_element_type":
-        LOWERINGS[_prim] = _pointwise_rule(_info.name)
-del _prim, _info
-
-
-@register_lowering(prims.convert_element_type)
-def _convert_element_type(g, out, a: TensorValue, dtype: torch.dtype) -> TensorValue:
-    if a.dtype == dtype:
-        return a
-    return TensorValue(a.size, dtype, ir.Op("convert_element_type", (a.body,), dtype))
-
-
-def _reduction_rule(reduction_type: ir.ReductionType) -> Rule:
-    def rule(g: GraphLowering, out: torch.Tensor, a: TensorValue, dims) -> TensorValue:
-        dims = sorted({d % len(a.size) for d in dims}) if a.size else []
-        kept = [d for d in range(len(a.size)) if d not in dims]
-        size, rsize = tuple(a.size[d] for d in kept), tuple(a.size[d] for d in dims)
-        if a.dtype != out.dtype:  # sum of int32/bool accumulates in int64, like eager
-            a = _convert_element_type(g, out, a, out.dtype)
-        if ir.numel(rsize) == 1:  # nothing to reduce: a view that drops the reduced dims
-            return reindex(a, size, _scatter_vars(len(a.size), kept, dims, ()))
-        if ir.numel(rsize) == 0 and reduction_type == ir.ReductionType.SUM:
-            return TensorValue(size, out.dtype, ir.Constant(_cast(0, out.dtype), out.dtype))
-        rvars = ir.index_vars("r", len(dims))
-        ranges = dict(zip(ir.index_vars("i", len(size)) + rvars, size + rsize))
-        index = _scatter_vars(len(a.size), kept, dims, rvars)
-        body = reindex(a, a.size, index, ranges).body
-        origins = a.origins + (g.current_origin,)
-        return g.make_reduction(size, rsize, reduction_type, out.dtype, body, origins)
-
-    return rule
-
-
-def _scatter_vars(ndim, kept, dims, rvars) -> tuple[sympy.Expr, ...]:
-    """The input index of a reduction: kept dims read ``i`` variables, reduced dims ``r`` ones
-    (or 0 where ``rvars`` is empty)."""
-    index: list[sympy.Expr] = [sympy.Integer(0)] * ndim
-    for d, v in zip(kept, ir.index_vars("i", len(kept))):
-        index[d] = v
-    for d, v in zip(dims, rvars):
-        index[d] = v
-    return tuple(index)
-
-
-LOWERINGS[prims.sum] = _reduction_rule(ir.ReductionType.SUM)
-LOWERINGS[prims.amax] = _reduction_rule(ir.ReductionType.MAX)
-LOWERINGS[prims.amin] = _reduction_rule(ir.ReductionType.MIN)
-
-
-@register_lowering(prims.permute)
-def _permute(g, out, a: TensorValue, dims) -> TensorValue:
-    out_vars = ir.index_vars("i", len(dims))
-    index = [sympy.Integer(0)] * len(dims)
-    for k, d in enumerate(dims):  # output dim k is input dim dims[k]
-        index[d % len(dims)] = out_vars[k]
-    return reindex(a, tuple(out.shape), tuple(index))
-
-
-@register_lowering(prims.broadcast_in_dim)
-def _broadcast_in_dim(g, out, a: TensorValue, shape, broadcast_dimensions) -> TensorValue:
-    out_vars = ir.index_vars("i", len(shape))
-    index = tuple(
-        sympy.Integer(0) if a.size[k] == 1 else out_vars[d]
-        for k, d in enumerate(broadcast_dimensions)
-    )
-    return reindex(a, tuple(out.shape), index)
-
-
-@register_lowering(prims.slice)
-def _slice(g, out, a: TensorValue, dim: int, start: int, end: int, step: int = 1):
-    dim = dim % len(a.size)
-    index = list(ir.index_vars("i", len(a.size)))
-    index[dim] = start + step * index[dim]
-    return reindex(a, tuple(out.shape), tuple(index))
-
-
-@register_lowering(prims.reshape)
-def _reshape(g, out, a: TensorValue, shape) -> TensorValue:
-    size = tuple(out.shape)
-    flat = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
-    return reindex(a, size, ir.unflatten_index(flat, a.size))
-
-
-@register_lowering(prims.full)
-def _full(g, out, shape, value, dtype, device) -> TensorValue:
-    return TensorValue(tuple(out.shape), dtype, ir.Constant(_cast(value, dtype), dtype))
-
-
-@register_lowering(prims.iota)
-def _iota(g, out, length, dtype, device) -> TensorValue:
-    return TensorValue((length,), dtype, ir.IndexValue(ir.index_vars("i", 1)[0], dtype))
+from toycomp.inductor import lowering_rules  # noqa: E402,F401  (fills LOWERINGS)

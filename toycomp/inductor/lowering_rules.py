@@ -1,0 +1,159 @@
+"""Stage 4b, the table: one lowering rule per prim, prims -> loop IR values.
+
+Input -> output: each rule takes the ``GraphLowering`` ``g``, the node's meta tensor ``out``
+(size, dtype) and the prim's arguments, with ``TensorValue`` where the FX node had tensors, and
+returns the ``TensorValue`` of the result: a loop body over ``i0, i1, ...``. Rules register
+themselves in ``lowering.LOWERINGS`` (``lowering.py`` imports this module for that). Example::
+
+    LOWERINGS[prims.sin](g, out, TensorValue([8], float32, load(x, i0)))
+        == TensorValue([8], float32, sin(load(x, i0)))
+
+Pointwise prims wrap their operands' bodies in one ``Op``; reductions become ``Reduction``
+buffers (``g.make_reduction``); views (``permute``, ``broadcast_in_dim``, ``slice``,
+``reshape``) rewrite the index of every load and never copy; ``full`` becomes a ``Constant``
+and ``iota`` an ``IndexValue``. A rule may raise ``NotImplementedError`` to decline a case: the
+prim then runs eagerly as a visible fallback.
+
+NB: in PyTorch this lives in torch/_inductor/lowering.py (``register_lowering``,
+``make_pointwise``, ``make_reduction``, and the rules for views and creation ops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from toycomp import prims
+from toycomp.inductor import ir
+from toycomp.inductor.lowering import (
+    LOWERINGS,
+    GraphLowering,
+    LoweringError,
+    Rule,
+    register_lowering,
+)
+from toycomp.inductor.tensor_value import TensorValue, reindex
+
+
+# --- pointwise --------------------------------------------------------------------------------
+def _cast(value: prims.Number, dtype: torch.dtype) -> prims.Number:
+    """A Python number as the eager reference sees it: converted to the tensor's dtype."""
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
+
+
+def _pointwise_rule(name: str) -> Rule:
+    def rule(g: GraphLowering, out: torch.Tensor, *args: Any) -> TensorValue:
+        tensors = [a for a in args if isinstance(a, TensorValue)]
+        if any(t.size != tuple(out.shape) for t in tensors):
+            raise LoweringError(f"{name}: operands must have one shape (broadcast_in_dim first)")
+        # Numbers take the dtype of the tensor the eager reference converts them like.
+        operands = args[1:] if name == "where" else args
+        like = next(a for a in operands if isinstance(a, TensorValue))
+        bodies = tuple(
+            a.body if isinstance(a, TensorValue) else ir.Constant(_cast(a, like.dtype), like.dtype)
+            for a in args
+        )
+        return TensorValue(tuple(out.shape), out.dtype, ir.Op(name, bodies, out.dtype))
+
+    return rule
+
+
+for _prim, _info in prims.PRIM_INFO.items():
+    if _info.kind == prims.PrimKind.POINTWISE and _info.name != "convert_element_type":
+        LOWERINGS[_prim] = _pointwise_rule(_info.name)
+del _prim, _info
+
+
+@register_lowering(prims.convert_element_type)
+def _convert_element_type(g, out, a: TensorValue, dtype: torch.dtype) -> TensorValue:
+    if a.dtype == dtype:
+        return a
+    return TensorValue(a.size, dtype, ir.Op("convert_element_type", (a.body,), dtype))
+
+
+# --- reductions -------------------------------------------------------------------------------
+def _reduction_rule(reduction_type: ir.ReductionType) -> Rule:
+    def rule(g: GraphLowering, out: torch.Tensor, a: TensorValue, dims) -> TensorValue:
+        dims = sorted({d % len(a.size) for d in dims}) if a.size else []
+        kept = [d for d in range(len(a.size)) if d not in dims]
+        size, rsize = tuple(a.size[d] for d in kept), tuple(a.size[d] for d in dims)
+        if a.dtype != out.dtype:  # sum of int32/bool accumulates in int64, like eager
+            a = _convert_element_type(g, out, a, out.dtype)
+        if ir.numel(rsize) == 1:  # nothing to reduce: a view that drops the reduced dims
+            return reindex(a, size, _scatter_vars(len(a.size), kept, dims, ()))
+        if ir.numel(rsize) == 0 and reduction_type == ir.ReductionType.SUM:
+            return TensorValue(size, out.dtype, ir.Constant(_cast(0, out.dtype), out.dtype))
+        rvars = ir.index_vars("r", len(dims))
+        ranges = dict(zip(ir.index_vars("i", len(size)) + rvars, size + rsize))
+        index = _scatter_vars(len(a.size), kept, dims, rvars)
+        body = reindex(a, a.size, index, ranges).body
+        origins = a.origins + (g.current_origin,)
+        return g.make_reduction(size, rsize, reduction_type, out.dtype, body, origins)
+
+    return rule
+
+
+def _scatter_vars(ndim, kept, dims, rvars) -> tuple[sympy.Expr, ...]:
+    """The input index of a reduction: kept dims read ``i`` variables, reduced dims ``r`` ones
+    (or 0 where ``rvars`` is empty)."""
+    index: list[sympy.Expr] = [sympy.Integer(0)] * ndim
+    for d, v in zip(kept, ir.index_vars("i", len(kept))):
+        index[d] = v
+    for d, v in zip(dims, rvars):
+        index[d] = v
+    return tuple(index)
+
+
+LOWERINGS[prims.sum] = _reduction_rule(ir.ReductionType.SUM)
+LOWERINGS[prims.amax] = _reduction_rule(ir.ReductionType.MAX)
+LOWERINGS[prims.amin] = _reduction_rule(ir.ReductionType.MIN)
+
+
+# --- views: index maps, no copies -------------------------------------------------------------
+@register_lowering(prims.permute)
+def _permute(g, out, a: TensorValue, dims) -> TensorValue:
+    out_vars = ir.index_vars("i", len(dims))
+    index = [sympy.Integer(0)] * len(dims)
+    for k, d in enumerate(dims):  # output dim k is input dim dims[k]
+        index[d % len(dims)] = out_vars[k]
+    return reindex(a, tuple(out.shape), tuple(index))
+
+
+@register_lowering(prims.broadcast_in_dim)
+def _broadcast_in_dim(g, out, a: TensorValue, shape, broadcast_dimensions) -> TensorValue:
+    out_vars = ir.index_vars("i", len(shape))
+    index = tuple(
+        sympy.Integer(0) if a.size[k] == 1 else out_vars[d]
+        for k, d in enumerate(broadcast_dimensions)
+    )
+    return reindex(a, tuple(out.shape), index)
+
+
+@register_lowering(prims.slice)
+def _slice(g, out, a: TensorValue, dim: int, start: int, end: int, step: int = 1):
+    dim = dim % len(a.size)
+    index = list(ir.index_vars("i", len(a.size)))
+    index[dim] = start + step * index[dim]
+    return reindex(a, tuple(out.shape), tuple(index))
+
+
+@register_lowering(prims.reshape)
+def _reshape(g, out, a: TensorValue, shape) -> TensorValue:
+    size = tuple(out.shape)
+    flat = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
+    return reindex(a, size, ir.unflatten_index(flat, a.size))
+
+
+# --- creation ---------------------------------------------------------------------------------
+@register_lowering(prims.full)
+def _full(g, out, shape, value, dtype, device) -> TensorValue:
+    return TensorValue(tuple(out.shape), dtype, ir.Constant(_cast(value, dtype), dtype))
+
+
+@register_lowering(prims.iota)
+def _iota(g, out, length, dtype, device) -> TensorValue:
+    return TensorValue((length,), dtype, ir.IndexValue(ir.index_vars("i", 1)[0], dtype))

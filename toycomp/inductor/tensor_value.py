@@ -1,0 +1,93 @@
+"""Stage 4b, the values of lowering: an unrealized tensor (``TensorValue``) and views as index maps.
+
+Input -> output: a ``TensorValue`` (size, dtype, and a loop body computing element
+``(i0, i1, ...)``) -> another ``TensorValue`` whose body reads the same buffers at new indices
+(``reindex``), or the ``ir.TensorArg`` that describes it when it is exactly a strided view of one
+buffer (``as_strided_view``). No data moves: a view is a substitution of index variables.
+Example, the transpose of a contiguous (2, 3) buffer ``buf0``::
+
+    a = strided_load("buf0", (2, 3), (3, 1), float32)    # load(buf0, 3*i0 + i1)
+    t = reindex(a, (3, 2), (i1, i0))                       # load(buf0, i0 + 3*i1)
+    as_strided_view(t) == TensorArg("buf0", (3, 2), (1, 3))
+
+NB: in PyTorch this lives in torch/_inductor/ir.py (``TensorBox``, ``StorageBox``, ``View``,
+``ReinterpretView``, ``View.dynamic_reshape_indexer``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from toycomp.inductor import ir
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    """An unrealized tensor: ``body`` computes element ``(i0, i1, ...)`` of a ``size`` tensor
+    (PyTorch's ``TensorBox``). ``origins``: the FX nodes whose work is inlined in ``body``."""
+
+    size: tuple[int, ...]
+    dtype: torch.dtype
+    body: ir.Expr
+    origins: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"TensorValue({list(self.size)}, {self.dtype}, {self.body!r})"
+
+
+def strided_load(name: str, size, stride, dtype: torch.dtype) -> TensorValue:
+    """Buffer ``name`` read with ``stride``: element ``(i0, ...)`` is ``load(name, sum(s*i))``."""
+    index = ir.linear_index(ir.index_vars("i", len(size)), stride)
+    return TensorValue(tuple(size), dtype, ir.Load(name, index, dtype))
+
+
+def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
+    """A TensorArg when ``value`` is exactly a strided view of a buffer (one load at an affine
+    index ``offset + sum(stride_k * i_k)``), else None."""
+    if not isinstance(value.body, ir.Load):
+        return None
+    index, ivars = sympy.expand(value.body.index), ir.index_vars("i", len(value.size))
+    strides = [sympy.diff(index, v) for v in ivars]
+    offset = index.subs({v: 0 for v in ivars})
+    if not all(s.is_Integer and s >= 0 for s in strides) or not offset.is_Integer:
+        return None
+    if sympy.expand(index - ir.linear_index(ivars, strides, offset)) != 0:
+        return None
+    return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
+
+
+def tree_size(expr: ir.Expr, limit: int) -> int:
+    """Number of nodes in ``expr`` seen as a tree, counting stops a little past ``limit``."""
+    count, stack = 0, [expr]
+    while stack and count <= limit:
+        e = stack.pop()
+        count += 1
+        if isinstance(e, ir.Op):
+            stack.extend(e.args)
+    return count
+
+
+def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None) -> TensorValue:
+    """A view: element ``(i0, i1, ...)`` of the result is element ``index`` of ``value``.
+
+    ``ranges`` (variable -> extent) defaults to ``i0 < size[0], i1 < size[1], ...``.
+    """
+    if ranges is None:
+        ranges = dict(zip(ir.index_vars("i", len(size)), size))
+    mapping = dict(zip(ir.index_vars("i", len(value.size)), index))
+
+    def move(e: ir.Expr) -> ir.Expr | None:
+        if isinstance(e, ir.Load):
+            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype)
+        if isinstance(e, ir.IndexValue):
+            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
+        return None
+
+    return TensorValue(tuple(size), value.dtype, ir.map_expr(value.body, move), value.origins)
+
+
+def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
+    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
