@@ -17,8 +17,9 @@ Tiny example, the forward of ``f(x) = sin(x)**2 + cos(x)**2``::
 
 A decomposition is an ordinary Python function registered for one or more ATen overloads and
 written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` is filled by
-``decomp_rules.py`` (pointwise, activations, losses, reductions) and ``decomp_views.py`` (views,
-copies, creation), with promotion/broadcast helpers in ``decomp_helpers.py``. ``decompose`` runs
+``decomp_rules.py`` (pointwise, activations), ``decomp_nn.py`` (softmax, losses, matmuls,
+reductions, norms) and ``decomp_views.py`` (views, copies, creation), with promotion/broadcast
+helpers in ``decomp_helpers.py``. ``decompose`` runs
 each one under ``prims.tracing(tracer)``: the prims it calls become FX nodes.
 
 NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs.
