@@ -90,7 +90,9 @@ class CSE:
     """Names each distinct expression once: ``generate(buf, "sin(tmp0)")`` -> ``"tmp1"``.
 
     The cache is cleared per loop (a value computed inside one loop is out of scope in the
-    next); the counter is not, so names stay unique in a kernel.
+    next), except where loops share one scope (a persistent Triton reduction has no ``for``: its
+    softmax loads a row and computes ``exp`` once for the sum and the store); the counter is
+    never cleared, so names stay unique in a kernel.
     """
 
     def __init__(self, declare: Callable[[str, str, torch.dtype], str]) -> None:
@@ -227,10 +229,13 @@ class KernelCodegen:
         args.update({b: f"out_ptr{i}" for i, b in enumerate(writes)})
         return args
 
-    def new_sections(self) -> None:
+    def new_sections(self, keep_cse: bool = False) -> None:
+        """Fresh sections for the next loop. The CSE cache is cleared too, unless the next loop
+        shares the previous one's scope (``keep_cse``: Triton's persistent reductions)."""
         self.prefix, self.loads, self.compute = IndentedBuffer(), IndentedBuffer(), IndentedBuffer()
         self.stores, self.suffix = IndentedBuffer(), IndentedBuffer()
-        self.cse.cache.clear()
+        if not keep_cse:
+            self.cse.cache.clear()
 
     # --- the walk -------------------------------------------------------------------------------
     def codegen_loop(self, loop: ir.Loop) -> None:

@@ -258,7 +258,9 @@ class TritonKernelCodegen(KernelCodegen):
             body.writelines(["rindex = rbase", "rmask = rindex < rnumel"])
 
     def codegen_loop_code(self, body: IndentedBuffer, i: int, loop: ir.Loop) -> None:
-        self.new_sections()
+        # A persistent reduction has no `for` loop: every ir.Loop runs in the same scope, so
+        # values (the row's loads, exp(x - max)) computed in one are reused by the next.
+        self.new_sections(keep_cse=self.persistent)
         self.codegen_loop(loop)
         what = ", ".join(_describe(stmt) for stmt in loop.body)
         body.writeline(f"# loop {i}{' over r' if loop.over_r else ''}: {what}")
