@@ -6,6 +6,7 @@ Eager PyTorch is the oracle for every value and gradient.
 import subprocess
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
 
 import pytest
 import torch
@@ -155,6 +156,13 @@ def test_explain_shows_every_stage():
 
 
 def test_dynamo_backend_entry_point():
+    installed = [ep.name for ep in entry_points(group="torch_dynamo_backends")]
+    if "toycomp" not in installed:
+        try:
+            distribution("toycomp")
+        except PackageNotFoundError:
+            pytest.skip("toycomp is not pip-installed here, so its entry point is not registered")
+        pytest.fail("toycomp is installed but registers no torch_dynamo_backends entry point")
     torch._dynamo.reset()
     x = torch.randn(64, requires_grad=True)
     compiled = torch.compile(sin2_cos2, backend="toycomp")
