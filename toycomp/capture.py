@@ -52,6 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 from toycomp import capture_rules as R
 from toycomp import guards as G
+from toycomp.guard_compiler import compile_check
 from toycomp._torch_compat import _set_grad_enabled, tree_flatten, tree_unflatten
 from toycomp.capture_rules import GraphBreakError
 from toycomp.side_effects import CreationTracker, SideEffects, storage_ptr
@@ -138,9 +139,22 @@ class CapturedGraph:
         user = [g.source for g in self.guards if g.kind in ("shape", "alias")]
         return [src for src in user if src not in lifted] + lifted
 
+    @functools.cached_property
+    def fast_check(self) -> Callable[[tuple, dict], list[torch.Tensor] | None] | None:
+        """The guards compiled to one function (``guard_compiler.py``), or None if they need
+        the general path (nested or keyword-only arguments, defaults)."""
+        params = G.plain_parameter_names(self.signature) if self.signature else None
+        readers = {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
+        return compile_check(self.guards, params, readers, self.input_sources)
+
     def guarded_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
-        """``flatten_inputs`` if every guard holds, else None: one pass over the arguments,
-        which is what a cache lookup on every call wants (``toycomp.compile``)."""
+        """``flatten_inputs`` if every guard holds, else None: what a cache lookup on every call
+        wants (``toycomp.compile``). The compiled check answers the common case; a miss (or a
+        call it does not handle, like keyword arguments) takes the general path."""
+        if self.fast_check is not None:
+            flat = self.fast_check(args, kwargs)
+            if flat is not None:
+                return flat
         values = self._current_values(args, kwargs)
         if values is None or G.first_failing(self.guards, values) is not None:
             return None

@@ -141,7 +141,7 @@ def flatten_user_inputs(
         TypeError: when the arguments do not bind to the signature.
     """
     named: list[tuple[str, Any]] = []
-    simple = _plain_parameter_names(signature) if signature is not None else None
+    simple = plain_parameter_names(signature) if signature is not None else None
     if simple is not None and not kwargs and len(args) == len(simple):
         named = list(zip(simple, args))  # the common case, without Signature.bind's cost
     elif signature is None:
@@ -166,7 +166,7 @@ def flatten_user_inputs(
 
 
 @functools.lru_cache(maxsize=256)
-def _plain_parameter_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+def plain_parameter_names(signature: inspect.Signature) -> tuple[str, ...] | None:
     """Parameter names when every parameter is a plain positional-or-keyword one without a
     default (then binding positional arguments is just zipping), else None."""
     params = signature.parameters.values()
