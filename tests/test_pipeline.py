@@ -218,3 +218,18 @@ def test_partition_choice(partition, saved):
     assert toycomp.explain(sin2_cos2, x, partition=partition).saved_values == saved
     with pytest.raises(ValueError, match="unknown partition"):
         toycomp.compile(sin2_cos2, partition="greedy")
+
+
+def test_fresh_outputs_mark_only_kernel_buffers_returned_once():
+    def f(x):
+        y = torch.sin(x)
+        return y, x.t(), y  # a kernel output twice, and a view of the input
+
+    x = torch.randn(3, 4)
+    graph = toycomp.explain(f, x, backend="cpp").graph("forward").compiled
+    assert graph.fresh_outputs == (False, False, False)
+    graph = toycomp.explain(lambda x: (torch.sin(x), x.t()), x, backend="cpp").graph("forward")
+    assert graph.compiled.fresh_outputs == (True, False)
+    out = toycomp.compile(f, backend="cpp")(x)
+    assert out[0].data_ptr() != x.data_ptr() and out[1].data_ptr() == x.data_ptr()
+    assert out[0].data_ptr() == out[2].data_ptr()  # eager returns the same tensor twice, too

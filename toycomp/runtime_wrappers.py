@@ -173,9 +173,14 @@ class AOTOutput:
     # (the copy must hold the value the graph computed, not the input's new value) and, with
     # grad, inside CompiledFunction.forward, so the copy is the Function's output and gradients
     # flow through the compiled backward. Outputs that alias in eager (x, x.t(), x[1:]) are
-    # left alone; saved values are not user outputs and are never copied.
+    # left alone; saved values are not user outputs and are never copied. A compiler may
+    # promise that some outputs are fresh (toycomp's CompiledGraph.fresh_outputs: buffers its
+    # own kernels wrote, each returned once); when all user outputs are, nothing is checked.
     def unalias_outputs(self, outs: Sequence, inputs: Sequence) -> list:
         """``outs`` (user outputs first) with unexpected storage sharing copied away."""
+        fresh = getattr(self.compiled_forward, "fresh_outputs", ())
+        if all(fresh[: self.num_user_outputs]) and len(fresh) >= self.num_user_outputs:
+            return list(outs)  # the compiler says: new buffers, none shared (no checks needed)
         outs = list(outs)
         in_keys = [storage_key(x) for x in inputs] + self._constant_keys  # no output aliases those
         out_keys = [storage_key(o) for o in outs[: self.num_user_outputs]]

@@ -53,8 +53,13 @@ class CompiledGraph:
         kernels: list[GeneratedKernel],
         wrapper_source: str,
         externs: list[str],
+        fresh_outputs: tuple[bool, ...] = (),
     ) -> None:
         self.fn = fn
+        # Per output: True when it is a buffer a kernel of this graph wrote, returned once (so
+        # it shares memory with no input, constant or other output). The AOT runtime skips its
+        # aliasing checks for such outputs.
+        self.fresh_outputs = fresh_outputs
         self.backend = backend
         self.device = device
         self.kernels = kernels
@@ -100,7 +105,16 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
     code = compile(source, f"<toycomp wrapper ({backend})>", "exec")
     exec(code, namespace)
     externs = [f"{s.name} = {s.kernel}" for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
-    return CompiledGraph(namespace["call"], backend, device, generated, source, externs)
+    return CompiledGraph(
+        namespace["call"], backend, device, generated, source, externs, fresh_outputs(scheduled)
+    )
+
+
+def fresh_outputs(scheduled: ir.ScheduledGraph) -> tuple[bool, ...]:
+    """Which outputs are kernel-written buffers returned once (see ``CompiledGraph``)."""
+    written = {b for step in scheduled.steps if isinstance(step, ir.Kernel) for b in step.writes()}
+    names = [o.buffer if o is not None else None for o in scheduled.outputs]
+    return tuple(n in written and names.count(n) == 1 for n in names)
 
 
 def _check_backend(backend: str, device: torch.device) -> None:
