@@ -172,6 +172,20 @@ def test_dynamo_backend_entry_point():
     assert_close(grad, grad_ref)
 
 
+def test_dynamo_backend_trains_a_module():
+    if "toycomp" not in [ep.name for ep in entry_points(group="torch_dynamo_backends")]:
+        pytest.skip("toycomp is not pip-installed here, so its entry point is not registered")
+    torch._dynamo.reset()
+    model = make_mlp()
+    batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    loss_ref, grads_ref = mlp_step(model, batch, target)
+    compiled_model = torch.compile(model, backend="toycomp")
+    loss, grads = mlp_step(model, batch, target, lambda x, t: F.cross_entropy(compiled_model(x), t))
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
+
+
 def test_python_dash_m_toycomp():
     result = subprocess.run(
         [sys.executable, "-m", "toycomp", "--size", "64"], capture_output=True, text=True, timeout=300
