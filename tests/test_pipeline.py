@@ -247,3 +247,10 @@ def test_fresh_outputs_mark_only_kernel_buffers_returned_once():
     out = toycomp.compile(f, backend="cpp")(x)
     assert out[0].data_ptr() != x.data_ptr() and out[1].data_ptr() == x.data_ptr()
     assert out[0].data_ptr() == out[2].data_ptr()  # eager returns the same tensor twice, too
+
+
+def test_dynamo_backend_refuses_parameters_kept_as_attributes():
+    model = torch.nn.Linear(3, 2)
+    gm = torch.fx.symbolic_trace(model)  # keeps weight and bias as get_attr nodes
+    with pytest.raises(NotImplementedError, match="requires grad"):
+        toycomp.toycomp_backend(gm, [torch.randn(4, 3)])

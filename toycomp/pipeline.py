@@ -18,6 +18,7 @@ torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/com
 
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -186,6 +187,14 @@ def compile(  # noqa: A001 (torch.compile's name)
 
 def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
     """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4."""
+    for node in gm.graph.nodes:  # AOT treats get_attr tensors as constants (no gradient)
+        value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            raise NotImplementedError(
+                f"toycomp backend: Dynamo kept {node.target} as an attribute that requires grad; "
+                "toycomp needs parameters as graph inputs (torch._dynamo.config."
+                "inline_inbuilt_nn_modules=True, the default)"
+            )
     graphs: list[GraphArtefacts] = []
     aot = aot_function(
         gm,
