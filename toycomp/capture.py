@@ -24,11 +24,13 @@ runs the offending instruction eagerly, and continues in a generated *resume fun
 captured again. toycomp's tracer only sees torch calls, so on such a construct it gives up on the
 whole function: it reports a ``GraphBreak`` and the caller runs ``fn`` eagerly.
 
-The tracer is split by concept over three modules: this one (the tracer and its result),
+The tracer is split by concept over five modules: this one (the tracer and its result),
 toycomp/capture_rules.py (which calls are recorded, which break the graph and why - see its
 [Note: why a TorchFunctionMode tracer specialises control flow] - and how calls are written in the
-graph) and toycomp/side_effects.py (undoing the capture run's in-place updates and RNG draws).
-Guards are built by toycomp/guards.py.
+graph), toycomp/side_effects.py (undoing the capture run's in-place updates and RNG draws),
+toycomp/source_lines.py (the user's source line of each node and graph break) and
+toycomp/captured_call.py (checking a call's arguments against the guards, flattening them into the
+graph's inputs and rebuilding its outputs). Guards are built by toycomp/guards.py.
 
 NB: in PyTorch this lives in torch/_dynamo/ (symbolic_convert.py interprets bytecode,
 output_graph.py builds the FX graph, guards.py builds guards).
@@ -37,11 +39,8 @@ output_graph.py builds the FX graph, guards.py builds guards).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
-import linecache
 import operator
-import os
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -52,25 +51,20 @@ from torch.overrides import TorchFunctionMode
 
 from toycomp import capture_rules as R
 from toycomp import guards as G
-from toycomp.guard_compiler import compile_check
-from toycomp._torch_compat import _set_grad_enabled, tree_flatten, tree_unflatten
+from toycomp._torch_compat import _set_grad_enabled, tree_flatten
 from toycomp.capture_rules import GraphBreakError
+from toycomp.captured_call import GuardedCall
 from toycomp.side_effects import CreationTracker, SideEffects, storage_ptr
+from toycomp.source_lines import (
+    GraphBreak,
+    Location,
+    definition_site,
+    graph_break_at,
+    node_source_meta,
+    user_location,
+)
 
 __all__ = ["CapturedGraph", "GraphBreak", "GraphBreakError", "LiftedTensor", "capture"]
-
-
-@dataclass(frozen=True)
-class GraphBreak:
-    """Why capture stopped, and the user's source line where it happened."""
-
-    reason: str
-    filename: str
-    lineno: int
-    source_line: str
-
-    def __str__(self) -> str:
-        return f"graph break at line {self.lineno}: `{self.source_line}`\n  {self.reason}"
 
 
 @dataclass
@@ -83,8 +77,12 @@ class LiftedTensor:
 
 
 @dataclass
-class CapturedGraph:
-    """The result of :func:`capture`: an FX graph plus what is needed to call it safely."""
+class CapturedGraph(GuardedCall):
+    """The result of :func:`capture`: an FX graph plus what is needed to call it safely.
+
+    How a call's arguments are checked against the guards and flattened into ``gm``'s inputs,
+    and ``gm``'s outputs rebuilt, is inherited from ``GuardedCall`` (toycomp/captured_call.py).
+    """
 
     fn: Callable
     gm: torch.fx.GraphModule | None
@@ -98,72 +96,6 @@ class CapturedGraph:
     output_spec: Any = None
     output_leaves: list = field(default_factory=list)  # int: index into gm's outputs; else const
     _side_effects: Any = field(default=None, repr=False)
-
-    def _current_values(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        """Every guard source's current value (None when the arguments don't even bind)."""
-        try:
-            leaves, structure = G.flatten_user_inputs(self.signature, args, kwargs)
-        except TypeError:
-            return None
-        values = {G.STRUCTURE: structure, G.GRAD_MODE: torch.is_grad_enabled(), **dict(leaves)}
-        for source, read in self.state_readers.items():
-            try:
-                values[source] = read()
-            except (AttributeError, KeyError, ValueError):
-                pass  # a missing source fails its guards
-        for lifted in self.lifted:
-            try:
-                values[lifted.name] = lifted.fetch()
-            except (AttributeError, KeyError, ValueError):
-                pass
-        return values
-
-    def check_guards(self, *args: Any, **kwargs: Any) -> G.Guard | None:
-        """Return the first guard that fails for these arguments, or None when all pass."""
-        values = self._current_values(args, kwargs)
-        if values is None:
-            return self.guards[0]  # the structure guard
-        return G.first_failing(self.guards, values)
-
-    def flatten_inputs(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
-        """The tensors to call ``gm`` with: user tensors, then current values of lifted ones."""
-        leaves = G.flatten_user_inputs(self.signature, args, kwargs)[0]
-        user = [v for _, v in leaves if isinstance(v, torch.Tensor)]
-        return user + [lifted.fetch() for lifted in self.lifted]
-
-    @functools.cached_property
-    def input_sources(self) -> list[str]:
-        """Guard sources of ``gm``'s placeholders, in order: user tensors (a tensor passed twice
-        has an ``alias`` guard instead of metadata guards), then lifted tensors."""
-        lifted = [lt.name for lt in self.lifted]
-        user = [g.source for g in self.guards if g.kind in ("shape", "alias")]
-        return [src for src in user if src not in lifted] + lifted
-
-    @functools.cached_property
-    def fast_check(self) -> Callable[[tuple, dict], list[torch.Tensor] | None] | None:
-        """The guards compiled to one function (``guard_compiler.py``), or None if they need
-        the general path (nested or keyword-only arguments, defaults)."""
-        params = G.plain_parameter_names(self.signature) if self.signature else None
-        readers = {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
-        return compile_check(self.guards, params, readers, self.input_sources)
-
-    def guarded_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
-        """``flatten_inputs`` if every guard holds, else None: what a cache lookup on every call
-        wants (``toycomp.compile``). The compiled check answers the common case; a miss (or a
-        call it does not handle, like keyword arguments) takes the general path."""
-        if self.fast_check is not None:
-            flat = self.fast_check(args, kwargs)
-            if flat is not None:
-                return flat
-        values = self._current_values(args, kwargs)
-        if values is None or G.first_failing(self.guards, values) is not None:
-            return None
-        return [values[name] for name in self.input_sources]
-
-    def unflatten_outputs(self, flat: tuple | list) -> Any:
-        """Rebuild the structure ``fn`` returned from ``gm``'s flat tuple of tensors."""
-        leaves = [flat[x] if isinstance(x, int) else x.value for x in self.output_leaves]
-        return tree_unflatten(leaves, self.output_spec)
 
     def undo_side_effects(self) -> None:
         """Undo the capture run's in-place updates of input / lifted tensors and its RNG use.
@@ -257,18 +189,6 @@ def capture(fn: Callable, *example_inputs: Any, **example_kwargs: Any) -> Captur
 # ----------------------------------------------------------------------------------------------
 # The tracer
 # ----------------------------------------------------------------------------------------------
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_TOYCOMP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_AUTOGRAD_FUNCTION_FILE = os.path.join(_TORCH_DIR, "autograd", "function.py")
-
-
-class _Location(NamedTuple):
-    filename: str
-    lineno: int
-    function: str
-    text: str
-
 
 class _CaptureMode(TorchFunctionMode):
     """Sends every torch-level call to the tracer.
@@ -391,13 +311,13 @@ class _Tracer:
             R.check_supported(func, args, kwargs)
             node_args, node_kwargs = self._to_nodes(args), self._to_nodes(kwargs)
         except GraphBreakError as e:
-            self.graph_break = self.graph_break or _graph_break(e.reason, where)
+            self.graph_break = self.graph_break or graph_break_at(e.reason, where)
             raise
         result = func(*args, **kwargs)
         try:
             return self._record(func, node_args, node_kwargs, result, where)
         except GraphBreakError as e:
-            self.graph_break = self.graph_break or _graph_break(e.reason, where)
+            self.graph_break = self.graph_break or graph_break_at(e.reason, where)
             raise
 
     def _to_nodes(self, value: Any) -> Any:
@@ -418,7 +338,7 @@ class _Tracer:
             return value
         raise GraphBreakError(f"unsupported argument of type {type(value).__name__}")
 
-    def _record(self, func, node_args, node_kwargs, result, where: _Location) -> Any:
+    def _record(self, func, node_args, node_kwargs, result, where: Location) -> Any:
         name = R.func_name(func)
         tensors_in = any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_args)[0])
         tensors_in |= any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_kwargs)[0])
@@ -442,63 +362,30 @@ class _Tracer:
             )
         return result
 
-    def _call(self, func, args, kwargs, where: _Location, val: Any) -> torch.fx.Node:
+    def _call(self, func, args, kwargs, where: Location, val: Any) -> torch.fx.Node:
         op, target, args, kwargs = R.target_for(func, args, kwargs)
         node = self.graph.create_node(op, target, args, kwargs)
         node.meta["val"] = val
-        node.meta["stack_trace"] = (
-            f'  File "{where.filename}", line {where.lineno}, in {where.function}\n'
-            f"    {where.text}\n"
-        )
-        node.meta["source_line"] = f"line {where.lineno}: {where.text}"
+        node.meta.update(node_source_meta(where))
         return node
 
     # -- where are we in the user's code? ----------------------------------------------------
 
-    def _where(self) -> _Location:
-        """The innermost user frame (outside torch and toycomp) of the current torch call.
+    def _where(self) -> Location:
+        """The user's source line of the current torch call (toycomp/source_lines.py).
 
         Also refuses calls made inside a custom ``autograd.Function``: recording its forward ops
         would silently drop its custom backward.
         """
-        frame, user = inspect.currentframe(), None
-        innermost_library = None
-        while frame is not None and frame is not self.root_frame:
-            filename = frame.f_code.co_filename
-            if filename == _AUTOGRAD_FUNCTION_FILE and frame.f_code.co_name == "apply":
-                caller = _location(frame.f_back)
-                name = getattr(frame.f_locals.get("cls"), "__name__", "autograd.Function")
-                reason = f"custom autograd.Function {name}.apply (its backward cannot be traced)"
-                self.graph_break = self.graph_break or _graph_break(reason, caller)
-                raise GraphBreakError(reason)
-            is_library = filename.startswith((_TORCH_DIR, _TOYCOMP_DIR))
-            if user is None and not is_library:
-                user = frame
-            if innermost_library is None and filename.startswith(_TORCH_DIR):
-                if not filename.endswith("overrides.py"):
-                    innermost_library = frame
-            frame = frame.f_back
-        return _location(user or innermost_library)
+        where, graph_break = user_location(self.root_frame)
+        if graph_break is not None:
+            self.graph_break = self.graph_break or graph_break
+            raise GraphBreakError(graph_break.reason)
+        return where
 
     def locate(self, reason: str) -> GraphBreak:
         """A GraphBreak pointing at ``fn``'s definition (for breaks outside any torch call)."""
-        code = self.fn_code
-        if code is None:
-            return GraphBreak(reason, "<unknown>", 0, "")
-        text = linecache.getline(code.co_filename, code.co_firstlineno).strip()
-        return GraphBreak(reason, code.co_filename, code.co_firstlineno, text)
-
-
-def _location(frame: types.FrameType | None) -> _Location:
-    if frame is None:
-        return _Location("<unknown>", 0, "<unknown>", "")
-    filename, lineno = frame.f_code.co_filename, frame.f_lineno
-    text = linecache.getline(filename, lineno).strip()
-    return _Location(filename, lineno, frame.f_code.co_name, text)
-
-
-def _graph_break(reason: str, where: _Location) -> GraphBreak:
-    return GraphBreak(reason, where.filename, where.lineno, where.text)
+        return definition_site(reason, self.fn_code)
 
 
 def _constant(t: torch.Tensor) -> Callable[[], torch.Tensor]:

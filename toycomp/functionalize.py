@@ -32,7 +32,8 @@ overwritten tensor raises an error naming the in-place op. Each node keeps its t
 strides ([Note: a node has its tensor's layout]) and ``as_strided``, which reads memory rather
 than values, is taken on a fresh root ([Note: as_strided reads memory]). Mutations of graph
 *inputs* are left to ``toycomp.aot``, which returns their final values for its runtime wrapper
-to copy back. Schema and memory helpers live in ``toycomp.functional_utils``.
+to copy back. Schema and memory helpers live in ``toycomp.functional_utils``, the tensor <-> node
+bookkeeping (``TensorTracker``) in ``toycomp.tensor_tracker``.
 
 NB: in PyTorch the recording is make_fx's ``ProxyTorchDispatchMode``
 (torch/fx/experimental/proxy_tensor.py) and functionalisation is ``FunctionalTensorMode``
@@ -46,9 +47,7 @@ every op on the real example inputs, which is simpler and slower.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -69,14 +68,13 @@ from toycomp.functional_utils import (
     is_dense,
     mutated_args,
     non_overlapping,
-    overlaps,
     same_strides,
     same_view,
     span,
     storage_key,
     to_meta,
-    to_meta_value,
 )
+from toycomp.tensor_tracker import TensorTracker, Tracked
 
 __all__ = [
     "BATCH_NORM_OPS",
@@ -92,126 +90,14 @@ __all__ = [
 aten = torch.ops.aten
 
 
-@dataclasses.dataclass
-class _Tracked:
-    """What the recorder knows about one real tensor: the node holding its current value."""
-
-    tensor: torch.Tensor  # kept alive so that id(tensor) is never reused during a trace
-    node: fx.Node
-    stale: str | None = None  # name of the in-place op that overwrote it through an alias
-    constant: bool = False
-
-
-class FunctionalRecorder(TorchDispatchMode):
+class FunctionalRecorder(TensorTracker, TorchDispatchMode):
     """Runs every ATen op for real and records its functional version in ``self.graph``.
 
     make_fx's tracer and FunctionalTensorMode in one (see the module docstring). ``placeholder``
     registers an input, ``read`` gives the node holding a tensor's current value, ``values``
-    maps nodes to their real values (the example inputs of the compiled graphs).
+    maps nodes to their real values (the example inputs of the compiled graphs): that
+    bookkeeping is inherited from ``TensorTracker`` (toycomp/tensor_tracker.py).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.graph = fx.Graph()
-        self.constants: dict[str, torch.Tensor] = {}
-        self.values: dict[fx.Node, torch.Tensor] = {}  # real value of each node
-        self.placeholders: list[fx.Node] = []
-        self._tracked: dict[int, _Tracked] = {}
-        self._by_storage: dict[tuple, dict[int, _Tracked]] = defaultdict(dict)
-
-    # -- tensor <-> node bookkeeping -------------------------------------------------------
-    def placeholder(self, name: str, t: torch.Tensor) -> fx.Node:
-        if self.placeholders:
-            with self.graph.inserting_after(self.placeholders[-1]):
-                node = self.graph.placeholder(name)
-        else:
-            node = self.graph.placeholder(name)
-        node.meta["val"] = to_meta(t)
-        self.placeholders.append(node)
-        self._track(t, node)
-        return node
-
-    def _track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> _Tracked:
-        entry = _Tracked(t, node, constant=constant)
-        self._tracked[id(t)] = entry
-        self.values.setdefault(node, t)
-        key = storage_key(t)
-        if key is not None:
-            self._by_storage[key][id(t)] = entry
-        return entry
-
-    def _aliases(self, t: torch.Tensor) -> list[_Tracked]:
-        """Tracked tensors (other than ``t``) whose memory overlaps ``t``'s."""
-        key = storage_key(t)
-        if key is None:
-            return []
-        lo, hi = extent(t)
-        entries = self._by_storage.get(key, {}).values()
-        return [e for e in entries if e.tensor is not t and overlaps(extent(e.tensor), lo, hi)]
-
-    def read(self, t: Any, op: str) -> Any:
-        """The node holding ``t``'s current value (non-tensors are returned unchanged)."""
-        if not isinstance(t, torch.Tensor):
-            return t
-        entry = self._tracked.get(id(t))
-        if entry is None:
-            entry = self._unknown(t, op)
-        if entry.stale:
-            raise RuntimeError(
-                f"toycomp.aot: {op} reads a tensor that {entry.stale} overwrote through a "
-                "view/alias (e.g. x[0].mul_(2) then reading x). In-place ops on views are not "
-                "functionalised by toycomp; use an out-of-place op (x = x * 2, torch.where...)."
-            )
-        return entry.node
-
-    def _unknown(self, t: torch.Tensor, op: str) -> _Tracked:
-        # [Note: tensors the recorder did not see being made]
-        # A tensor that no recorded op produced is a constant (closed over by fn, or the
-        # argument of aten.lift_fresh for torch.tensor(...)). It becomes a get_attr node
-        # holding a *copy*: the trace runs ops for real and could mutate the original.
-        # If it shares memory with a traced tensor it was made by a non-ATen path (`.data`):
-        # with the same view we can reuse that node, otherwise we refuse.
-        aliases = self._aliases(t)
-        for alias in aliases:
-            if same_view(alias.tensor, t) and not alias.stale:
-                return self._track(t, alias.node)
-        if aliases:
-            raise RuntimeError(f"toycomp.aot: {op} got an untraced alias of a traced tensor")
-        if t.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError(
-                f"toycomp.aot: {op} uses a closed-over tensor that requires grad "
-                f"(shape {tuple(t.shape)}); pass it as an input so it gets a gradient."
-            )
-        # An expanded constant is stored compact and expanded again, keeping t's strides.
-        shape = [1 if st == 0 else n for n, st in zip(t.shape, t.stride())]
-        compact = t.detach().as_strided(shape, t.stride(), t.storage_offset())
-        name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = copy_like(compact, compact)  # t's strides where it can
-        node = self.graph.get_attr(name)
-        node.meta["val"] = to_meta(self.constants[name])
-        if shape != list(t.shape):
-            node = self._emit(aten.expand.default, (node, list(t.shape)), {}, t)
-        return self._track(t, node, constant=True)
-
-    def _emit(self, op: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
-        name = getattr(op, "overloadpacket", op).__name__
-        node = self.graph.create_node("call_function", op, args, kwargs, name=name)
-        node.meta["val"] = to_meta_value(val)
-        return node
-
-    def _emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
-        """One node per tensor result of ``node``: itself, or a getitem per tuple element."""
-        if isinstance(val, torch.Tensor):
-            return [node]
-        if not isinstance(val, (tuple, list)):
-            raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
-        nodes: list[fx.Node | None] = []
-        for i, item in enumerate(val):
-            if item is not None and not isinstance(item, torch.Tensor):
-                raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {item!r}")
-            getitem = None if item is None else self._emit(operator.getitem, (node, i), {}, item)
-            nodes.append(getitem)
-        return nodes
 
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -338,7 +224,7 @@ class FunctionalRecorder(TorchDispatchMode):
             self._replace(t, node, op, view_op=True)
         return out
 
-    def _strided_root(self, t: torch.Tensor, read: tuple[int, int] | None, op: str) -> _Tracked:
+    def _strided_root(self, t: torch.Tensor, read: tuple[int, int] | None, op: str) -> Tracked:
         """The tracked alias of ``t`` that ``t.as_strided`` reading bytes ``read`` is taken on."""
         entry = self._tracked.get(id(t)) or self._unknown(t, op)
         if read is None:  # reads nothing
@@ -354,14 +240,7 @@ class FunctionalRecorder(TorchDispatchMode):
             )
         return min(roots, key=_needs_relayout)  # stable: t itself if it can
 
-    def _retrack(self, entry: _Tracked, node: fx.Node) -> _Tracked:
-        entry.node, entry.stale = node, None
-        value, meta = self.values.get(node), node.meta["val"]
-        if value is None or (value is entry.tensor and value.stride() != meta.stride()):
-            self.values[node] = copy_like(entry.tensor, meta)
-        return entry
-
-    def _root(self, entries: list[_Tracked]) -> _Tracked | None:
+    def _root(self, entries: list[Tracked]) -> Tracked | None:
         """A dense alias, not stale, that covers the memory of all ``entries`` (or None)."""
         lo = min(extent(e.tensor)[0] for e in entries)
         hi = max(extent(e.tensor)[1] for e in entries)
@@ -437,7 +316,7 @@ def _is_fresh(node: fx.Node) -> bool:
     return node.op == "call_function" and not is_view
 
 
-def _needs_relayout(root: _Tracked) -> bool:
+def _needs_relayout(root: Tracked) -> bool:
     """Must ``root``'s node be copied before ``as_strided`` reads its memory?
 
     Inputs need not: ``toycomp.aot`` checks at run time that they have storage offset 0.
