@@ -270,12 +270,17 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         defaults = {a.name: a.default_value for a in schema.arguments[len(real[0]) :]
                     if a.has_default_value() and a.name not in drop and a.name not in nkwargs}
         nkwargs = {k: v for k, v in (defaults | nkwargs).items() if k not in drop}
-        margs, mkwargs = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, real)
-        mkwargs = {k: v for k, v in (defaults | mkwargs).items() if k not in drop}
+        # The functional op's result layout comes from running it for real (meta kernels do not
+        # always give the real strides: aten.zero in torch 2.11), except for random ops, whose
+        # real run would draw random numbers a second time: those run on meta tensors.
+        if torch.Tag.nondeterministic_seeded in functional.tags:
+            real = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, real)
+        cargs, ckwargs = real[0], {k: v for k, v in (defaults | real[1]).items() if k not in drop}
         try:
-            val = functional(*margs, **mkwargs)
+            val = functional(*cargs, **ckwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise NotImplementedError(f"toycomp.aot: cannot functionalise {op}: {e}") from e
+        val = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, val)
         results = self._emit_results(self._emit(functional, nargs, nkwargs, val), val)
         view_op = torch.Tag.inplace_view in func.tags
         for (_, t), index in zip(mutated, result_of):
