@@ -328,17 +328,25 @@ def _check_compiled(fn, backend, *inputs):
     return compiled
 
 
-def test_get_attr_lowers_to_a_constant_buffer_read_by_kernels_and_externs():
-    from toycomp.inductor.wrapper import compile_graph
-
+def constant_graph(with_view: bool) -> tuple[torch.nn.Module, Graph]:
+    """A graph whose constant ``c`` is read by an extern (mm) and a kernel, and returned (and,
+    ``with_view``, returned transposed too)."""
     root = torch.nn.Module()
     root.c = torch.randn(6, 3)
     g = Graph()
     x, c = g.placeholder("x"), g.get_attr("c")
-    mm = g.call_function(aten.mm.default, (x, c))  # an extern reads the constant...
+    mm = g.call_function(aten.mm.default, (x, c))
     rows = g.call_function(p.slice, (c, 0, 0, 4))
     out = g.call_function(p.add, (mm, g.call_function(p.exp, (rows,))))
-    g.output((out, c))  # ...a kernel reads it, and it is returned
+    extra = (g.call_function(p.permute, (c, [1, 0])),) if with_view else ()
+    g.output((out, c, *extra))
+    return root, g
+
+
+def test_get_attr_lowers_to_a_constant_buffer_read_by_kernels_and_externs():
+    from toycomp.inductor.wrapper import compile_graph
+
+    root, g = constant_graph(with_view=False)
     x_val = torch.randn(4, 6)
     lowered = lower(GraphModule(root, g), [x_val])
     assert [(k.name, k.size) for k in lowered.constants] == [("c", (6, 3))]
@@ -395,15 +403,7 @@ def _run_both(lowered, inputs, expected):
 
 
 def test_interpreter_binds_graph_constants():
-    root = torch.nn.Module()
-    root.c = torch.randn(6, 3)
-    g = Graph()
-    x, c = g.placeholder("x"), g.get_attr("c")
-    mm = g.call_function(aten.mm.default, (x, c))  # an extern reads the constant...
-    rows = g.call_function(p.slice, (c, 0, 0, 4))
-    out = g.call_function(p.add, (mm, g.call_function(p.exp, (rows,))))
-    t = g.call_function(p.permute, (c, [1, 0]))
-    g.output((out, c, t))  # ...a kernel reads it, it is returned, and a view of it too
+    root, g = constant_graph(with_view=True)
     x_val = torch.randn(4, 6)
     lowered = lower(GraphModule(root, g), [x_val])
     assert [k.name for k in lowered.constants] == ["c"]
