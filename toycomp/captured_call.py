@@ -56,17 +56,18 @@ class GuardedCall:
         except TypeError:
             return None
         values = {G.STRUCTURE: structure, G.GRAD_MODE: torch.is_grad_enabled(), **dict(leaves)}
-        for source, read in self.state_readers.items():
+        for source, read in self.readers.items():
             try:
                 values[source] = read()
             except (AttributeError, KeyError, ValueError):
                 pass  # a missing source fails its guards
-        for lifted in self.lifted:
-            try:
-                values[lifted.name] = lifted.fetch()
-            except (AttributeError, KeyError, ValueError):
-                pass
         return values
+
+    @functools.cached_property
+    def readers(self) -> dict[str, Callable[[], Any]]:
+        """Source -> reader for every guarded value that is not an argument: module flags and
+        closed-over constants (``state_readers``), and lifted tensors."""
+        return {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
 
     def check_guards(self, *args: Any, **kwargs: Any) -> G.Guard | None:
         """Return the first guard that fails for these arguments, or None when all pass."""
@@ -94,8 +95,7 @@ class GuardedCall:
         """The guards compiled to one function (``guard_compiler.py``), or None if they need
         the general path (nested or keyword-only arguments, defaults)."""
         params = G.plain_parameter_names(self.signature) if self.signature else None
-        readers = {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
-        return compile_check(self.guards, params, readers, self.input_sources)
+        return compile_check(self.guards, params, self.readers, self.input_sources)
 
     def guarded_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
         """``flatten_inputs`` if every guard holds, else None: what a cache lookup on every call

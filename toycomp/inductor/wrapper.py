@@ -100,8 +100,11 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
     namespace.update(_load_kernels(generated, backend, device))
     for step in scheduled.steps:
         if isinstance(step, ir.ExternKernel):
-            # Resolve now, to fail with the op's name at compile time rather than at the first call.
-            namespace[extern_name(step.kernel)] = resolve_extern(step.kernel)
+            # Resolve now, to fail with the op's name at compile time rather than at the first
+            # call; only the eager_<prim> names need binding (aten.* resolves through `aten`).
+            fn, name = resolve_extern(step.kernel), extern_name(step.kernel)
+            if name.startswith("eager_"):
+                namespace[name] = fn
     code = compile(source, f"<toycomp wrapper ({backend})>", "exec")
     exec(code, namespace)
     externs = [f"{s.name} = {s.kernel}" for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
