@@ -26,14 +26,14 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp.aot import AOTOutput, aot_function
-from toycomp.capture import CapturedGraph, capture
-from toycomp.decompositions import decompose, fallbacks
+from toycomp.aot.aot_autograd import AOTOutput, aot_function
+from toycomp.capture.tracer import CapturedGraph, capture
+from toycomp.prims.decompositions import decompose, fallbacks
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.wrapper import CompiledGraph, compile_graph
-from toycomp.partitioners import default_partition, min_cut_rematerialization_partition
+from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 
 BACKENDS = ("cpp", "triton")
 # How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp.inductor import ir
 
 _REDUCE = {

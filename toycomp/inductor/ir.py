@@ -360,7 +360,7 @@ def extern_callable(kernel: str) -> Callable[..., object]:
     cannot be lowered) is the eager reference of toycomp's prim (NOT ``torch.ops.prims.sin``,
     PyTorch's own, different prims)."""
     if kernel.startswith("toycomp.prims."):
-        from toycomp import prims  # local import: ir.py stays importable on its own
+        import toycomp.prims as prims  # local import: ir.py stays importable on its own
 
         return prims.PRIM_INFO[prims.PRIMS[kernel.removeprefix("toycomp.prims.")]].ref
     fn: object = torch.ops

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.node import Node
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
 from toycomp.inductor import ir
 from toycomp.inductor.tensor_value import (  # noqa: F401  (reindex: importable from here too)

@@ -25,7 +25,7 @@ from typing import Any
 import sympy
 import torch
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp.inductor import ir
 from toycomp.inductor.lowering import (
     LOWERINGS,

@@ -34,8 +34,9 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp.inductor import cpp, ir, triton
-from toycomp.inductor.codegen import GeneratedKernel, IndentedBuffer
+from toycomp.inductor.codegen import cpp, triton
+from toycomp.inductor import ir
+from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
 
 __all__ = ["CompiledGraph", "GeneratedKernel", "compile_graph"]
 

@@ -13,9 +13,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from toycomp import prims
-from toycomp.decomp_helpers import result_type
-from toycomp.decompositions import (
+import toycomp.prims as prims
+from toycomp.prims.helpers import result_type
+from toycomp.prims.decompositions import (
     DECOMPOSITIONS,
     EXTERN_OPS,
     DecompTracer,

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from toycomp import guards as G
+from toycomp.capture import guards as G
 
 _TENSOR_CHECKS = {
     "shape": "{v}.shape == {e}",

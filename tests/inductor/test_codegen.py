@@ -13,8 +13,9 @@ import pytest
 import sympy
 import torch
 
-from toycomp import prims
-from toycomp.inductor import cache, codegen, cpp, ir, triton, wrapper
+import toycomp.prims as prims
+from toycomp.inductor import cache, ir, wrapper
+from toycomp.inductor.codegen import common as codegen, cpp, triton
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,
@@ -34,7 +35,7 @@ from toycomp.inductor.ir import (
     r,
     x,
 )
-from toycomp.inductor.triton_helpers import TRITON_OPS
+from toycomp.inductor.codegen.triton_helpers import TRITON_OPS
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
 BACKENDS = ["cpp", "triton"]

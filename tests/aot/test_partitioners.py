@@ -9,8 +9,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from toycomp import aot
-from toycomp.partitioners import (
+from toycomp.aot import aot_autograd as aot
+from toycomp.aot.partitioners import (
     default_partition,
     fx_graph_cse,
     min_cut_rematerialization_partition,

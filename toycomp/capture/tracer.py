@@ -49,13 +49,13 @@ import torch
 import torch.fx
 from torch.overrides import TorchFunctionMode
 
-from toycomp import capture_rules as R
-from toycomp import guards as G
+from toycomp.capture import rules as R
+from toycomp.capture import guards as G
 from toycomp._torch_compat import _set_grad_enabled, tree_flatten
-from toycomp.capture_rules import GraphBreakError
-from toycomp.captured_call import GuardedCall
-from toycomp.side_effects import CreationTracker, SideEffects, storage_ptr
-from toycomp.source_lines import (
+from toycomp.capture.rules import GraphBreakError
+from toycomp.capture.captured_call import GuardedCall
+from toycomp.capture.side_effects import CreationTracker, SideEffects, storage_ptr
+from toycomp.capture.source_lines import (
     GraphBreak,
     Location,
     definition_site,

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
-from toycomp import prims
-from toycomp.decomp_helpers import (
+import toycomp.prims as prims
+from toycomp.prims.helpers import (
     broadcast_to,
     convert,
     elementwise,
@@ -35,7 +35,7 @@ from toycomp.decomp_helpers import (
     reshape,
     upcast,
 )
-from toycomp.decompositions import Unsupported, register
+from toycomp.prims.decompositions import Unsupported, register
 
 aten = torch.ops.aten
 

@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterator
 import sympy
 import torch
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp.inductor import cache, ir
-from toycomp.inductor.codegen import (
+from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
     GeneratedKernel,
     IndentedBuffer,
@@ -45,7 +45,7 @@ from toycomp.inductor.codegen import (
     index_upper_bound,
     operand_dtype,
 )
-from toycomp.inductor.triton_helpers import HELPERS, TRITON_OPS, triton_convert, triton_type
+from toycomp.inductor.codegen.triton_helpers import HELPERS, TRITON_OPS, triton_convert, triton_type
 
 # [Note: Triton block sizes]
 # No autotuning (it needs a GPU driver, and it makes generated code depend on timings):

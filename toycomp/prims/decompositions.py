@@ -45,7 +45,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
 
 aten = torch.ops.aten
@@ -396,4 +396,4 @@ def fallbacks(gm: fx.GraphModule) -> list[str]:
     return names
 
 
-from toycomp import decomp_rules  # noqa: E402,F401  (fills DECOMPOSITIONS)
+from toycomp.prims import pointwise_rules as decomp_rules  # noqa: E402,F401  (fills DECOMPOSITIONS)

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from toycomp.capture import CapturedGraph, GraphBreak, capture
+from toycomp.capture.tracer import CapturedGraph, GraphBreak, capture
 
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from toycomp import prims
-from toycomp.decomp_helpers import (
+import toycomp.prims as prims
+from toycomp.prims.helpers import (
     ELEMENTWISE_TYPE_PROMOTION_KIND as KIND,
     broadcast_shapes,
     broadcast_to,
@@ -39,7 +39,7 @@ from toycomp.decomp_helpers import (
     round_number,
     upcast,
 )
-from toycomp.decompositions import Unsupported, register
+from toycomp.prims.decompositions import Unsupported, register
 
 aten = torch.ops.aten
 
@@ -298,5 +298,5 @@ def gelu_backward(grad: Any, a: Any, approximate: str = "none") -> Any:
     return convert(out, dtype)
 
 
-from toycomp import decomp_nn  # noqa: E402,F401  (reductions, softmax, losses, norms)
-from toycomp import decomp_views  # noqa: E402,F401  (views, creation, copies)
+from toycomp.prims import nn_rules as decomp_nn  # noqa: E402,F401  (reductions, softmax, losses, norms)
+from toycomp.prims import view_rules as decomp_views  # noqa: E402,F401  (views, creation, copies)

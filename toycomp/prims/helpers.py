@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from toycomp import prims
+import toycomp.prims as prims
 
 
 class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)

@@ -11,7 +11,7 @@ import torch
 from torch.fx import Graph, GraphModule
 from torch.fx.node import map_aggregate
 
-from toycomp import prims as p
+import toycomp.prims as p
 from toycomp.inductor import ir
 from toycomp.inductor.interpret import run_lowered, run_scheduled
 from toycomp.inductor.lowering import REALIZE_THRESHOLD, LoweringError, lower

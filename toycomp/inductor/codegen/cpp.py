@@ -44,9 +44,9 @@ from typing import Callable
 import sympy
 import torch
 
-from toycomp import prims
+import toycomp.prims as prims
 from toycomp.inductor import cache, ir
-from toycomp.inductor.codegen import (
+from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
     IndexPrinter,

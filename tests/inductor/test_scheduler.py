@@ -4,8 +4,8 @@ against eager PyTorch."""
 import sympy
 import torch
 
-from test_inductor_lowering import compile_and_run, extern, kernels, trace_prims
-from toycomp import prims as p
+from tests.inductor.test_lowering import compile_and_run, extern, kernels, trace_prims
+import toycomp.prims as p
 from toycomp.inductor import ir
 from toycomp.inductor.interpret import run_lowered, run_scheduled
 from toycomp.inductor.lowering import REALIZE_THRESHOLD

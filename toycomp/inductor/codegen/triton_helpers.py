@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from toycomp.inductor.codegen import infix_rules
+from toycomp.inductor.codegen.common import infix_rules
 
 TRITON_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",

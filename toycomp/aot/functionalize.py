@@ -54,7 +54,7 @@ import torch
 import torch.fx as fx
 
 from toycomp._torch_compat import TorchDispatchMode, tree_map
-from toycomp.functional_utils import (
+from toycomp.aot.functional_utils import (
     AS_STRIDED_OPS,
     BATCH_NORM_OPS,
     DATA_DEPENDENT_OPS,
@@ -74,7 +74,7 @@ from toycomp.functional_utils import (
     storage_key,
     to_meta,
 )
-from toycomp.tensor_tracker import TensorTracker, Tracked
+from toycomp.aot.tensor_tracker import TensorTracker, Tracked
 
 __all__ = [
     "BATCH_NORM_OPS",

@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 import torch
 
-from toycomp import prims
-from toycomp.decomp_helpers import broadcast_to, convert, normalize_dim, reshape
-from toycomp.decompositions import Unsupported, register
+import toycomp.prims as prims
+from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape
+from toycomp.prims.decompositions import Unsupported, register
 
 aten = torch.ops.aten
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from toycomp import guards as G
-from toycomp.capture import capture
+from toycomp.capture import guards as G
+from toycomp.capture.tracer import capture
 
 torch.manual_seed(0)
 MODEL = nn.Linear(4, 3)

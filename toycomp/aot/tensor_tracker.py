@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from toycomp.functional_utils import (
+from toycomp.aot.functional_utils import (
     copy_like,
     extent,
     overlaps,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from toycomp.functional_utils import copy_like, storage_key
+from toycomp.aot.functional_utils import copy_like, storage_key
 
 __all__ = [
     "AOTOutput",

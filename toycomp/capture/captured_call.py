@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from toycomp import guards as G
+from toycomp.capture import guards as G
 from toycomp._torch_compat import tree_unflatten
-from toycomp.guard_compiler import compile_check
+from toycomp.capture.guard_compiler import compile_check
 
 if TYPE_CHECKING:
-    from toycomp.capture import LiftedTensor
+    from toycomp.capture.tracer import LiftedTensor
 
 __all__ = ["GuardedCall"]
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import toycomp
-from toycomp import aot
-from toycomp.partitioners import default_partition
+from toycomp.aot import aot_autograd as aot
+from toycomp.aot.partitioners import default_partition
 
 aten = torch.ops.aten
 TOL = dict(rtol=1e-4, atol=1e-5)

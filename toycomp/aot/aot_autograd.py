@@ -38,10 +38,10 @@ import torch
 import torch.fx as fx
 
 from toycomp._torch_compat import cudnn_and_mkldnn_disabled
-from toycomp.functional_utils import copy_like, is_dense, storage_key
-from toycomp.functionalize import FunctionalRecorder
-from toycomp.partitioners import default_partition
-from toycomp.runtime_wrappers import (
+from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
+from toycomp.aot.functionalize import FunctionalRecorder
+from toycomp.aot.partitioners import default_partition
+from toycomp.aot.runtime_wrappers import (
     AOTOutput,
     CompiledFunction,
     OutputAliasInfo,
