@@ -5,9 +5,12 @@ guards (or the graph break), the joint / forward / backward ATen graphs and the 
 decomposed prims graphs and their fallbacks, the fused kernels with their source text, and the
 wrapper code. It prints as text and renders as collapsible sections in a notebook::
 
+    >>> import torch, toycomp
     >>> ex = toycomp.explain(lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2, torch.randn(8))
-    >>> ex.kernels[0].source          # the generated C++ of the forward kernel
-    >>> ex.draw("forward")            # the forward ATen graph, saved values marked
+    >>> len(ex.kernels), ex.kernels[0].backend      # one fused C++ kernel for the forward
+    (1, 'cpp')
+    >>> print(ex.draw("forward").source.splitlines()[0])   # the forward ATen graph, as DOT
+    digraph "forward (ATen)" {
 
 NB: PyTorch's counterparts are torch._dynamo.explain (graphs, graph breaks, guards) and
 TORCH_LOGS="graph_code,aot_graphs,output_code" (every stage's code, printed as it compiles).
@@ -21,7 +24,7 @@ from typing import Any, Callable
 
 import torch.fx
 
-from toycomp import viz
+import toycomp.viz as viz
 from toycomp.pipeline import CompiledEntry, GraphArtefacts, build, check_choices
 
 

@@ -4,8 +4,11 @@ Input -> output: a ``torch.fx.GraphModule`` (any stage: captured, joint, forward
 decomposed) -> a ``Drawing`` that shows as SVG in a notebook (when the graphviz ``dot`` program is
 installed) and as text everywhere else::
 
-    >>> toycomp.viz.draw(captured.gm, title="captured")          # notebook: an SVG picture
-    >>> print(toycomp.viz.draw(aot.forward, saved=aot.saved_values).source)   # the DOT text
+    >>> import torch, torch.fx, toycomp
+    >>> gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) ** 2)
+    >>> drawing = toycomp.viz.draw(gm, title="captured")   # a notebook shows it as SVG
+    >>> print(drawing.source.splitlines()[0])              # the DOT text
+    digraph captured {
 
 Saved values (what the forward graph keeps for the backward) are drawn in orange; fused groups
 (the kernels inductor made) are drawn as boxes around the nodes they contain.
