@@ -6,7 +6,8 @@ and torch 2.11 on the GPU machine). Stages import these names from here, never f
 """
 
 import contextlib
-from typing import Iterator
+import functools
+from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (functionalize.py's recorder)
@@ -54,3 +55,45 @@ def cudnn_and_mkldnn_disabled() -> Iterator[None]:
     finally:
         torch._C._set_cudnn_enabled(was[0])
         torch._C._set_mkldnn_enabled(was[1])
+
+
+class SchemaArgument(NamedTuple):
+    """One argument of an ATen op's schema, in plain Python values."""
+
+    name: str
+    type: str  # "Tensor", "Optional[Tensor]", "List[Tensor]", "int"...
+    is_write: bool  # annotated ``Tensor(a!)``: the op writes to it
+    is_out: bool  # an ``out=`` argument
+    has_default: bool
+    default: Any  # meaningful when has_default
+
+
+class OpSchema(NamedTuple):
+    """An ATen op's schema (``aten::add_.Tensor(Tensor(a!) self, Tensor other, *, ...)``)."""
+
+    name: str  # "aten::add_"
+    arguments: tuple[SchemaArgument, ...]
+    is_mutable: bool  # writes to some argument
+
+
+@functools.lru_cache(maxsize=None)
+def schema_of(op: OpOverload) -> OpSchema:  # functional_utils.py, partitioners.py
+    """``op._schema`` as an ``OpSchema`` (read once per op: the recorder asks on every op).
+
+    >>> schema = schema_of(torch.ops.aten.add_.Tensor)
+    >>> schema.name, schema.is_mutable, [(a.name, a.is_write) for a in schema.arguments]
+    ('aten::add_', True, [('self', True), ('other', False), ('alpha', False)])
+    """
+    schema = op._schema
+    arguments = tuple(
+        SchemaArgument(
+            a.name,
+            str(a.type),
+            a.alias_info is not None and a.alias_info.is_write,
+            a.is_out,
+            a.has_default_value(),
+            a.default_value if a.has_default_value() else None,
+        )
+        for a in schema.arguments
+    )
+    return OpSchema(schema.name, arguments, schema.is_mutable)

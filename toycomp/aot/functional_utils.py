@@ -25,12 +25,15 @@ from typing import Any
 
 import torch
 
+from toycomp._torch_compat import schema_of
+
 __all__ = [
     "AS_STRIDED_OPS",
     "BATCH_NORM_OPS",
     "DATA_DEPENDENT_OPS",
     "FUNCTIONAL_OVERRIDES",
     "UNSUPPORTED_MUTATIONS",
+    "bind_arguments",
     "copy_like",
     "covers",
     "extent",
@@ -85,15 +88,19 @@ BATCH_NORM_OPS = _ops("native_batch_norm.default", "_native_batch_norm_legit.def
 AS_STRIDED_OPS = _ops("as_strided.default", "as_strided_.default")
 
 
+def bind_arguments(func, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Argument name -> value for a call of the ATen op ``func`` (defaults not filled in)."""
+    return {a.name: v for a, v in zip(schema_of(func).arguments, args)} | kwargs
+
+
 def mutated_args(func, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """(argument name, tensor) for every tensor that ``func`` writes to, in schema order."""
-    schema = func._schema
-    bound = {a.name: v for a, v in zip(schema.arguments, args)} | kwargs
+    bound = bind_arguments(func, args, kwargs)
     if func in BATCH_NORM_OPS:
         training = bound.get("training", False)
         names = ["running_mean", "running_var"] if training else []
     else:
-        names = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+        names = [a.name for a in schema_of(func).arguments if a.is_write]
     mutated = [(n, bound[n]) for n in names if bound.get(n) is not None]
     if mutated and func in UNSUPPORTED_MUTATIONS:
         raise NotImplementedError(f"toycomp.aot: {func} (in-place) is not supported")
@@ -111,19 +118,19 @@ def functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[i
     """
     if func in BATCH_NORM_OPS:
         return aten._native_batch_norm_legit_functional.default, [3, 4], [0, 1, 2]
-    schema = func._schema
-    outs = [a.name for a in schema.arguments if a.is_out]
+    arguments = schema_of(func).arguments
+    outs = [a.name for a in arguments if a.is_out]
     if func in FUNCTIONAL_OVERRIDES:
         return FUNCTIONAL_OVERRIDES[func], [0], []
     name = func.overloadpacket.__name__
     base = name[:-1] if name.endswith("_") and not outs else name
     packet = getattr(aten, base, None)
-    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+    want = [(a.name, a.type) for a in arguments if a.name not in outs]
     for overload in packet.overloads() if packet is not None else []:
-        candidate = getattr(packet, overload)
-        args = [(a.name, str(a.type)) for a in candidate._schema.arguments]
-        if not candidate._schema.is_mutable and args == want:
-            return candidate, list(range(len(mutated))), []
+        candidate = schema_of(getattr(packet, overload))
+        args = [(a.name, a.type) for a in candidate.arguments]
+        if not candidate.is_mutable and args == want:
+            return getattr(packet, overload), list(range(len(mutated))), []
     raise NotImplementedError(f"toycomp.aot: no out-of-place version of {func} to functionalise")
 
 

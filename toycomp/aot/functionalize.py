@@ -53,13 +53,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import TorchDispatchMode, tree_map
+from toycomp._torch_compat import TorchDispatchMode, schema_of, tree_map
 from toycomp.aot.functional_utils import (
     AS_STRIDED_OPS,
     BATCH_NORM_OPS,
     DATA_DEPENDENT_OPS,
     FUNCTIONAL_OVERRIDES,
     UNSUPPORTED_MUTATIONS,
+    bind_arguments,
     copy_like,
     covers,
     extent,
@@ -208,7 +209,7 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         offset relative to the root.
         """
         op = str(func)
-        bound = {a.name: v for a, v in zip(func._schema.arguments, args)} | kwargs
+        bound = bind_arguments(func, args, kwargs)
         t, size, stride = bound["self"], list(bound["size"]), list(bound["stride"])
         offset = bound.get("storage_offset")
         offset = t.storage_offset() if offset is None else offset
@@ -264,11 +265,11 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
     def _functionalize(self, func, mutated, nargs, nkwargs, real, out) -> None:
         op = str(func)
         functional, result_of, outputs = functional_variant(func, [n for n, _ in mutated])
-        schema = func._schema
-        drop = {a.name for a in schema.arguments if a.is_out}
+        arguments = schema_of(func).arguments
+        drop = {a.name for a in arguments if a.is_out}
         # Defaults of the in-place schema (bernoulli_(p=0.5)) may be required by the functional.
-        defaults = {a.name: a.default_value for a in schema.arguments[len(real[0]) :]
-                    if a.has_default_value() and a.name not in drop and a.name not in nkwargs}
+        defaults = {a.name: a.default for a in arguments[len(real[0]) :]
+                    if a.has_default and a.name not in drop and a.name not in nkwargs}
         nkwargs = {k: v for k, v in (defaults | nkwargs).items() if k not in drop}
         # The functional op's result layout comes from running it for real (meta kernels do not
         # always give the real strides: aten.zero in torch 2.11), except for random ops, whose

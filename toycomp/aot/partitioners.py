@@ -37,7 +37,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import OpOverload
+from toycomp._torch_compat import OpOverload, schema_of
 
 __all__ = [
     "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph", "fx_graph_cse",
@@ -178,7 +178,7 @@ def _is_pure(node: fx.Node) -> bool:
     target = node.target
     return (
         isinstance(target, OpOverload)
-        and not target._schema.is_mutable
+        and not schema_of(target).is_mutable
         and not _is_random(node)
         and target.overloadpacket not in _UNINITIALIZED
     )
