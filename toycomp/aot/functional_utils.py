@@ -43,12 +43,9 @@ __all__ = [
     "mutated_args",
     "non_overlapping",
     "overlaps",
-    "same_strides",
     "same_view",
     "span",
     "storage_key",
-    "to_meta",
-    "to_meta_value",
 ]
 
 aten = torch.ops.aten
@@ -135,20 +132,6 @@ def functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[i
 
 
 # -- memory and layout --------------------------------------------------------------------------
-def to_meta(t: torch.Tensor) -> torch.Tensor:
-    """An empty meta tensor with ``t``'s shape, stride and dtype (a node's ``meta["val"]``)."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def to_meta_value(value: Any) -> Any:
-    """``to_meta`` on a tensor or on each tensor of a tuple/list; other values unchanged."""
-    if isinstance(value, torch.Tensor):
-        return to_meta(value)
-    if isinstance(value, (tuple, list)):
-        return tuple(to_meta_value(v) for v in value)
-    return value
-
-
 def copy_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible)."""
     try:
@@ -194,12 +177,6 @@ def is_dense(t: torch.Tensor) -> bool:
 def geometry(t: torch.Tensor, root: torch.Tensor) -> tuple[list[int], list[int], int]:
     """(size, stride, storage offset relative to ``root``) of the view ``t``."""
     return list(t.shape), list(t.stride()), t.storage_offset() - root.storage_offset()
-
-
-def same_strides(meta: torch.Tensor, t: torch.Tensor) -> bool:
-    """Same shape, and the same strides in every dimension that has more than one element."""
-    strides = zip(t.shape, meta.stride(), t.stride())
-    return meta.shape == t.shape and all(a == b for n, a, b in strides if n > 1)
 
 
 def non_overlapping(t: torch.Tensor) -> bool:

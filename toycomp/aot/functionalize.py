@@ -69,13 +69,12 @@ from toycomp.aot.functional_utils import (
     is_dense,
     mutated_args,
     non_overlapping,
-    same_strides,
     same_view,
     span,
     storage_key,
-    to_meta,
 )
 from toycomp.aot.tensor_tracker import TensorTracker, Tracked
+from toycomp.tensor_utils import same_strides, to_meta
 
 __all__ = [
     "BATCH_NORM_OPS",

@@ -34,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from toycomp.aot.functional_utils import copy_like, storage_key
+from toycomp.tensor_utils import same_strides
 
 __all__ = [
     "AOTOutput",
@@ -228,10 +229,7 @@ def _with_layout(arg: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     if not isinstance(arg, torch.Tensor) or (arg.shape, arg.dtype) != (meta.shape, meta.dtype):
         raise RuntimeError(f"toycomp.aot: expected a {meta.dtype} tensor of shape "
                            f"{tuple(meta.shape)} like when traced; trace again")  # fmt: skip
-    if arg.stride() == meta.stride():  # the common case, checked first
-        return arg
-    strides = zip(arg.shape, arg.stride(), meta.stride())
-    if all(stride == traced for size, stride, traced in strides if size > 1):
+    if arg.stride() == meta.stride() or same_strides(meta, arg):  # the first: a quick check
         return arg
     out = torch.empty_strided(meta.shape, meta.stride(), dtype=arg.dtype, device=arg.device)
     return out.copy_(arg)

@@ -36,9 +36,8 @@ from toycomp.aot.functional_utils import (
     overlaps,
     same_view,
     storage_key,
-    to_meta,
-    to_meta_value,
 )
+from toycomp.tensor_utils import to_meta, to_meta_value
 
 __all__ = ["TensorTracker", "Tracked"]
 

@@ -63,6 +63,7 @@ from toycomp.capture.source_lines import (
     node_source_meta,
     user_location,
 )
+from toycomp.tensor_utils import to_meta
 
 __all__ = ["CapturedGraph", "GraphBreak", "GraphBreakError", "LiftedTensor", "capture"]
 
@@ -270,7 +271,7 @@ class _Tracer:
             insertion_point = self.graph.inserting_after(self.last_placeholder)
         with insertion_point:
             node = self.graph.placeholder(name)
-        node.meta["val"] = _meta(t)
+        node.meta["val"] = to_meta(t)
         self.last_placeholder = node
         self.side_effects.watch(node.name, t)
         return node
@@ -343,10 +344,10 @@ class _Tracer:
         tensors_in = any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_args)[0])
         tensors_in |= any(isinstance(a, torch.fx.Node) for a in tree_flatten(node_kwargs)[0])
         if isinstance(result, torch.Tensor):
-            node = self._call(func, node_args, node_kwargs, where, _meta(result))
+            node = self._call(func, node_args, node_kwargs, where, to_meta(result))
             self._bind(result, node)
         elif R.is_tensor_sequence(result):
-            vals = tuple(None if r is None else _meta(r) for r in result)
+            vals = tuple(None if r is None else to_meta(r) for r in result)
             node = self._call(func, node_args, node_kwargs, where, vals)
             for i, r in enumerate(result):
                 if r is not None:
@@ -391,7 +392,3 @@ class _Tracer:
 def _constant(t: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: t
 
-
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    """A meta-device tensor with ``t``'s shape, stride and dtype: the node's ``meta['val']``."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
