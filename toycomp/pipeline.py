@@ -27,7 +27,8 @@ import torch
 import torch.fx
 
 from toycomp.aot.aot_autograd import AOTOutput, aot_function
-from toycomp.capture.tracer import CapturedGraph, capture
+from toycomp.capture.captured_graph import CapturedGraph
+from toycomp.capture.tracer import capture
 from toycomp.prims.decompositions import decompose, fallbacks
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule

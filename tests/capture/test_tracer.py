@@ -1,4 +1,4 @@
-"""Tests for stage 1 (toycomp/capture.py): eager PyTorch is the oracle."""
+"""Tests for stage 1 (toycomp/capture/): eager PyTorch is the oracle."""
 
 import inspect
 import operator
@@ -8,7 +8,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from toycomp.capture.tracer import CapturedGraph, GraphBreak, capture
+from toycomp.capture.captured_graph import CapturedGraph
+from toycomp.capture.source_lines import GraphBreak
+from toycomp.capture.tracer import capture
 
 RTOL, ATOL = 1e-4, 1e-5
 

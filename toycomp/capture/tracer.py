@@ -1,21 +1,33 @@
-"""Stage 1, graph capture: a Python function -> torch.fx.GraphModule of torch calls + guards.
+"""The tracer: a Python function + example inputs -> a torch-level FX graph + guards.
 
 ``capture(fn, *example_inputs)`` runs ``fn`` once, eagerly, on the real example inputs, while a
 ``TorchFunctionMode`` watches every torch-level call (operators on tensors, ``torch.*``, tensor
 methods, ``torch.nn.functional``). Each call is executed for real *and* appended to a
-``torch.fx.Graph``; each result tensor is remembered as the output of its node::
+``torch.fx.Graph``; each result tensor is remembered as the output of its node:
 
-    def f(x):                             def forward(self, x):
-        return sin(x) ** 2 + cos(x) ** 2      sin = torch.sin(x)
-                                              pow_1 = sin ** 2
-    capture(f, torch.randn(1000))  ───►       cos = torch.cos(x)
-                                              pow_2 = cos ** 2
-                                              add = pow_1 + pow_2
-                                              return (add,)
-    guards: x.shape == (1000,), x.dtype == torch.float32, ...
+    >>> import torch
+    >>> def f(x):
+    ...     return torch.sin(x) ** 2 + torch.cos(x) ** 2
+    >>> captured = capture(f, torch.randn(1000))
+    >>> print(captured.gm.code.strip())
+    def forward(self, x):
+        sin = torch.sin(x)
+        pow_1 = sin ** 2;  sin = None
+        cos = torch.cos(x);  x = None
+        pow_2 = cos ** 2;  cos = None
+        add = pow_1 + pow_2;  pow_1 = pow_2 = None
+        return (add,)
+    >>> for guard in captured.guards[2:5]:
+    ...     print(guard)
+    x.shape == (1000,)
+    x.stride() == (1,)
+    x.dtype == torch.float32
 
 nn.Modules are inlined (their ``forward`` just runs); parameters, buffers and tensors read from
-globals or closures are *lifted* to extra graph inputs after the user's inputs.
+globals or closures are *lifted* to extra graph inputs after the user's inputs. Which calls are
+recorded and which break the graph is decided by toycomp/capture/rules.py, where each node comes
+from in the user's code by source_lines.py; the capture run's in-place updates and RNG draws are
+undone by side_effects.py; the result is a ``CapturedGraph`` (captured_graph.py).
 
 How this differs from TorchDynamo: Dynamo does not run ``fn``. It interprets the *bytecode* of the
 frame symbolically (with fake tensors), so it sees every Python operation, not only torch calls.
@@ -23,14 +35,6 @@ When it meets something it cannot trace it compiles the partial graph so far, em
 runs the offending instruction eagerly, and continues in a generated *resume function* that is
 captured again. toycomp's tracer only sees torch calls, so on such a construct it gives up on the
 whole function: it reports a ``GraphBreak`` and the caller runs ``fn`` eagerly.
-
-The tracer is split by concept over five modules: this one (the tracer and its result),
-toycomp/capture_rules.py (which calls are recorded, which break the graph and why - see its
-[Note: why a TorchFunctionMode tracer specialises control flow] - and how calls are written in the
-graph), toycomp/side_effects.py (undoing the capture run's in-place updates and RNG draws),
-toycomp/source_lines.py (the user's source line of each node and graph break) and
-toycomp/captured_call.py (checking a call's arguments against the guards, flattening them into the
-graph's inputs and rebuilding its outputs). Guards are built by toycomp/guards.py.
 
 NB: in PyTorch this lives in torch/_dynamo/ (symbolic_convert.py interprets bytecode,
 output_graph.py builds the FX graph, guards.py builds guards).
@@ -42,18 +46,17 @@ import dataclasses
 import inspect
 import operator
 import types
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 import torch.fx
 from torch.overrides import TorchFunctionMode
 
-from toycomp.capture import rules as R
-from toycomp.capture import guards as G
 from toycomp._torch_compat import _set_grad_enabled, tree_flatten
+from toycomp.capture import guards as G
+from toycomp.capture import rules as R
+from toycomp.capture.captured_graph import CapturedGraph, ConstantOutput, LiftedTensor
 from toycomp.capture.rules import GraphBreakError
-from toycomp.capture.captured_call import GuardedCall
 from toycomp.capture.side_effects import CreationTracker, SideEffects, storage_ptr
 from toycomp.capture.source_lines import (
     GraphBreak,
@@ -65,74 +68,7 @@ from toycomp.capture.source_lines import (
 )
 from toycomp.tensor_utils import to_meta
 
-__all__ = ["CapturedGraph", "GraphBreak", "GraphBreakError", "LiftedTensor", "capture"]
-
-
-@dataclass
-class LiftedTensor:
-    """A tensor read by ``fn`` that is neither an input nor computed inside: a graph input."""
-
-    name: str  # placeholder name, e.g. "fc1_weight" or "const_0"
-    source: str  # where it is read from, e.g. "self.fc1.weight"
-    fetch: Callable[[], torch.Tensor]  # reads its *current* value on every call
-
-
-@dataclass
-class CapturedGraph(GuardedCall):
-    """The result of :func:`capture`: an FX graph plus what is needed to call it safely.
-
-    How a call's arguments are checked against the guards and flattened into ``gm``'s inputs,
-    and ``gm``'s outputs rebuilt, is inherited from ``GuardedCall`` (toycomp/captured_call.py).
-    """
-
-    fn: Callable
-    gm: torch.fx.GraphModule | None
-    guards: list[G.Guard]
-    graph_break: GraphBreak | None = None
-    example_inputs: list[torch.Tensor] = field(default_factory=list)
-    lifted: list[LiftedTensor] = field(default_factory=list)
-    example_outputs: Any = None  # what fn returned during capture (it ran eagerly once)
-    signature: inspect.Signature | None = None
-    state_readers: dict[str, Callable[[], Any]] = field(default_factory=dict)
-    output_spec: Any = None
-    output_leaves: list = field(default_factory=list)  # int: index into gm's outputs; else const
-    _side_effects: Any = field(default=None, repr=False)
-
-    def undo_side_effects(self) -> None:
-        """Undo the capture run's in-place updates of input / lifted tensors and its RNG use.
-
-        Raises:
-            RuntimeError: if some tensor was updated in a way that could not be undone (then
-                the update stays, and running the same call again applies it twice).
-        """
-        if self._side_effects is not None:
-            self._side_effects.undo()
-            missed, self._side_effects = self._side_effects.missed, None
-            if missed:
-                raise RuntimeError(f"capture could not undo in-place updates of {missed}")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Check guards, run ``gm`` and rebuild the outputs (raises if a guard fails)."""
-        if self.gm is None:
-            raise RuntimeError(f"nothing to run, capture hit a {self.graph_break}")
-        failed = self.check_guards(*args, **kwargs)
-        if failed is not None:
-            raise RuntimeError(f"guard failed: {failed}")
-        return self.unflatten_outputs(self.gm(*self.flatten_inputs(*args, **kwargs)))
-
-    def __repr__(self) -> str:
-        name = getattr(self.fn, "__name__", type(self.fn).__name__)
-        if self.gm is None:
-            return f"CapturedGraph({name}): {self.graph_break}"
-        guards = "\n".join(f"  {g}" for g in self.guards)
-        return f"CapturedGraph({name}):\n{self.gm.code.strip()}\n\nguards:\n{guards}"
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self))
-
-
-class _Const(NamedTuple):
-    value: Any  # a non-tensor leaf of fn's output
+__all__ = ["capture"]
 
 
 def capture(fn: Callable, *example_inputs: Any, **example_kwargs: Any) -> CapturedGraph:
@@ -167,7 +103,7 @@ def capture(fn: Callable, *example_inputs: Any, **example_kwargs: Any) -> Captur
         if not isinstance(e, GraphBreakError) and tracer.graph_break is None:
             raise
         tracer.graph_break = tracer.graph_break or tracer.locate(str(e))
-    result._side_effects = tracer.side_effects
+    result.side_effects = tracer.side_effects
     if tracer.graph_break is not None:
         result.graph_break = tracer.graph_break
         try:
@@ -258,7 +194,7 @@ class _Tracer:
                 leaves.append(len(nodes))
                 nodes.append(self._node_for(value))
             else:
-                leaves.append(_Const(value))
+                leaves.append(ConstantOutput(value))
         output = self.graph.output(tuple(nodes))
         output.meta["val"] = tuple(n.meta["val"] for n in nodes)
         return spec, leaves
