@@ -40,6 +40,7 @@ import torch.fx as fx
 from toycomp._torch_compat import cudnn_and_mkldnn_disabled
 from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
 from toycomp.aot.functionalize import FunctionalRecorder
+from toycomp.aot.tensor_tracker import TensorTracker
 from toycomp.aot.partitioners import default_partition
 from toycomp.aot.runtime_wrappers import (
     AOTOutput,
@@ -82,11 +83,11 @@ def _clone_input(x: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
 
 
-def _input_mutations(rec: FunctionalRecorder, primals: list, inputs: Sequence) -> list:
+def _input_mutations(tracker: TensorTracker, primals: list, inputs: Sequence) -> list:
     """(input index, final value node) for every input the traced function mutated."""
     mutations = []
-    for i, (p, placeholder) in enumerate(zip(primals, rec.placeholders)):
-        node = rec.read(p, f"the input-mutation epilogue (input {i})")
+    for i, (p, placeholder) in enumerate(zip(primals, tracker.placeholders)):
+        node = tracker.read(p, f"the input-mutation epilogue (input {i})")
         if node is placeholder:
             continue
         if p.requires_grad or p.shape != inputs[i].shape:
@@ -122,7 +123,9 @@ def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
         return _trace_inner(fn, inputs, joint)
 
 
-def _trace_backward(rec: FunctionalRecorder, primals: list, outs: tuple, diff: list) -> list:
+def _trace_backward(
+    recorder: FunctionalRecorder, primals: list, outs: tuple, diff: list
+) -> list:
     """Record the backward: a gradient node (or None) per primal.
 
     [Note: the joint function] Like PyTorch's create_joint: grads of the outputs that require
@@ -131,34 +134,36 @@ def _trace_backward(rec: FunctionalRecorder, primals: list, outs: tuple, diff: l
     tangents = [torch.ones(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device)
                 for i in diff]  # fmt: skip
     for k, t in enumerate(tangents):
-        rec.placeholder(f"tangents_{k + 1}", t)
+        recorder.tracker.placeholder(f"tangents_{k + 1}", t)
     wrt = [p for p in primals if p.requires_grad]
     grads = [None] * len(wrt)
     if diff:
-        with rec:
+        with recorder:
             grads = torch.autograd.grad([outs[i] for i in diff], wrt, tangents, allow_unused=True)
     it = iter(grads)
-    return [rec.read(next(it), "gradient") if p.requires_grad else None for p in primals]
+    return [recorder.tracker.read(next(it), "gradient") if p.requires_grad else None
+            for p in primals]  # fmt: skip
 
 
 def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
-    rec = FunctionalRecorder()
+    tracker = TensorTracker()
+    recorder = FunctionalRecorder(tracker)
     primals = [_clone_input(x, joint and x.requires_grad) for x in inputs]
     for i, p in enumerate(primals):
-        rec.placeholder(f"primals_{i + 1}", p)
+        tracker.placeholder(f"primals_{i + 1}", p)
     with torch.enable_grad() if joint else torch.no_grad():
-        with rec:
+        with recorder:
             outs = _as_tuple(fn(*primals))
-        out_nodes = [rec.read(o, f"output {i}") for i, o in enumerate(outs)]
-        mutations = _input_mutations(rec, primals, inputs)
+        out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
+        mutations = _input_mutations(tracker, primals, inputs)
         diff_outputs = [i for i, o in enumerate(outs) if joint and o.requires_grad]
-        grad_nodes = _trace_backward(rec, primals, outs, diff_outputs) if joint else []
-        if joint and _input_mutations(rec, primals, inputs) != mutations:
+        grad_nodes = _trace_backward(recorder, primals, outs, diff_outputs) if joint else []
+        if joint and _input_mutations(tracker, primals, inputs) != mutations:
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
-    rec.graph.output((*out_nodes, *[n for _, n in mutations], *grad_nodes))
-    rec.graph.eliminate_dead_code()
-    rec.graph.lint()
-    gm = fx.GraphModule(rec.constants, rec.graph)
+    tracker.graph.output((*out_nodes, *[n for _, n in mutations], *grad_nodes))
+    tracker.graph.eliminate_dead_code()
+    tracker.graph.lint()
+    gm = fx.GraphModule(tracker.constants, tracker.graph)
     gm.meta.update(
         num_fwd_outputs=len(outs) + len(mutations),
         num_user_outputs=len(outs),
@@ -168,7 +173,7 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
         grad_inputs=[i for i, g in enumerate(grad_nodes) if g is not None],
         output_alias_info=output_alias_info(outs, primals),
     )
-    return _Trace(gm, {node.name: value for node, value in rec.values.items()})
+    return _Trace(gm, {node.name: value for node, value in tracker.values.items()})
 
 
 def trace_joint(fn: Callable, inputs: Sequence[torch.Tensor]) -> fx.GraphModule:

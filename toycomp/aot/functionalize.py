@@ -3,16 +3,24 @@
 Input: a function running on real tensors, one ATen op at a time, under a ``FunctionalRecorder``
 (a ``TorchDispatchMode``). Output IR: a ``torch.fx.Graph`` of out-of-place ATen ops (no
 ``aten.add_``, no ``out=``), every node with ``meta["val"]`` (a meta tensor with the node's
-shape, dtype and stride); ``toycomp.aot`` turns it into the joint / forward graph.
+shape, dtype and stride), held by a ``TensorTracker`` (toycomp/aot/tensor_tracker.py);
+toycomp/aot/aot_autograd.py turns it into the joint / forward graph. A write through a view:
 
-Tiny example, a write through a view::
-
-    def f(x):                     # recorded as
-        y = x * 2                 #   mul = aten.mul.Tensor(primals_1, 2)
-        y[0].add_(1)              #   select = aten.select.int(mul, 0, 0)
-                                  #   add = aten.add.Tensor(select, 1)
-                                  #   scatter = aten.as_strided_scatter(mul, add, [2], [1], 0)
-        return y                  #   return (scatter,)
+    >>> import torch
+    >>> from toycomp.aot.tensor_tracker import TensorTracker
+    >>> tracker, x = TensorTracker(), torch.randn(2)
+    >>> _ = tracker.placeholder("primals_1", x)
+    >>> with FunctionalRecorder(tracker):
+    ...     y = x * 2
+    ...     _ = y[0].add_(1)
+    >>> _ = tracker.graph.output((tracker.read(y, "output"),))
+    >>> print(fx.GraphModule({}, tracker.graph).code.strip())
+    def forward(self, primals_1):
+        mul = torch.ops.aten.mul.Tensor(primals_1, 2);  primals_1 = None
+        select = torch.ops.aten.select.int(mul, 0, 0)
+        add = torch.ops.aten.add.Tensor(select, 1, alpha = 1);  select = None
+        as_strided_scatter = torch.ops.aten.as_strided_scatter.default(mul, add, [], [], 0); ...
+        return (as_strided_scatter,)
 
 Recording: every tensor operation in PyTorch goes through the *dispatcher*, which runs a stack
 of handlers (autograd, then the backend kernel). A ``TorchDispatchMode`` adds a Python handler,
@@ -31,9 +39,8 @@ value" becomes the new node (``FunctionalRecorder._replace``). Writes through vi
 overwritten tensor raises an error naming the in-place op. Each node keeps its tensor's
 strides ([Note: a node has its tensor's layout]) and ``as_strided``, which reads memory rather
 than values, is taken on a fresh root ([Note: as_strided reads memory]). Mutations of graph
-*inputs* are left to ``toycomp.aot``, which returns their final values for its runtime wrapper
-to copy back. Schema and memory helpers live in ``toycomp.functional_utils``, the tensor <-> node
-bookkeeping (``TensorTracker``) in ``toycomp.tensor_tracker``.
+*inputs* are left to aot_autograd.py, which returns their final values for its runtime wrapper
+to copy back. Schema and memory helpers live in toycomp/aot/functional_utils.py.
 
 NB: in PyTorch the recording is make_fx's ``ProxyTorchDispatchMode``
 (torch/fx/experimental/proxy_tensor.py) and functionalisation is ``FunctionalTensorMode``
@@ -90,14 +97,18 @@ __all__ = [
 aten = torch.ops.aten
 
 
-class FunctionalRecorder(TensorTracker, TorchDispatchMode):
-    """Runs every ATen op for real and records its functional version in ``self.graph``.
+class FunctionalRecorder(TorchDispatchMode):
+    """Runs every ATen op for real and records its functional version in ``tracker.graph``.
 
-    make_fx's tracer and FunctionalTensorMode in one (see the module docstring). ``placeholder``
-    registers an input, ``read`` gives the node holding a tensor's current value, ``values``
-    maps nodes to their real values (the example inputs of the compiled graphs): that
-    bookkeeping is inherited from ``TensorTracker`` (toycomp/tensor_tracker.py).
+    make_fx's tracer and FunctionalTensorMode in one (see the module docstring). Which node
+    holds which tensor is the ``TensorTracker``'s business (toycomp/aot/tensor_tracker.py):
+    the caller makes one, adds the placeholders, runs the function under the recorder and reads
+    the outputs' nodes from it.
     """
+
+    def __init__(self, tracker: TensorTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
 
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -110,15 +121,16 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         mutated = mutated_args(func, args, kwargs)
         if func.is_view or torch.Tag.inplace_view in func.tags:
             self._ensure_layout(args[0], str(func))
-        nargs, nkwargs = tree_map(lambda a: self.read(a, str(func)), (args, kwargs))
+        nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
         if mutated:
-            self._snapshot([t for _, t in mutated])
+            self.tracker.snapshot([t for _, t in mutated])
         out = func(*args, **kwargs)
         if not mutated:
-            results = self._emit_results(self._emit(func, nargs, nkwargs, out), out)
+            node = self.tracker.emit(func, nargs, nkwargs, out)
+            results = self.tracker.emit_results(node, out)
             for t, node in zip(_as_list(out), results):
                 if node is not None:
-                    self._track(t, node)
+                    self.tracker.track(t, node)
         elif func is aten.copy_.default:
             self._replace(args[0], self._copy_value(nargs[1], args[1], args[0]), str(func))
         else:
@@ -126,30 +138,28 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         return out
 
     # -- functionalisation -----------------------------------------------------------------
-    def _snapshot(self, tensors: list[torch.Tensor]) -> None:
-        """Before an in-place op: keep copies of the values it is about to overwrite."""
-        for t in tensors:
-            for entry in [self._tracked.get(id(t))] + self._aliases(t):
-                if entry is not None and self.values.get(entry.node) is entry.tensor:
-                    self.values[entry.node] = copy_like(entry.tensor, entry.tensor)
-
     def _replace(self, t: torch.Tensor, node: fx.Node, op: str, view_op: bool = False) -> None:
         """``t`` was mutated by ``op`` and now holds ``node``'s value; update its aliases.
 
         Like ``FunctionalTensorWrapper::replace_`` followed by regenerating every view of the
         base (``FunctionalStorageImpl::apply_updates``).
         """
-        old = self._tracked.get(id(t))
+        old = self.tracker.lookup(t)
         if old is not None and old.constant:
             raise RuntimeError(f"toycomp.aot: {op} mutates a closed-over constant tensor")
         if not view_op and not non_overlapping(t):  # x.expand(2, 3).fill_(1) in eager
             raise NotImplementedError(f"toycomp.aot: {op} writes to a tensor whose elements "
                                       "share memory (e.g. an expand); clone it first")  # fmt: skip
-        entry = self._track(t, node)
+        entry = self.tracker.track(t, node)
         if view_op:  # unsqueeze_ & co change metadata only, not values
-            self._retrack(entry, node)
-            return
-        aliases = self._aliases(t)
+            self.tracker.retrack(entry, node)
+        else:
+            self._update_aliases(entry, node, op)
+
+    def _update_aliases(self, entry: Tracked, node: fx.Node, op: str) -> None:
+        """``entry``'s tensor now holds ``node``'s value: regenerate (or mark stale) its aliases."""
+        tracker, t = self.tracker, entry.tensor
+        aliases = tracker.aliases(t)
         same = [a for a in aliases if same_view(a.tensor, t)]  # e.g. x and x.detach()
         others = [a for a in aliases if not same_view(a.tensor, t)]
         # [Note: mutating through views]
@@ -167,7 +177,7 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         if root is None or root is entry:
             node = self._relayout(node, t, force=root is entry and not _is_fresh(node))
         for alias in (entry, *same):
-            self._retrack(alias, node)
+            tracker.retrack(alias, node)
         if root is None:
             for alias in others:
                 alias.stale = op
@@ -176,17 +186,17 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         if root is not entry:
             base = self._relayout(root.node, root.tensor, force=not _is_fresh(root.node))
             args = (base, node, *geometry(t, root.tensor))
-            base = self._emit(aten.as_strided_scatter.default, args, {}, to_meta(root.tensor))
+            base = tracker.emit(aten.as_strided_scatter.default, args, {}, to_meta(root.tensor))
             if not same_strides(node.meta["val"], t):
                 regenerate += [entry, *same]
-        self._retrack(root, base)
+        tracker.retrack(root, base)
         for alias in regenerate:
             args = (base, *geometry(alias.tensor, root.tensor))
-            self._retrack(alias, self._emit(aten.as_strided.default, args, {}, alias.tensor))
+            tracker.retrack(alias, tracker.emit(aten.as_strided.default, args, {}, alias.tensor))
 
     def _ensure_layout(self, t: Any, op: str) -> None:
         """Before a view op on ``t``: make ``t``'s node have ``t``'s strides, or raise."""
-        entry = self._tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
+        entry = self.tracker.lookup(t) if isinstance(t, torch.Tensor) else None
         if entry is None or entry.stale or same_strides(entry.node.meta["val"], t):
             return
         if not non_overlapping(t):
@@ -195,7 +205,7 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
                 f"{tuple(entry.node.meta['val'].stride())} differ from its real strides "
                 f"{tuple(t.stride())}, which overlap; toycomp cannot record this view"
             )
-        self._retrack(entry, self._relayout(entry.node, t))
+        self.tracker.retrack(entry, self._relayout(entry.node, t))
 
     def _as_strided(self, func, args: tuple, kwargs: dict) -> torch.Tensor:
         """Record ``as_strided`` / ``as_strided_``, which read *memory*, not values.
@@ -215,22 +225,21 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         root = self._strided_root(t, span(size, stride, offset, t.element_size()), op)
         out = func(*args, **kwargs)
         if _needs_relayout(root):
-            self._retrack(root, self._relayout(root.node, root.tensor, force=True))
+            self.tracker.retrack(root, self._relayout(root.node, root.tensor, force=True))
         args = (root.node, size, stride, offset - root.tensor.storage_offset())
-        node = self._emit(aten.as_strided.default, args, {}, out)
+        node = self.tracker.emit(aten.as_strided.default, args, {}, out)
         if func is aten.as_strided.default:
-            self._track(out, node)
+            self.tracker.track(out, node)
         else:
             self._replace(t, node, op, view_op=True)
         return out
 
     def _strided_root(self, t: torch.Tensor, read: tuple[int, int] | None, op: str) -> Tracked:
         """The tracked alias of ``t`` that ``t.as_strided`` reading bytes ``read`` is taken on."""
-        entry = self._tracked.get(id(t)) or self._unknown(t, op)
+        entry = self.tracker.entry_for(t, op)
         if read is None:  # reads nothing
             return entry
-        key = storage_key(t)
-        entries = [entry, *self._by_storage.get(key, {}).values()] if key else [entry]
+        entries = [entry, *self.tracker.same_storage(t)]
         roots = [e for e in entries if not e.stale and e.tensor.dtype == t.dtype
                  and is_dense(e.tensor) and covers(extent(e.tensor), read)]  # fmt: skip
         if not roots:
@@ -257,9 +266,10 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         if not force and (same_strides(node.meta["val"], like) or like.numel() <= 1):
             return node
         size, stride = list(like.shape), list(like.stride())
-        empty = self._emit(aten.empty_strided.default, (size, stride), _factory(like), like)
+        factory = {"dtype": like.dtype, "device": like.device}
+        empty = self.tracker.emit(aten.empty_strided.default, (size, stride), factory, like)
         args = (empty, node, size, stride, 0)
-        return self._emit(aten.as_strided_scatter.default, args, {}, like)
+        return self.tracker.emit(aten.as_strided_scatter.default, args, {}, like)
 
     def _functionalize(self, func, mutated, nargs, nkwargs, real, out) -> None:
         op = str(func)
@@ -281,12 +291,13 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise NotImplementedError(f"toycomp.aot: cannot functionalise {op}: {e}") from e
         val = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, val)
-        results = self._emit_results(self._emit(functional, nargs, nkwargs, val), val)
+        node = self.tracker.emit(functional, nargs, nkwargs, val)
+        results = self.tracker.emit_results(node, val)
         view_op = torch.Tag.inplace_view in func.tags
         for (_, t), index in zip(mutated, result_of):
             self._replace(t, self._convert(results[index], t), op, view_op)
         for index, item in enumerate(outputs):
-            self._track(out[index], results[item])
+            self.tracker.track(out[index], results[item])
 
     def _convert(self, node: fx.Node, like: torch.Tensor) -> fx.Node:
         """In-place ops keep the mutated tensor's dtype; the functional op may promote."""
@@ -295,7 +306,7 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
             raise RuntimeError(f"toycomp.aot: {node.target} changed shape {like.shape}")
         if val.dtype == like.dtype:
             return node
-        return self._emit(aten._to_copy.default, (node,), {"dtype": like.dtype}, like)
+        return self.tracker.emit(aten._to_copy.default, (node,), {"dtype": like.dtype}, like)
 
     def _copy_value(self, src: fx.Node, src_t: torch.Tensor, dst: torch.Tensor) -> fx.Node:
         """``dst.copy_(src)`` leaves ``src`` converted to ``dst``'s dtype and expanded."""
@@ -305,10 +316,10 @@ class FunctionalRecorder(TensorTracker, TorchDispatchMode):
             if src_t.device != dst.device:
                 kwargs["device"] = dst.device
             val = torch.empty_strided(val.shape, val.stride(), dtype=dst.dtype, device="meta")
-            node = self._emit(aten._to_copy.default, (node,), kwargs, val)
+            node = self.tracker.emit(aten._to_copy.default, (node,), kwargs, val)
         if tuple(src_t.shape) != tuple(dst.shape):
             val = to_meta(val).expand(dst.shape)
-            node = self._emit(aten.expand.default, (node, list(dst.shape)), {}, val)
+            node = self.tracker.emit(aten.expand.default, (node, list(dst.shape)), {}, val)
         return node
 
 
@@ -328,10 +339,6 @@ def _needs_relayout(root: Tracked) -> bool:
     """
     node, fresh = root.node, _is_fresh(root.node) or root.node.op == "placeholder"
     return not fresh or not same_strides(node.meta["val"], root.tensor)
-
-
-def _factory(t: torch.Tensor) -> dict[str, Any]:
-    return {"dtype": t.dtype, "device": t.device}
 
 
 def _as_list(value: Any) -> list:

@@ -2,22 +2,25 @@
 
 Input -> output: the real tensors that ATen ops read and produce while a function runs -> the
 ``torch.fx.Graph`` being recorded and, for each live tensor, the node holding its *current*
-value (``Tracked``). ``TensorTracker`` is the half of ``toycomp.functionalize``'s
-``FunctionalRecorder`` that has no opinion about ops: it adds placeholders, nodes and constants,
-maps each tensor to its node (``read``), and finds a tensor's aliases by storage (``_aliases``).
-The recorder's dispatch hook and its functionalisation live in toycomp/functionalize.py.
+value (``Tracked``). ``TensorTracker`` has no opinion about ops: it adds placeholders, nodes and
+constants, maps each tensor to its node (``read``) and finds a tensor's aliases by storage
+(``aliases``). The ``FunctionalRecorder`` (toycomp/aot/functionalize.py), a dispatch mode,
+decides which nodes to add for each op and records them through a tracker:
 
-Tiny example (inside ``FunctionalRecorder``, a ``TensorTracker``)::
-
-    x, w = torch.randn(3), torch.randn(3)   # w: made before recording started
-    recorder.placeholder("primals_1", x)    # primals_1 = placeholder()
-    y = x * 2                               # mul = aten.mul.Tensor(primals_1, 2); y -> mul
-    recorder.read(y, "aten.sin")            # the node mul
-    recorder.read(w, "aten.sin")            # _tensor_constant0 = get_attr (a copy of w)
+    >>> import torch
+    >>> from toycomp.aot.functionalize import FunctionalRecorder
+    >>> tracker = TensorTracker()
+    >>> x, w = torch.randn(3), torch.randn(3)   # w: made before recording started
+    >>> tracker.placeholder("primals_1", x)
+    primals_1
+    >>> with FunctionalRecorder(tracker):       # mul = aten.mul.Tensor(primals_1, 2), ...
+    ...     y = x * 2 + w
+    >>> tracker.read(y, "output"), tracker.read(w, "output")  # w became a (copied) constant
+    (add, _tensor_constant0)
 
 NB: in PyTorch this lives in torch/fx/experimental/proxy_tensor.py (``PythonKeyTracer``, its
-``tensor_tracker`` and ``set_proxy_slot`` / ``get_proxy_slot``), the bookkeeping half of make_fx's
-``ProxyTorchDispatchMode``.
+``tensor_tracker`` and ``set_proxy_slot`` / ``get_proxy_slot``): make_fx's
+``ProxyTorchDispatchMode(tracer)`` records into such a tracer as our recorder does.
 """
 
 from __future__ import annotations
@@ -57,13 +60,15 @@ class Tracked:
 class TensorTracker:
     """The graph being recorded and which node holds each real tensor's current value.
 
-    ``placeholder`` registers an input, ``read`` gives the node holding a tensor's current
-    value, ``values`` maps nodes to their real values (the example inputs of the compiled
-    graphs).
+    Fields: ``graph``; ``constants`` (the ``get_attr`` tensors); ``values`` (each node's real
+    value: the example inputs of the compiled graphs); ``placeholders`` in order. Methods:
+    ``placeholder``, ``emit`` / ``emit_results`` (add nodes), ``track`` / ``retrack`` (a tensor
+    now holds a node's value), ``read`` (the node of a tensor's current value), ``lookup`` /
+    ``entry_for`` (its ``Tracked`` entry), ``aliases`` / ``same_storage`` (entries sharing its
+    memory) and ``snapshot`` (keep values an in-place op is about to overwrite).
     """
 
     def __init__(self) -> None:
-        super().__init__()
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
         self.values: dict[fx.Node, torch.Tensor] = {}  # real value of each node
@@ -71,7 +76,9 @@ class TensorTracker:
         self._tracked: dict[int, Tracked] = {}
         self._by_storage: dict[tuple, dict[int, Tracked]] = defaultdict(dict)
 
+    # -- adding nodes ----------------------------------------------------------------------
     def placeholder(self, name: str, t: torch.Tensor) -> fx.Node:
+        """Add an input ``name`` after the previous ones; ``t`` holds its value."""
         if self.placeholders:
             with self.graph.inserting_after(self.placeholders[-1]):
                 node = self.graph.placeholder(name)
@@ -79,10 +86,33 @@ class TensorTracker:
             node = self.graph.placeholder(name)
         node.meta["val"] = to_meta(t)
         self.placeholders.append(node)
-        self._track(t, node)
+        self.track(t, node)
         return node
 
-    def _track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> Tracked:
+    def emit(self, op: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
+        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph."""
+        name = getattr(op, "overloadpacket", op).__name__
+        node = self.graph.create_node("call_function", op, args, kwargs, name=name)
+        node.meta["val"] = to_meta_value(val)
+        return node
+
+    def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
+        """One node per tensor result of ``node``: itself, or a getitem per tuple element."""
+        if isinstance(val, torch.Tensor):
+            return [node]
+        if not isinstance(val, (tuple, list)):
+            raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
+        nodes: list[fx.Node | None] = []
+        for i, item in enumerate(val):
+            if item is not None and not isinstance(item, torch.Tensor):
+                raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {item!r}")
+            getitem = None if item is None else self.emit(operator.getitem, (node, i), {}, item)
+            nodes.append(getitem)
+        return nodes
+
+    # -- which node holds which tensor ---------------------------------------------------------
+    def track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> Tracked:
+        """From now on ``t``'s current value is ``node``'s."""
         entry = Tracked(t, node, constant=constant)
         self._tracked[id(t)] = entry
         self.values.setdefault(node, t)
@@ -91,22 +121,45 @@ class TensorTracker:
             self._by_storage[key][id(t)] = entry
         return entry
 
-    def _aliases(self, t: torch.Tensor) -> list[Tracked]:
+    def retrack(self, entry: Tracked, node: fx.Node) -> Tracked:
+        """``entry``'s tensor now holds ``node``'s value (it is up to date again)."""
+        entry.node, entry.stale = node, None
+        value, meta = self.values.get(node), node.meta["val"]
+        if value is None or (value is entry.tensor and value.stride() != meta.stride()):
+            self.values[node] = copy_like(entry.tensor, meta)
+        return entry
+
+    def lookup(self, t: torch.Tensor) -> Tracked | None:
+        """``t``'s entry, or None if no recorded op made it and it was never read."""
+        return self._tracked.get(id(t))
+
+    def entry_for(self, t: torch.Tensor, op: str) -> Tracked:
+        """``t``'s entry; a tensor never seen before becomes a constant (``op`` reads it)."""
+        return self._tracked.get(id(t)) or self._unknown(t, op)
+
+    def aliases(self, t: torch.Tensor) -> list[Tracked]:
         """Tracked tensors (other than ``t``) whose memory overlaps ``t``'s."""
-        key = storage_key(t)
-        if key is None:
-            return []
         lo, hi = extent(t)
-        entries = self._by_storage.get(key, {}).values()
+        entries = self.same_storage(t)
         return [e for e in entries if e.tensor is not t and overlaps(extent(e.tensor), lo, hi)]
+
+    def same_storage(self, t: torch.Tensor) -> list[Tracked]:
+        """Every tracked tensor on ``t``'s storage (``t`` included if tracked)."""
+        key = storage_key(t)
+        return list(self._by_storage.get(key, {}).values()) if key is not None else []
+
+    def snapshot(self, tensors: list[torch.Tensor]) -> None:
+        """Before an in-place op: keep copies of the values it is about to overwrite."""
+        for t in tensors:
+            for entry in [self.lookup(t)] + self.aliases(t):
+                if entry is not None and self.values.get(entry.node) is entry.tensor:
+                    self.values[entry.node] = copy_like(entry.tensor, entry.tensor)
 
     def read(self, t: Any, op: str) -> Any:
         """The node holding ``t``'s current value (non-tensors are returned unchanged)."""
         if not isinstance(t, torch.Tensor):
             return t
-        entry = self._tracked.get(id(t))
-        if entry is None:
-            entry = self._unknown(t, op)
+        entry = self.entry_for(t, op)
         if entry.stale:
             raise RuntimeError(
                 f"toycomp.aot: {op} reads a tensor that {entry.stale} overwrote through a "
@@ -122,10 +175,10 @@ class TensorTracker:
         # holding a *copy*: the trace runs ops for real and could mutate the original.
         # If it shares memory with a traced tensor it was made by a non-ATen path (`.data`):
         # with the same view we can reuse that node, otherwise we refuse.
-        aliases = self._aliases(t)
+        aliases = self.aliases(t)
         for alias in aliases:
             if same_view(alias.tensor, t) and not alias.stale:
-                return self._track(t, alias.node)
+                return self.track(t, alias.node)
         if aliases:
             raise RuntimeError(f"toycomp.aot: {op} got an untraced alias of a traced tensor")
         if t.requires_grad and torch.is_grad_enabled():
@@ -141,32 +194,5 @@ class TensorTracker:
         node = self.graph.get_attr(name)
         node.meta["val"] = to_meta(self.constants[name])
         if shape != list(t.shape):
-            node = self._emit(aten.expand.default, (node, list(t.shape)), {}, t)
-        return self._track(t, node, constant=True)
-
-    def _emit(self, op: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
-        name = getattr(op, "overloadpacket", op).__name__
-        node = self.graph.create_node("call_function", op, args, kwargs, name=name)
-        node.meta["val"] = to_meta_value(val)
-        return node
-
-    def _emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
-        """One node per tensor result of ``node``: itself, or a getitem per tuple element."""
-        if isinstance(val, torch.Tensor):
-            return [node]
-        if not isinstance(val, (tuple, list)):
-            raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
-        nodes: list[fx.Node | None] = []
-        for i, item in enumerate(val):
-            if item is not None and not isinstance(item, torch.Tensor):
-                raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {item!r}")
-            getitem = None if item is None else self._emit(operator.getitem, (node, i), {}, item)
-            nodes.append(getitem)
-        return nodes
-
-    def _retrack(self, entry: Tracked, node: fx.Node) -> Tracked:
-        entry.node, entry.stale = node, None
-        value, meta = self.values.get(node), node.meta["val"]
-        if value is None or (value is entry.tensor and value.stride() != meta.stride()):
-            self.values[node] = copy_like(entry.tensor, meta)
-        return entry
+            node = self.emit(aten.expand.default, (node, list(t.shape)), {}, t)
+        return self.track(t, node, constant=True)
