@@ -14,11 +14,12 @@ and only become buffers when they must (see [Note: when to realize]). Example::
         nodes=(buf0[1000] = add(mul(sin(load(x, i0)), sin(load(x, i0))), mul(cos(...), ...)),),
         outputs=(TensorArg("buf0", (1000,), (1,)),), ...)
 
-This module is the machinery: the ``LOWERINGS`` table, ``GraphLowering`` (the FX interpreter
-that runs the rules, realizes buffers and turns ATen ops into ``ExternKernel`` calls into eager
-PyTorch) and ``lower``. The rules themselves, one per prim, live in ``lowering_rules.py`` (views
-rewrite the index of every load and never copy; ``full`` becomes a ``Constant``; reductions become
-``Reduction`` buffers); ``TensorValue`` and the view index maps live in ``tensor_value.py``.
+This module is the machinery: ``GraphLowering`` (the FX interpreter that runs the rules,
+realizes buffers and turns ATen ops into ``ExternKernel`` calls into eager PyTorch) and ``lower``.
+The rules themselves, one per prim, live in ``lowering_rules.py`` (views rewrite the index of
+every load and never copy; ``full`` becomes a ``Constant``; reductions become ``Reduction``
+buffers) and fill the ``LOWERINGS`` table of ``lowering_table.py``; ``TensorValue`` and the view
+index maps live in ``tensor_value.py``.
 
 NB: in PyTorch this lives in torch/_inductor/lowering.py (the ``lowerings`` table,
 ``make_pointwise``, ``make_reduction``), torch/_inductor/graph.py (``GraphLowering``, the FX
@@ -37,30 +38,10 @@ from torch.fx.node import Node
 
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
-from toycomp.inductor import ir
-from toycomp.inductor.tensor_value import (  # noqa: F401  (reindex: importable from here too)
-    TensorValue,
-    as_strided_view,
-    reindex,
-    strided_load,
-    tree_size,
-)
-
-aten = torch.ops.aten
-
-
-class LoweringError(RuntimeError):
-    """A node that toycomp can neither lower nor run as a fallback (the message names it)."""
-
-
-Rule = Callable[..., TensorValue]
-# prim function -> rule(graph, out, *args, **kwargs); ``out`` is a meta tensor with the node's
-# size and dtype, ``args`` hold TensorValues where the FX node had tensors.
-LOWERINGS: dict[Callable[..., Any], Rule] = {}
-
-# ATen ops that are extern kernels by design (a library matmul beats a generated loop);
-# any other ATen op in the graph is a visible fallback (ExternKernel.fallback=True).
-EXTERN_KERNELS = {aten.mm, aten.bmm, aten.addmm, aten.convolution}
+from toycomp.inductor import ir, lowering_rules  # noqa: F401  (lowering_rules fills LOWERINGS)
+from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
+from toycomp.inductor.tensor_value import TensorValue, as_strided_view, strided_load, tree_size
+from toycomp.prims.decomp_table import EXTERN_OPS
 
 SUPPORTED_DTYPES = {
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -81,15 +62,6 @@ SUPPORTED_DTYPES = {
 # Inductor's rule is similar (realize_opcount_threshold=30, plus reads-based heuristics); the
 # scheduler then fuses realized buffers back into kernels where the indices allow it.
 REALIZE_THRESHOLD = 30
-
-
-def register_lowering(*targets: Callable[..., Any]) -> Callable[[Rule], Rule]:
-    def wrap(rule: Rule) -> Rule:
-        for target in targets:
-            LOWERINGS[target] = rule
-        return rule
-
-    return wrap
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> ir.LoweredGraph:
@@ -177,7 +149,7 @@ class GraphLowering:
                 raise LoweringError(f"toycomp cannot lower {node.name!r}: getitem of {source}")
             self.env[node] = self.env[source][index]
         elif isinstance(node.target, OpOverload):
-            fallback = node.target.overloadpacket not in EXTERN_KERNELS
+            fallback = node.target not in EXTERN_OPS
             self.extern(node, _kernel_name(node), fallback)
         elif prims.is_prim(node.target):
             self.prim(node)
@@ -380,5 +352,3 @@ def _origin(node: Node) -> str:
     keeps the ATen node it was decomposed from in ``meta["aten_origin"]``)."""
     return node.name
 
-
-from toycomp.inductor import lowering_rules  # noqa: E402,F401  (fills LOWERINGS)

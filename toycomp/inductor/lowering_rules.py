@@ -3,7 +3,7 @@
 Input -> output: each rule takes the ``GraphLowering`` ``g``, the node's meta tensor ``out``
 (size, dtype) and the prim's arguments, with ``TensorValue`` where the FX node had tensors, and
 returns the ``TensorValue`` of the result: a loop body over ``i0, i1, ...``. Rules register
-themselves in ``lowering.LOWERINGS`` (``lowering.py`` imports this module for that). Example::
+themselves in ``lowering_table.LOWERINGS`` (``lowering.py`` imports this module for that)::
 
     LOWERINGS[prims.sin](g, out, TensorValue([8], float32, load(x, i0)))
         == TensorValue([8], float32, sin(load(x, i0)))
@@ -20,21 +20,18 @@ NB: in PyTorch this lives in torch/_inductor/lowering.py (``register_lowering``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
 
 import toycomp.prims as prims
 from toycomp.inductor import ir
-from toycomp.inductor.lowering import (
-    LOWERINGS,
-    GraphLowering,
-    LoweringError,
-    Rule,
-    register_lowering,
-)
+from toycomp.inductor.lowering_table import LOWERINGS, LoweringError, Rule, register_lowering
 from toycomp.inductor.tensor_value import TensorValue, reindex
+
+if TYPE_CHECKING:
+    from toycomp.inductor.lowering import GraphLowering
 
 
 # --- pointwise --------------------------------------------------------------------------------

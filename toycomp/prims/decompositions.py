@@ -16,11 +16,11 @@ Tiny example, the forward of ``f(x) = sin(x)**2 + cos(x)**2``::
                                                                        add = prims.add(mul, mul_1)
 
 A decomposition is an ordinary Python function registered for one or more ATen overloads and
-written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` is filled by
-``decomp_rules.py`` (pointwise, activations), ``decomp_nn.py`` (softmax, losses, matmuls,
-reductions, norms) and ``decomp_views.py`` (views, copies, creation), with promotion/broadcast
-helpers in ``decomp_helpers.py``. ``decompose`` runs
-each one under ``prims.tracing(tracer)``: the prims it calls become FX nodes.
+written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` (in
+``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise, activations),
+``nn_rules.py`` (softmax, losses, matmuls, reductions, norms) and ``view_rules.py`` (views,
+copies, creation), with promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each
+one under ``prims.tracing(tracer)``: the prims it calls become FX nodes.
 
 NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs.
 """
@@ -47,30 +47,10 @@ from torch import fx
 
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
+from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
+from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
 
 aten = torch.ops.aten
-
-# Matmul-like ops are not prims: inductor calls them as library kernels ("extern kernels").
-EXTERN_OPS: frozenset[Any] = frozenset(
-    {aten.mm.default, aten.bmm.default, aten.convolution.default}
-)
-
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
-
-
-class Unsupported(NotImplementedError):
-    """Raised by a decomposition that meets a case it cannot express: the ATen op falls back."""
-
-
-def register(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: ``@register(aten.sin.default, ...)`` adds ``fn`` to ``DECOMPOSITIONS``."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            DECOMPOSITIONS[op] = fn
-        return fn
-
-    return wrap
 
 
 # --- the tracer ------------------------------------------------------------------------------
@@ -395,5 +375,3 @@ def fallbacks(gm: fx.GraphModule) -> list[str]:
             names.append(str(t))
     return names
 
-
-from toycomp.prims import pointwise_rules as decomp_rules  # noqa: E402,F401  (fills DECOMPOSITIONS)

@@ -1,6 +1,6 @@
 """Stage 3b, the table (reductions and the nn ops built on them): ATen -> prims decompositions.
 
-Input IR -> output IR: like ``toycomp/decomp_rules.py``, each function takes an ATen op's
+Input IR -> output IR: like ``pointwise_rules.py``, each function takes an ATen op's
 arguments (``Proxy`` objects while ``decompose`` traces, or real tensors) and returns its result
 computed with prims. Here are the ops whose decomposition needs a reduction prim (``sum``,
 ``amax``, ``amin``): ``sum``/``mean``/``var``, softmax and log-softmax with their backwards, the
@@ -35,7 +35,7 @@ from toycomp.prims.helpers import (
     reshape,
     upcast,
 )
-from toycomp.prims.decompositions import Unsupported, register
+from toycomp.prims.decomp_table import Unsupported, register
 
 aten = torch.ops.aten
 

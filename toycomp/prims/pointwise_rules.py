@@ -1,20 +1,19 @@
 """Stage 3b, the table (pointwise ops and activations): one decomposition per ATen op, in prims.
 
 Input IR -> output IR: each function takes the ATen op's arguments (``Proxy`` objects while
-``toycomp.decompositions.decompose`` traces it, or real tensors when called eagerly - prims run
-their references then) and returns what the ATen op returns, computed with prims plus Python
+``toycomp.prims.decompositions.decompose`` traces it, or real tensors when called eagerly - prims
+run their references then) and returns what the ATen op returns, computed with prims plus Python
 arithmetic on sizes. Example::
 
     @register(aten.gelu_backward.default)
     def gelu_backward(grad, x, approximate="none"): ...   # -> erf, exp, mul, add prims
 
 Broadcasting and type promotion are explicit here (``elementwise``, ``broadcast_to``,
-``convert``), because prims take same-shape same-dtype operands. Helpers for promotion and views
-live in ``toycomp/decomp_helpers.py``. This module holds the pointwise ops and the activations
-with their backwards; reductions, softmax, losses, matmuls and normalization are in
-``toycomp/decomp_nn.py``, views, creation and copies in ``toycomp/decomp_views.py`` (both are
-imported at the end of this module, which ``toycomp/decompositions.py`` imports to fill
-``DECOMPOSITIONS``).
+``convert``), because prims take same-shape same-dtype operands; those helpers live in
+``helpers.py``. This module holds the pointwise ops and the activations with their backwards;
+reductions, softmax, losses, matmuls and normalization are in ``nn_rules.py``, views, creation
+and copies in ``view_rules.py``. All three register into ``decomp_table.DECOMPOSITIONS``, and
+``decompositions.py`` imports them.
 
 NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs/__init__.py (e.g.
 ``_refs.nn.functional.gelu``); ``torch._prims_common`` holds the type-promotion helpers.
@@ -39,7 +38,7 @@ from toycomp.prims.helpers import (
     round_number,
     upcast,
 )
-from toycomp.prims.decompositions import Unsupported, register
+from toycomp.prims.decomp_table import Unsupported, register
 
 aten = torch.ops.aten
 
@@ -70,7 +69,7 @@ _BINARY_KINDS = {
 
 
 # Ops whose ATen CPU kernels round a Python number to the tensor's dtype first (see
-# [Note: low precision computes in float32] in decomp_helpers.py); mul and div do not.
+# [Note: low precision computes in float32] in helpers.py); mul and div do not.
 _ROUNDS_NUMBERS = {"maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
@@ -297,6 +296,3 @@ def gelu_backward(grad: Any, a: Any, approximate: str = "none") -> Any:
         out = prims.mul(g, prims.add(cdf, prims.mul(x, pdf)))
     return convert(out, dtype)
 
-
-from toycomp.prims import nn_rules as decomp_nn  # noqa: E402,F401  (reductions, softmax, losses, norms)
-from toycomp.prims import view_rules as decomp_views  # noqa: E402,F401  (views, creation, copies)

@@ -22,7 +22,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape
-from toycomp.prims.decompositions import Unsupported, register
+from toycomp.prims.decomp_table import Unsupported, register
 
 aten = torch.ops.aten
 

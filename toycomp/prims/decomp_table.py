@@ -1,0 +1,53 @@
+"""Stage 3b, the registry: ``DECOMPOSITIONS``, ``register``, ``Unsupported`` and ``EXTERN_OPS``.
+
+Input -> output: nothing runs here. The rule modules (``pointwise_rules.py``, ``nn_rules.py``,
+``view_rules.py``) fill ``DECOMPOSITIONS`` (ATen overload -> a Python function written with
+prims) with ``@register(aten.gelu.default)``, and ``decompositions.decompose`` reads it. A leaf
+module, so that the rules and the pass import it rather than each other::
+
+    >>> import torch
+    >>> import toycomp.prims.decompositions  # the pass imports the rule modules, which fill it
+    >>> DECOMPOSITIONS[torch.ops.aten.gelu.default].__module__
+    'toycomp.prims.pointwise_rules'
+    >>> sorted(str(op) for op in EXTERN_OPS)
+    ['aten.bmm.default', 'aten.convolution.default', 'aten.mm.default']
+
+NB: in PyTorch this lives in torch/_decomp/__init__.py (``global_decomposition_table``,
+``register_decomposition``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+# [Note: extern ops]
+# Matmul-like ops are not prims: a library kernel beats a generated loop, so they stay ATen calls
+# that inductor runs as extern kernels (``ir.ExternKernel`` with ``fallback=False``). This is the
+# one list of them: ``decompose`` keeps them as they are, ``lowering`` calls them, and any other
+# ATen op left in a graph is a visible fallback. ``addmm`` and ``baddbmm`` are not in it: their
+# decompositions call ``mm`` / ``bmm`` and leave the bias and the scaling to prims that fuse.
+EXTERN_OPS: frozenset[Any] = frozenset(
+    {aten.mm.default, aten.bmm.default, aten.convolution.default}
+)
+
+# ATen overload -> decomposition (a function of the op's arguments that calls prims).
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+
+
+class Unsupported(NotImplementedError):
+    """Raised by a decomposition that meets a case it cannot express: the ATen op falls back."""
+
+
+def register(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``@register(aten.sin.default, ...)`` adds ``fn`` to ``DECOMPOSITIONS``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            DECOMPOSITIONS[op] = fn
+        return fn
+
+    return wrap
