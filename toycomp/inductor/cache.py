@@ -8,9 +8,17 @@ back with ``inspect``, so it must live in a real file).
     >>> lib.one()
     1
 
-Files go to ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/toycomp``) under ``cpp/`` and ``triton/``,
-named by the SHA-256 of everything that determines the result (source, compiler, flags, machine).
-A second request for the same source finds the file and never starts the compiler.
+What the cache holds, per user, in ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/toycomp``, 0700):
+
+    cpp/<key>.cpp     the source, for reading and for compiler error messages
+    cpp/<key>.so      the library
+    cpp/<key>.json    its manifest: SHA-256 of the source and of the library (written last)
+    cpp/<key>.lock    held while one thread or process builds <key>; the others wait
+    triton/triton_<key>.py
+
+The key hashes all that changes the binary: source, compiler path and ``--version``, flags,
+and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
+the compiler; an entry failing its manifest is rebuilt (see [Note: cache security]).
 
 ``vector_math_flags`` says which glibc vector math functions (libmvec) C++ kernels may call on
 this machine; see [Note: vectorised libm] in cpp.py. Setting ``TOYCOMP_VECTOR_MATH=0`` turns
@@ -22,44 +30,139 @@ write_atomic) and torch/_inductor/cpp_builder.py (compiler discovery and flags).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
+import functools
 import hashlib
+import importlib.machinery
 import importlib.util
+import json
+import math
 import os
 import platform
-import math
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no build lock, so concurrent misses may compile twice (safely)
+    fcntl = None  # type: ignore[assignment]
 
 # [Note: C++ flags]
-# -O3 -march=native: vectorise for this CPU (so -march=native is part of the cache key through
-# platform.machine(); a cache shared between different CPUs of one architecture is not supported).
-# -fopenmp: `#pragma omp parallel for` / `simd`. -fno-math-errno lets the compiler inline sqrt and
+# -O3 -march=native: vectorise for this CPU (so the CPU's features are part of the cache key, and
+# a cache shared between machines with different CPUs keeps one entry per CPU). -fopenmp:
+# `#pragma omp parallel for` / `simd`. -fno-math-errno lets the compiler inline sqrt and
 # friends; it changes no result. Never -ffast-math: it would break NaN propagation in max/min.
 CXXFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
 
+# [Note: cache security]
+# Loading a cached library runs its code in the user's process: whoever can write the cache can
+# run code as the user. So the directory is the trust boundary. It is created 0700, and a cache
+# directory (or its cpp/, triton/) that another user owns or that group or others can write is
+# refused with CacheDirError, which says the fix. Within it, an entry is loaded only if its files
+# are ours and not group/other-writable, and its manifest names this source (full SHA-256: the
+# 96-bit key is only a file name) and this library (the SHA-256 of its bytes, read just before
+# dlopen). Anything else is a corrupt entry and is rebuilt: a truncated file, a crash between
+# writing the library and its manifest, a plant left from before the directory was made private.
+# Files appear only by os.replace of a complete temporary file, unique per thread and process,
+# so no reader sees half a file. Python modules run from the source string we were given, never
+# from __pycache__ (a planted .pyc whose header matches the file's mtime and size would run).
+# Not covered: other processes of the same user, and the moment between hashing a library and
+# dlopen-ing it by path (only the owner can write there). A cache that is not writable
+# (read-only home, chmod 555) still serves hits; misses compile into a private temporary
+# directory for the rest of the process, with one warning.
+
 _LIBRARIES: dict[Path, ctypes.CDLL] = {}
 _MODULES: dict[Path, ModuleType] = {}
+_TEMP_DIRS: dict[Path, Path] = {}  # unwritable cache directory -> this process's stand-in
+_temp_lock = threading.Lock()
 
 
 class CppCompileError(RuntimeError):
     """The C++ compiler is missing or rejected the generated source (message included)."""
 
 
+class CacheDirError(RuntimeError):
+    """The cache directory is not private to this user, so toycomp refuses to load code from it."""
+
+
+# --- the directory -------------------------------------------------------------------------------
 def cache_dir() -> Path:
-    """``$TOYCOMP_CACHE_DIR`` or ``~/.cache/toycomp``, created on first use."""
+    """``$TOYCOMP_CACHE_DIR`` or ``~/.cache/toycomp``: created 0700 if missing, and refused with
+    ``CacheDirError`` when another user owns it or group or others can write to it."""
     path = Path(os.environ.get("TOYCOMP_CACHE_DIR") or Path.home() / ".cache" / "toycomp")
-    path.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # read-only parent: every lookup misses, see _build_dir
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(path)
     return path
 
 
+def check_private(path: Path) -> None:
+    """Raise ``CacheDirError`` (saying how to fix it) unless ``path``, if it exists, is a
+    directory owned by this user that nobody else can write to."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        problem, fix = "it is not a directory", "set TOYCOMP_CACHE_DIR to a directory"
+    elif st.st_uid != me:
+        problem = f"it belongs to uid {st.st_uid}, not to you (uid {me})"
+        fix = "set TOYCOMP_CACHE_DIR to a directory of your own, or unset it (~/.cache/toycomp)"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        fix = f"chmod 700 {path}, or set TOYCOMP_CACHE_DIR to a private directory"
+    else:
+        return
+    raise CacheDirError(
+        f"toycomp refuses the kernel cache {path}: {problem}, so someone else could plant code "
+        f"there that would run in your process. Fix: {fix}."
+    )
+
+
+def _entry_dir(kind: str) -> Path:
+    """``<cache>/<kind>``, where entries are looked up (checked; it may not exist)."""
+    path = cache_dir() / kind
+    check_private(path)
+    return path
+
+
+def _build_dir(kind: str) -> Path:
+    """Where a miss is built: ``<cache>/<kind>``, or while the cache is not writable a private
+    temporary directory for the rest of the process (with one warning)."""
+    path = _entry_dir(kind)
+    with contextlib.suppress(OSError):
+        path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_dir() and os.access(path, os.W_OK | os.X_OK):
+        return path
+    root = path.parent
+    with _temp_lock:
+        if root not in _TEMP_DIRS:
+            _TEMP_DIRS[root] = Path(tempfile.mkdtemp(prefix="toycomp-"))  # 0700
+            atexit.register(shutil.rmtree, _TEMP_DIRS[root], ignore_errors=True)
+            warnings.warn(
+                f"toycomp: the kernel cache {root} is not writable; compiling into "
+                f"{_TEMP_DIRS[root]} for this process instead (make it writable, or set "
+                f"TOYCOMP_CACHE_DIR, to keep compiled kernels between runs)"
+            )
+    path = _TEMP_DIRS[root] / kind
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+# --- files: hashes, atomic writes, the build lock ------------------------------------------------
 def content_hash(*parts: str) -> str:
+    """The cache key of ``parts``: 24 hex digits of their SHA-256 (a file name, not a check)."""
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part.encode())
@@ -67,15 +170,42 @@ def content_hash(*parts: str) -> str:
     return digest.hexdigest()[:24]
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write via a temporary file and rename, so a concurrent reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    """Write via a temporary file (unique per thread and process, mode 0600) and ``os.replace``,
+    so a concurrent reader sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
+def _read_own_file(path: Path) -> bytes:
+    """``path``'s bytes, if this user owns it and nobody else can write it; else ``OSError``."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise PermissionError(f"{path} is not private to this user")
+        return f.read()
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Hold ``path`` (an ``flock``, released on close) against other threads and processes."""
+    with open(path, "a") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+# --- the compiler --------------------------------------------------------------------------------
 def find_cxx() -> str:
     """The C++ compiler: ``$CXX``, else ``g++``, ``c++`` or ``clang++`` on the PATH."""
     if os.environ.get("CXX"):
@@ -89,6 +219,30 @@ def find_cxx() -> str:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_id(cxx: str) -> str:
+    """``cxx``'s resolved path and ``--version`` text, for the key (once per process)."""
+    path = os.path.realpath(shutil.which(cxx) or cxx)
+    try:
+        result = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CppCompileError(f"C++ compiler {cxx!r} not found or not runnable ({e})") from e
+    return f"{path}\n{result.returncode}\n{result.stdout}{result.stderr}"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_features() -> str:
+    """The instruction sets ``-march=native`` may use here: the ``flags`` (x86) or ``Features``
+    (Arm) line of /proc/cpuinfo, else the processor's name (once per process)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    return f"{platform.machine()}: {value.strip()}"
+    return f"{platform.machine()}: {platform.processor()}"
+
+
 def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
     """The one place that starts the compiler (tests replace it to prove cache hits)."""
     try:
@@ -97,6 +251,7 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
         raise CppCompileError(f"C++ compiler {cmd[0]!r} not found ({e})") from e
 
 
+# --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` to a shared library (or find it already compiled) and return its path.
 
@@ -104,24 +259,57 @@ def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
         source: a C++ translation unit (``extern "C"`` functions).
         extra_flags: added after ``CXXFLAGS`` and the source file (``-D...``, ``-lmvec``); part
             of the cache key, so one source compiled with other flags is another library.
+
+    Raises:
+        CppCompileError: no compiler, or it rejected the source.
+        CacheDirError: the cache directory is not private (see [Note: cache security]).
     """
     cxx = find_cxx()
-    key = content_hash(source, cxx, " ".join((*CXXFLAGS, *extra_flags)), platform.machine())
-    lib = cache_dir() / "cpp" / f"{key}.so"
-    if lib.exists():
+    flags = (*CXXFLAGS, *extra_flags)
+    key = content_hash(source, compiler_id(cxx), " ".join(flags), cpu_features())
+    lib = _entry_dir("cpp") / f"{key}.so"
+    if _verified(lib, source):
         return lib
+    lib = _build_dir("cpp") / f"{key}.so"
+    with _build_lock(lib.with_suffix(".lock")):
+        if not _verified(lib, source):  # else another thread or process built it meanwhile
+            _build(cxx, source, extra_flags, lib)
+    return lib
+
+
+def _verified(lib: Path, source: str) -> bool:
+    """Whether ``lib`` and its manifest are ours, and the manifest names ``source`` and the
+    library's exact bytes (see [Note: cache security])."""
+    try:
+        manifest = json.loads(_read_own_file(lib.with_suffix(".json")))
+        recorded = (manifest["source_sha256"], manifest["binary_sha256"])
+        return recorded == (sha256(source.encode()), sha256(_read_own_file(lib)))
+    except (OSError, ValueError, LookupError, TypeError):  # missing, not ours, not a manifest
+        return False
+
+
+def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None:
+    """Compile into a temporary file beside ``lib``, then publish the library and its manifest."""
     src = lib.with_suffix(".cpp")
     write_atomic(src, source)
-    tmp_out = lib.with_name(f"{key}.{os.getpid()}.tmp.so")
-    cmd = [cxx, *CXXFLAGS, str(src), "-o", str(tmp_out), *extra_flags]
-    result = _run_compiler(cmd)
-    if result.returncode != 0:
-        raise CppCompileError(
-            f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-            f"{result.stderr.strip()}\n(source: {src})"
-        )
-    os.replace(tmp_out, lib)
-    return lib
+    fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        cmd = [cxx, *CXXFLAGS, str(src), "-o", tmp, *extra_flags]
+        result = _run_compiler(cmd)
+        if result.returncode != 0:
+            raise CppCompileError(
+                f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+                f"{result.stderr.strip()}\n(source: {src})"
+            )
+        os.chmod(tmp, 0o700)  # the linker honours the umask, which may let the group write
+        binary = Path(tmp).read_bytes()
+        os.replace(tmp, lib)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    manifest = {"source_sha256": sha256(source.encode()), "binary_sha256": sha256(binary)}
+    write_atomic(lib.with_suffix(".json"), json.dumps(manifest, indent=1) + "\n")
 
 
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
@@ -132,20 +320,40 @@ def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDL
     return _LIBRARIES[path]
 
 
+# --- Python modules (Triton kernels) -------------------------------------------------------------
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Runs the source text it was given, never a ``__pycache__`` file (which could be planted)."""
+
+    def __init__(self, fullname: str, path: str, source: str):
+        super().__init__(fullname, path)
+        self.source = source
+
+    def get_code(self, fullname: str):
+        return compile(self.source, self.path, "exec", dont_inherit=True)
+
+
 def load_python_module(source: str, prefix: str) -> ModuleType:
-    """Write ``source`` to ``<cache>/<prefix>/<hash>.py`` and import it (once per process)."""
+    """Write ``source`` to ``<cache>/<prefix>/<prefix>_<hash>.py`` and import it (once per
+    process). The file is there for ``inspect``; the code run is always ``source`` itself."""
     key = content_hash(source)
-    path = cache_dir() / prefix / f"{prefix}_{key}.py"
-    if path in _MODULES:
-        return _MODULES[path]
-    if not path.exists() or path.read_text() != source:
+    name = f"{prefix}_{key}.py"
+    path = entry = _entry_dir(prefix) / name
+    if entry in _MODULES:
+        return _MODULES[entry]
+    try:
+        intact = _read_own_file(entry) == source.encode()
+    except OSError:
+        intact = False
+    if not intact:  # missing, or changed by someone: write it again (in the cache if we can)
+        path = _build_dir(prefix) / name
         write_atomic(path, source)
-    spec = importlib.util.spec_from_file_location(f"toycomp_{prefix}_{key}", path)
-    assert spec is not None and spec.loader is not None
+    loader = _SourceLoader(f"toycomp_{prefix}_{key}", str(path), source)
+    spec = importlib.util.spec_from_file_location(loader.name, path, loader=loader)
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # inspect.getsource needs to find the module again
-    spec.loader.exec_module(module)
-    _MODULES[path] = module
+    loader.exec_module(module)
+    _MODULES[entry] = module
     return module
 
 
@@ -222,5 +430,7 @@ def _probe_works(functions: Sequence[str]) -> bool:
                 if not math.isclose(y, expected, rel_tol=1e-5, abs_tol=1e-6):
                     return False
         return True
+    except CacheDirError:  # not a libmvec problem: say so
+        raise
     except Exception:  # a missing libmvec, an old glibc, another compiler: no vector math
         return False
