@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp.aot.aot_autograd import AOTOutput, aot_function
+from toycomp.aot.aot_autograd import aot_function
+from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.capture.captured_graph import CapturedGraph
 from toycomp.capture.tracer import capture
 from toycomp.prims.decompositions import decompose, fallbacks

@@ -1,27 +1,27 @@
-"""Stage 2, AOTAutograd: a callable on flat tensors -> ATen-level joint, forward, backward graphs.
+"""AOTAutograd's entry point: a callable on flat tensors -> ATen-level joint / forward / backward.
 
 Input IR: any ``fn(*flat_tensors) -> Tensor | tuple[Tensor, ...]``, e.g. the torch-level
-``GraphModule`` from ``toycomp.capture`` or a plain function, plus real example tensors.
+``GraphModule`` from toycomp/capture/ or a plain function, plus real example tensors.
 
 Output IR: ``torch.fx.GraphModule``s whose ``call_function`` targets are ATen ``OpOverload``s
 (``torch.ops.aten.sin.default``...), every node carrying ``meta["val"]`` (a meta tensor with the
 node's shape, dtype and stride): the *joint* graph, then the *forward* and *backward* graphs
-split from it (``toycomp.partitioners``), wrapped in an ``AOTOutput`` that runs them
-(``toycomp.runtime_wrappers``).
+split from it (toycomp/aot/partitioners.py), wrapped in an ``AOTOutput`` that runs them
+(toycomp/aot/runtime_wrappers.py). ``f(x) = sin(x)`` with ``x.requires_grad``:
 
-Tiny example, ``f(x) = sin(x)`` with ``x.requires_grad``::
+    >>> import torch
+    >>> joint = trace_joint(torch.sin, [torch.randn(3, requires_grad=True)])
+    >>> print(joint.code.strip())       # forward outputs, then one gradient per primal
+    def forward(self, primals_1, tangents_1):
+        sin = torch.ops.aten.sin.default(primals_1)
+        cos = torch.ops.aten.cos.default(primals_1);  primals_1 = None
+        mul = torch.ops.aten.mul.Tensor(tangents_1, cos);  tangents_1 = cos = None
+        return (sin, mul)
 
-    def joint(primals_1, tangents_1):          # what trace_joint records
-        sin = aten.sin.default(primals_1)
-        cos = aten.cos.default(primals_1)
-        mul = aten.mul.Tensor(tangents_1, cos)
-        return (sin, mul)                      # forward outputs, then one gradient per primal
-
-This module does the tracing: run ``fn``, then ``torch.autograd.grad``, under the recorder of
-``toycomp.functionalize``, which records ATen ops and rewrites in-place ones into out-of-place
-ones. The runtime (``AOTOutput``, ``CompiledFunction``: the ``torch.autograd.Function`` whose
-backward runs the compiled backward, the input-mutation epilogue, output aliasing) lives in
-``toycomp.runtime_wrappers`` and is re-exported here.
+This module does the tracing: run ``fn``, then ``torch.autograd.grad``, under the
+``FunctionalRecorder`` of toycomp/aot/functionalize.py, which records ATen ops into a
+``TensorTracker`` and rewrites in-place ones into out-of-place ones; then ``aot_function``
+partitions the joint graph, compiles both halves and wraps them.
 
 NB: in PyTorch this lives in torch/_functorch/aot_autograd.py (``aot_function``),
 torch/_functorch/_aot_autograd/ (``create_joint`` in traced_function_transforms.py, output alias
@@ -44,22 +44,12 @@ from toycomp.aot.tensor_tracker import TensorTracker
 from toycomp.aot.partitioners import default_partition
 from toycomp.aot.runtime_wrappers import (
     AOTOutput,
-    CompiledFunction,
-    OutputAliasInfo,
     offset_sensitive_inputs,
     output_alias_info,
     run_graph,
 )
 
-__all__ = [
-    "AOTOutput",
-    "CompiledFunction",
-    "OutputAliasInfo",
-    "aot_function",
-    "default_partition",
-    "trace_forward",
-    "trace_joint",
-]
+__all__ = ["aot_function", "trace_forward", "trace_joint"]
 
 aten = torch.ops.aten
 Compiler = Callable[[fx.GraphModule, list], Callable[[list], Sequence]]

@@ -63,12 +63,8 @@ import torch.fx as fx
 from toycomp._torch_compat import TorchDispatchMode, schema_of, tree_map
 from toycomp.aot.functional_utils import (
     AS_STRIDED_OPS,
-    BATCH_NORM_OPS,
     DATA_DEPENDENT_OPS,
-    FUNCTIONAL_OVERRIDES,
-    UNSUPPORTED_MUTATIONS,
     bind_arguments,
-    copy_like,
     covers,
     extent,
     functional_variant,
@@ -78,21 +74,11 @@ from toycomp.aot.functional_utils import (
     non_overlapping,
     same_view,
     span,
-    storage_key,
 )
 from toycomp.aot.tensor_tracker import TensorTracker, Tracked
 from toycomp.tensor_utils import same_strides, to_meta
 
-__all__ = [
-    "BATCH_NORM_OPS",
-    "DATA_DEPENDENT_OPS",
-    "FUNCTIONAL_OVERRIDES",
-    "FunctionalRecorder",
-    "UNSUPPORTED_MUTATIONS",
-    "copy_like",
-    "is_dense",
-    "storage_key",
-]
+__all__ = ["FunctionalRecorder"]
 
 aten = torch.ops.aten
 
