@@ -35,7 +35,7 @@ def cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(root))
     monkeypatch.setattr(cache, "_LIBRARIES", {})
     monkeypatch.setattr(cache, "_MODULES", {})
-    monkeypatch.setattr(cache, "_TEMP_DIRS", {}, raising=False)
+    monkeypatch.setattr(cache, "_TEMP_DIRS", {})
     return root
 
 

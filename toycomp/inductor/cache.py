@@ -113,21 +113,19 @@ def check_private(path: Path) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         return
-    me = os.geteuid()
+    me, planted = os.geteuid(), "so another user could plant code that runs in your process"
     if not stat.S_ISDIR(st.st_mode):
         problem, fix = "it is not a directory", "set TOYCOMP_CACHE_DIR to a directory"
     elif st.st_uid != me:
-        problem = f"it belongs to uid {st.st_uid}, not to you (uid {me})"
+        problem = f"it belongs to uid {st.st_uid}, not to you (uid {me}), {planted}"
         fix = "set TOYCOMP_CACHE_DIR to a directory of your own, or unset it (~/.cache/toycomp)"
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        mode = stat.S_IMODE(st.st_mode)
+        problem = f"it is writable by group or others (mode {mode:o}), {planted}"
         fix = f"chmod 700 {path}, or set TOYCOMP_CACHE_DIR to a private directory"
     else:
         return
-    raise CacheDirError(
-        f"toycomp refuses the kernel cache {path}: {problem}, so someone else could plant code "
-        f"there that would run in your process. Fix: {fix}."
-    )
+    raise CacheDirError(f"toycomp refuses the kernel cache {path}: {problem}. Fix: {fix}.")
 
 
 def _entry_dir(kind: str) -> Path:
