@@ -15,9 +15,14 @@ import toycomp.prims as p
 from toycomp.inductor import ir
 from toycomp.inductor.interpret import run_lowered, run_scheduled
 from toycomp.inductor.lowering import REALIZE_THRESHOLD, LoweringError, lower
+from toycomp.inductor.lowering_table import LOWERINGS
 from toycomp.inductor.scheduler import schedule
 
 aten = torch.ops.aten
+
+
+def test_every_prim_has_a_lowering_rule():
+    assert set(LOWERINGS) == set(p.PRIMS.values())
 
 
 # --- a tiny tracer: prims called on _Proxy objects record FX nodes -------------------------------

@@ -59,10 +59,36 @@ def _pointwise_rule(name: str) -> Rule:
     return rule
 
 
-for _prim, _info in prims.PRIM_INFO.items():
-    if _info.kind == prims.PrimKind.POINTWISE and _info.name != "convert_element_type":
-        LOWERINGS[_prim] = _pointwise_rule(_info.name)
-del _prim, _info
+LOWERINGS[prims.neg] = _pointwise_rule("neg")
+LOWERINGS[prims.abs] = _pointwise_rule("abs")
+LOWERINGS[prims.exp] = _pointwise_rule("exp")
+LOWERINGS[prims.log] = _pointwise_rule("log")
+LOWERINGS[prims.log1p] = _pointwise_rule("log1p")
+LOWERINGS[prims.sqrt] = _pointwise_rule("sqrt")
+LOWERINGS[prims.rsqrt] = _pointwise_rule("rsqrt")
+LOWERINGS[prims.reciprocal] = _pointwise_rule("reciprocal")
+LOWERINGS[prims.sin] = _pointwise_rule("sin")
+LOWERINGS[prims.cos] = _pointwise_rule("cos")
+LOWERINGS[prims.tanh] = _pointwise_rule("tanh")
+LOWERINGS[prims.erf] = _pointwise_rule("erf")
+LOWERINGS[prims.floor] = _pointwise_rule("floor")
+LOWERINGS[prims.sign] = _pointwise_rule("sign")
+LOWERINGS[prims.logical_not] = _pointwise_rule("logical_not")
+LOWERINGS[prims.add] = _pointwise_rule("add")
+LOWERINGS[prims.sub] = _pointwise_rule("sub")
+LOWERINGS[prims.mul] = _pointwise_rule("mul")
+LOWERINGS[prims.div] = _pointwise_rule("div")
+LOWERINGS[prims.pow] = _pointwise_rule("pow")
+LOWERINGS[prims.maximum] = _pointwise_rule("maximum")
+LOWERINGS[prims.minimum] = _pointwise_rule("minimum")
+LOWERINGS[prims.eq] = _pointwise_rule("eq")
+LOWERINGS[prims.ne] = _pointwise_rule("ne")
+LOWERINGS[prims.lt] = _pointwise_rule("lt")
+LOWERINGS[prims.le] = _pointwise_rule("le")
+LOWERINGS[prims.gt] = _pointwise_rule("gt")
+LOWERINGS[prims.ge] = _pointwise_rule("ge")
+LOWERINGS[prims.logical_and] = _pointwise_rule("logical_and")
+LOWERINGS[prims.where] = _pointwise_rule("where")
 
 
 @register_lowering(prims.convert_element_type)

@@ -110,14 +110,6 @@ def _first_tensor(*args: Any) -> torch.Tensor:
 
 
 # --- pointwise, one input (15) -------------------------------------------------------------
-_UNARY = {
-    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log,
-    "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-    "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
-    "erf": torch.erf, "floor": torch.floor, "sign": torch.sign, "logical_not": torch.logical_not,
-}  # fmt: skip
-
-
 def _unary(name: str, torch_fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
     def ref(a: torch.Tensor) -> torch.Tensor:
         return torch_fn(a)
@@ -127,16 +119,25 @@ def _unary(name: str, torch_fn: Callable[[torch.Tensor], torch.Tensor]) -> Calla
     return _register(PrimKind.POINTWISE)(ref)
 
 
+neg = _unary("neg", torch.neg)
+abs = _unary("abs", torch.abs)  # noqa: A001 (PyTorch's name)
+exp = _unary("exp", torch.exp)
+log = _unary("log", torch.log)
+log1p = _unary("log1p", torch.log1p)
+sqrt = _unary("sqrt", torch.sqrt)
+rsqrt = _unary("rsqrt", torch.rsqrt)
+reciprocal = _unary("reciprocal", torch.reciprocal)
+sin = _unary("sin", torch.sin)
+cos = _unary("cos", torch.cos)
+tanh = _unary("tanh", torch.tanh)
+erf = _unary("erf", torch.erf)
+floor = _unary("floor", torch.floor)
+sign = _unary("sign", torch.sign)
+logical_not = _unary("logical_not", torch.logical_not)
+
+
 # --- pointwise, two inputs (14): tensors of one shape and dtype, or a Python number ---------
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum,
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-    "ge": torch.ge, "logical_and": torch.logical_and,
-}  # fmt: skip
-
-
-def _binary_prim(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+def _binary(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     def ref(a: torch.Tensor | Number, b: torch.Tensor | Number) -> torch.Tensor:
         like = _first_tensor(a, b)
         return torch_fn(_as_tensor(a, like), _as_tensor(b, like))
@@ -146,13 +147,20 @@ def _binary_prim(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[.
     return _register(PrimKind.POINTWISE)(ref)
 
 
-# Defined from the two tables above so the list reads as a list; each lands in this module's
-# namespace (prims.sin, prims.add, ...) like the hand-written prims below.
-for _name, _fn in _UNARY.items():
-    globals()[_name] = _unary(_name, _fn)
-for _name, _fn in _BINARY.items():
-    globals()[_name] = _binary_prim(_name, _fn)
-del _name, _fn
+add = _binary("add", torch.add)
+sub = _binary("sub", torch.sub)
+mul = _binary("mul", torch.mul)
+div = _binary("div", torch.div)
+pow = _binary("pow", torch.pow)  # noqa: A001
+maximum = _binary("maximum", torch.maximum)
+minimum = _binary("minimum", torch.minimum)
+eq = _binary("eq", torch.eq)
+ne = _binary("ne", torch.ne)
+lt = _binary("lt", torch.lt)
+le = _binary("le", torch.le)
+gt = _binary("gt", torch.gt)
+ge = _binary("ge", torch.ge)
+logical_and = _binary("logical_and", torch.logical_and)
 
 
 @_register(PrimKind.POINTWISE)
@@ -219,7 +227,9 @@ def permute(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
 
 
 @_register(PrimKind.VIEW)
-def slice(a: torch.Tensor, dim: int, start: int, end: int, step: int = 1) -> torch.Tensor:  # noqa: A001
+def slice(  # noqa: A001 (PyTorch's name)
+    a: torch.Tensor, dim: int, start: int, end: int, step: int = 1
+) -> torch.Tensor:
     """Elements ``start, start+step, ... < end`` along ``dim`` (bounds already clamped)."""
     return torch.ops.aten.slice.Tensor(a, dim, start, end, step)
 

@@ -43,53 +43,49 @@ from toycomp.prims.decomp_table import Unsupported, register
 aten = torch.ops.aten
 
 
-def _overloads(name: str, *overloads: str) -> list[Any]:
-    """``aten.<name>.<overload>`` for those overloads that exist and return a Tensor (so not
-    ``aten.mul.default``, which multiplies two Python numbers)."""
-    packet = getattr(aten, name, None)
-    ops = [getattr(packet, o) for o in overloads if packet is not None and hasattr(packet, o)]
-    return [op for op in ops if str(op._schema.returns[0].type) == "Tensor"]
-
-
 # --- pointwise --------------------------------------------------------------------------------
-_UNARY_KINDS = {
-    "neg": KIND.DEFAULT, "abs": KIND.DEFAULT, "floor": KIND.DEFAULT, "sign": KIND.DEFAULT,
-    "exp": KIND.INT_TO_FLOAT, "log": KIND.INT_TO_FLOAT, "log1p": KIND.INT_TO_FLOAT,
-    "sqrt": KIND.INT_TO_FLOAT, "rsqrt": KIND.INT_TO_FLOAT, "reciprocal": KIND.INT_TO_FLOAT,
-    "sin": KIND.INT_TO_FLOAT, "cos": KIND.INT_TO_FLOAT, "tanh": KIND.INT_TO_FLOAT,
-    "erf": KIND.INT_TO_FLOAT,
-}  # fmt: skip
-
-_BINARY_KINDS = {
-    "mul": KIND.DEFAULT, "div": KIND.INT_TO_FLOAT, "maximum": KIND.DEFAULT,
-    "minimum": KIND.DEFAULT, "eq": KIND.ALWAYS_BOOL, "ne": KIND.ALWAYS_BOOL,
-    "lt": KIND.ALWAYS_BOOL, "le": KIND.ALWAYS_BOOL, "gt": KIND.ALWAYS_BOOL,
-    "ge": KIND.ALWAYS_BOOL,
-}  # fmt: skip
-
-
 # Ops whose ATen CPU kernels round a Python number to the tensor's dtype first (see
 # [Note: low precision computes in float32] in helpers.py); mul and div do not.
 _ROUNDS_NUMBERS = {"maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
-def _pointwise(prim: Any, kind: KIND) -> Any:
+def _pointwise(prim: Any, kind: KIND, *ops: Any) -> Any:
+    """Register, for the ATen ``ops``, the decomposition that is one prim: promote and broadcast
+    the operands explicitly (``elementwise``), apply ``prim``, convert to the result dtype."""
     round_numbers = prim.__name__ in _ROUNDS_NUMBERS
 
     def decomp(*args: Any) -> Any:
         return elementwise(prim, *args, kind=kind, round_numbers=round_numbers)
 
     decomp.__name__ = decomp.__qualname__ = prim.__name__
-    return decomp
+    return register(*ops)(decomp)
 
 
-for _name, _kind in _UNARY_KINDS.items():
-    register(*_overloads(_name, "default"))(_pointwise(prims.PRIMS[_name], _kind))
-for _name, _kind in _BINARY_KINDS.items():
-    register(*_overloads(_name, "Tensor", "Scalar", "default"))(
-        _pointwise(prims.PRIMS[_name], _kind)
-    )
-del _name, _kind
+neg = _pointwise(prims.neg, KIND.DEFAULT, aten.neg.default)
+abs = _pointwise(prims.abs, KIND.DEFAULT, aten.abs.default)  # noqa: A001 (ATen's name)
+floor = _pointwise(prims.floor, KIND.DEFAULT, aten.floor.default)
+sign = _pointwise(prims.sign, KIND.DEFAULT, aten.sign.default)
+exp = _pointwise(prims.exp, KIND.INT_TO_FLOAT, aten.exp.default)
+log = _pointwise(prims.log, KIND.INT_TO_FLOAT, aten.log.default)
+log1p = _pointwise(prims.log1p, KIND.INT_TO_FLOAT, aten.log1p.default)
+sqrt = _pointwise(prims.sqrt, KIND.INT_TO_FLOAT, aten.sqrt.default)
+rsqrt = _pointwise(prims.rsqrt, KIND.INT_TO_FLOAT, aten.rsqrt.default)
+reciprocal = _pointwise(prims.reciprocal, KIND.INT_TO_FLOAT, aten.reciprocal.default)
+sin = _pointwise(prims.sin, KIND.INT_TO_FLOAT, aten.sin.default)
+cos = _pointwise(prims.cos, KIND.INT_TO_FLOAT, aten.cos.default)
+tanh = _pointwise(prims.tanh, KIND.INT_TO_FLOAT, aten.tanh.default)
+erf = _pointwise(prims.erf, KIND.INT_TO_FLOAT, aten.erf.default)
+
+mul = _pointwise(prims.mul, KIND.DEFAULT, aten.mul.Tensor, aten.mul.Scalar)
+div = _pointwise(prims.div, KIND.INT_TO_FLOAT, aten.div.Tensor, aten.div.Scalar)
+maximum = _pointwise(prims.maximum, KIND.DEFAULT, aten.maximum.default)
+minimum = _pointwise(prims.minimum, KIND.DEFAULT, aten.minimum.default)
+eq = _pointwise(prims.eq, KIND.ALWAYS_BOOL, aten.eq.Tensor, aten.eq.Scalar)
+ne = _pointwise(prims.ne, KIND.ALWAYS_BOOL, aten.ne.Tensor, aten.ne.Scalar)
+lt = _pointwise(prims.lt, KIND.ALWAYS_BOOL, aten.lt.Tensor, aten.lt.Scalar)
+le = _pointwise(prims.le, KIND.ALWAYS_BOOL, aten.le.Tensor, aten.le.Scalar)
+gt = _pointwise(prims.gt, KIND.ALWAYS_BOOL, aten.gt.Tensor, aten.gt.Scalar)
+ge = _pointwise(prims.ge, KIND.ALWAYS_BOOL, aten.ge.Tensor, aten.ge.Scalar)
 
 
 def _add_or_sub(prim: Any, a: Any, b: Any, alpha: Any) -> Any:
@@ -174,7 +170,7 @@ def pow_tensor(a: Any, b: Any) -> Any:
     return elementwise(prims.pow, a, b, kind=KIND.BOOL_TO_LONG, round_numbers=True)
 
 
-@register(aten.where.self, *_overloads("where", "ScalarSelf", "ScalarOther", "Scalar"))
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(cond: Any, a: Any, b: Any) -> Any:
     computation, _ = elementwise_dtypes(a, b, kind=KIND.NO_OPMATH)  # a selection: no rounding
     shapes = [t.shape for t in (cond, a, b) if not is_number(t)]

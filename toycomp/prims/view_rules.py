@@ -217,7 +217,9 @@ def scalar_tensor(s: Any, *, dtype=None, layout=None, device=None, pin_memory=No
     return _full([], s, dtype or torch.get_default_dtype(), device)
 
 
-def _constant_factory(value: int) -> Any:
+def _constant_factories(value: int) -> tuple[Any, Any, Any]:
+    """The decompositions of ``zeros``, ``zeros_like`` and ``new_zeros`` (value 0), or ones."""
+
     def factory(size, *, dtype=None, layout=None, device=None, pin_memory=None, **_) -> Any:
         _check_layout(layout)
         return _full(size, value, dtype or torch.get_default_dtype(), device)
@@ -234,12 +236,14 @@ def _constant_factory(value: int) -> Any:
 
 
 # ``empty`` may hold anything, so zeros are a valid (and deterministic) choice.
-for _names, _value in ((("zeros", "empty"), 0), (("ones",), 1)):
-    _factory, _like, _new = _constant_factory(_value)
-    for _name in _names:
-        register(*_ops(f"{_name}.default", f"{_name}.memory_format"))(_factory)
-        register(*_ops(f"{_name}_like.default"))(_like)
-        register(*_ops(f"new_{_name}.default"))(_new)
+zeros, zeros_like, new_zeros = _constant_factories(0)
+register(*_ops("zeros.default", "zeros.memory_format", "empty.default", "empty.memory_format"))(zeros)
+register(*_ops("zeros_like.default", "empty_like.default"))(zeros_like)
+register(*_ops("new_zeros.default", "new_empty.default"))(new_zeros)
+ones, ones_like, new_ones = _constant_factories(1)
+register(*_ops("ones.default", "ones.memory_format"))(ones)
+register(*_ops("ones_like.default"))(ones_like)
+register(*_ops("new_ones.default"))(new_ones)
 
 
 @register(aten.full_like.default)
