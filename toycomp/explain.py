@@ -70,7 +70,8 @@ class Explanation:
         for artefacts in self.entry.graphs:
             if artefacts.name == name:
                 return artefacts
-        raise KeyError(f"no {name!r} graph was compiled (have: {[g.name for g in self.entry.graphs]})")
+        have = [g.name for g in self.entry.graphs]
+        raise KeyError(f"no {name!r} graph was compiled (have: {have})")
 
     @property
     def kernels(self) -> list:

@@ -4,12 +4,19 @@ Input -> output: a Python function or ``nn.Module`` -> a callable with the same 
 gradients. The pipeline is a flat list of named stage calls; every stage's result is kept in a
 ``CompiledEntry`` so that ``toycomp.explain`` can show it::
 
-    capture      fn            -> CapturedGraph (torch-level FX graph + guards)      capture.py
-    aot          captured.gm   -> joint / forward / backward ATen graphs             aot.py
-    decompose    ATen graph    -> prims graph (+ extern calls, visible fallbacks)     decompositions.py
-    lower        prims graph   -> loop IR buffers                                    inductor/lowering.py
-    schedule     loop IR       -> fused kernels                                      inductor/scheduler.py
-    compile      kernels       -> C++ / Triton source, compiled and cached           inductor/wrapper.py
+    capture    fn          -> CapturedGraph (torch-level graph + guards)   capture/tracer.py
+    aot        captured.gm -> joint / forward / backward ATen graphs       aot/aot_autograd.py
+    decompose  ATen graph  -> prims graph (+ extern calls, fallbacks)      prims/decompositions.py
+    lower      prims graph -> loop IR buffers                              inductor/lowering.py
+    schedule   loop IR     -> fused kernels                                inductor/scheduler.py
+    compile    kernels     -> C++ / Triton source, compiled and cached     inductor/wrapper.py
+
+    >>> import torch, toycomp
+    >>> f = toycomp.compile(lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2)
+    >>> f(torch.zeros(3))
+    tensor([1., 1., 1.])
+    >>> len(f.entries), f.entries[0].graphs[0].compiled.kernels[0].backend
+    (1, 'cpp')
 
 NB: in PyTorch this glue is torch/_dynamo/eval_frame.py (the guarded cache of compiled frames),
 torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/compile_fx.py
@@ -26,18 +33,17 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp.aot.aot_autograd import aot_function
-from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.capture.captured_graph import CapturedGraph
 from toycomp.capture.tracer import capture
+from toycomp.aot.aot_autograd import aot_function
+from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
+from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
+from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
-from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
-from toycomp.inductor.wrapper import CompiledGraph, compile_graph
-from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
+from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 
-BACKENDS = ("cpp", "triton")
 # How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the
 # backward (TorchInductor's choice); "default" saves every forward value the backward reads.
 PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
@@ -102,7 +108,8 @@ def check_choices(backend: str | None, partition: str) -> None:
     """Reject unknown backend / partition names when compile() is called, not at the first call."""
     resolve_backend(backend, ())
     if partition not in PARTITIONS:
-        raise ValueError(f"toycomp: unknown partition {partition!r}; choose one of {list(PARTITIONS)}")
+        choices = list(PARTITIONS)
+        raise ValueError(f"toycomp: unknown partition {partition!r}; choose one of {choices}")
 
 
 def build(
@@ -126,8 +133,18 @@ def build(
     return CompiledEntry(captured, aot, graphs)
 
 
-class CompiledFunction:
-    """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``."""
+class OptimizedFunction:
+    """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``.
+
+    Each call takes the first entry whose guards hold, or captures and compiles a new one; past
+    ``RECOMPILE_LIMIT`` entries, or at a graph break, ``fn`` runs eagerly from then on.
+
+    NB: Dynamo's counterpart is what ``torch.compile(fn)`` returns (torch/_dynamo/eval_frame.py:
+    the wrapper ``_TorchDynamoContext.__call__`` makes, ``OptimizedModule`` for an nn.Module),
+    whose cache is the list of ``CacheEntry``s (guards + compiled code) kept on ``fn``'s code
+    object, capped by ``torch._dynamo.config.cache_size_limit``. (The ``CompiledFunction`` of
+    toycomp/aot/runtime_wrappers.py is another thing: AOTAutograd's ``autograd.Function``.)
+    """
 
     def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut") -> None:
         self.fn = fn
@@ -162,13 +179,14 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        state = f"eager: {self.eager_reason}" if self.eager_reason else f"{len(self.entries)} graphs"
+        graphs = f"{len(self.entries)} graphs"
+        state = f"eager: {self.eager_reason}" if self.eager_reason else graphs
         return f"<toycomp.compile of {name} ({state})>"
 
 
 def compile(  # noqa: A001 (torch.compile's name)
     fn: Callable, backend: str | None = None, partition: str = "min_cut"
-) -> CompiledFunction:
+) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
     Args:
@@ -184,7 +202,7 @@ def compile(  # noqa: A001 (torch.compile's name)
         construct the tracer cannot handle makes ``fn`` run eagerly, with a warning.
     """
     check_choices(backend, partition)
-    return CompiledFunction(fn, backend, partition)
+    return OptimizedFunction(fn, backend, partition)
 
 
 def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
