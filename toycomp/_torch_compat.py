@@ -97,3 +97,21 @@ def schema_of(op: OpOverload) -> OpSchema:  # functional_utils.py, partitioners.
         for a in schema.arguments
     )
     return OpSchema(schema.name, arguments, schema.is_mutable)
+
+
+def overload_name(op: OpOverload) -> str:  # prims/decompositions.py: relu_.default's functional
+    """The overload part of an ATen op's name.
+
+    >>> overload_name(torch.ops.aten.add_.Tensor), overload_name(torch.ops.aten.relu_.default)
+    ('Tensor', 'default')
+    """
+    return op._overloadname
+
+
+def returns_alias(op: OpOverload) -> bool:  # prims/decompositions.py: views and in-place ops
+    """True when one of ``op``'s results aliases an input (``-> Tensor(a)`` in its schema).
+
+    >>> returns_alias(torch.ops.aten.t.default), returns_alias(torch.ops.aten.sin.default)
+    (True, False)
+    """
+    return any(r.alias_info is not None for r in op._schema.returns)

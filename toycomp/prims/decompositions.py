@@ -46,7 +46,7 @@ import torch
 from torch import fx
 
 import toycomp.prims as prims
-from toycomp._torch_compat import OpOverload
+from toycomp._torch_compat import OpOverload, overload_name, returns_alias, schema_of
 from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
 from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
 
@@ -140,7 +140,7 @@ class DecompTracer:
 def _op_name(target: Any) -> str:
     """``aten.mm.default`` -> ``mm`` (FX makes it unique: ``mm_1``...)."""
     if isinstance(target, OpOverload):
-        return target._schema.name.split("::")[-1]
+        return schema_of(target).name.split("::")[-1]
     return getattr(target, "__name__", "op")
 
 
@@ -266,7 +266,7 @@ def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]
     if target is operator.getitem:
         src = args[0]
         return src[args[1]] if isinstance(src, (list, tuple)) else tracer.emit(target, args, {})
-    if isinstance(target, OpOverload) and target._schema.is_mutable:
+    if isinstance(target, OpOverload) and schema_of(target).is_mutable:
         return _decompose_inplace(tracer, node, env, args, kwargs)
     return _decompose_op(tracer, node, target, args, kwargs)
 
@@ -324,9 +324,9 @@ def _decompose_inplace(
     tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any], args: Any, kwargs: Any
 ) -> Any:
     op = node.target
-    name = op._schema.name.split("::")[-1]
+    name = schema_of(op).name.split("::")[-1]
     packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
-    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    functional = getattr(packet, overload_name(op), None) if packet is not None else None
     group = _alias_group(node.args[0], tracer.alias_root) if functional is not None else None
     if group is None:
         raise RuntimeError(
@@ -349,19 +349,15 @@ def _alias_group(self_node: fx.Node, alias_root: dict[fx.Node, fx.Node]) -> list
     root = alias_root.get(self_node, self_node)
     if root.op != "call_function" or not isinstance(root.target, OpOverload):
         return None
-    if _returns_alias(root.target) or root.target._schema.is_mutable:
+    if returns_alias(root.target) or schema_of(root.target).is_mutable:
         return None
     group = [root] + [n for n, r in alias_root.items() if r is root]
     for member in group:
         for user in member.users:
             t = user.target
-            if isinstance(t, OpOverload) and _returns_alias(t) and not t._schema.is_mutable:
+            if isinstance(t, OpOverload) and returns_alias(t) and not schema_of(t).is_mutable:
                 return None
     return group
-
-
-def _returns_alias(op: Any) -> bool:
-    return any(r.alias_info is not None for r in op._schema.returns)
 
 
 def fallbacks(gm: fx.GraphModule) -> list[str]:

@@ -26,15 +26,15 @@ autotuning) and torch/_inductor/runtime/triton_helpers.py (NaN-propagating max/m
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import sympy
 import torch
 
 import toycomp.prims as prims
+from toycomp._triton_compat import interpreted_function, interpreting_device_calls
 from toycomp.inductor import cache, ir
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
@@ -328,56 +328,12 @@ def load(generated: GeneratedKernel, device: torch.device) -> Any:
     raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")
 
 
-# [Note: Triton's interpreter without TRITON_INTERPRET]
-# TRITON_INTERPRET=1 makes `@triton.jit` return an InterpretedFunction instead of a JITFunction,
-# but it is read when each function is decorated, including triton.language's own jit functions
-# (tl.sum, tl.max are @triton.jit code), so setting it later is too late. Instead we build the
-# InterpretedFunction ourselves from the plain Python function (`jit_fn.fn`), and while it runs
-# we make calls to other jit functions (tl.sum, our helpers) interpret too. The interpreter
-# patches triton.language while it runs and, for such nested calls, does not undo all of it
-# (a later CUDA compile in the same process would then fail), so we snapshot and restore the
-# patched namespaces. Nothing global outlives a launch, and one module serves CUDA tensors too.
-@contextlib.contextmanager
-def interpreting_device_calls() -> Iterator[None]:
-    """While active, calling a JITFunction runs it in Triton's interpreter."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    original = JITFunction.__call__
-    saved = {obj: dict(vars(obj)) for obj in _language_namespaces()}
-
-    def call(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
-        return InterpretedFunction(self.fn)(*args, **kwargs)
-
-    JITFunction.__call__ = call
-    try:
-        yield
-    finally:
-        JITFunction.__call__ = original
-        for obj, attrs in saved.items():
-            for name, value in list(vars(obj).items()):
-                if name not in attrs:
-                    delattr(obj, name)
-                elif value is not attrs[name]:
-                    setattr(obj, name, attrs[name])
-
-
-def _language_namespaces() -> list[Any]:
-    """The modules and classes that Triton's interpreter monkeypatches."""
-    import triton.language as tl
-
-    # (not tl.standard: the interpreter only adds names to it, which its cached rewrites need)
-    objs = [tl, tl.core, tl.math, tl.tensor, tl.dtype]
-    return objs + [getattr(tl.core, n) for n in ("tensor_descriptor_base",) if hasattr(tl.core, n)]
-
-
 class InterpretedKernel:
-    """``kernel[grid](*args, **meta)`` for CPU tensors, run by Triton's NumPy interpreter."""
+    """``kernel[grid](*args, **meta)`` for CPU tensors, run by Triton's NumPy interpreter (see
+    [Note: Triton's interpreter without TRITON_INTERPRET] in toycomp/_triton_compat.py)."""
 
     def __init__(self, jit_fn: Any) -> None:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        self.fn = InterpretedFunction(jit_fn.fn)
+        self.fn = interpreted_function(jit_fn)
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
