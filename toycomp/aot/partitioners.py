@@ -1,31 +1,47 @@
 """Partitioners: joint forward+backward ATen graph -> forward graph + backward graph.
 
-Input IR: the joint graph from ``toycomp.aot.trace_joint``: placeholders ``primals_1..`` and
-``tangents_1..``; outputs ``(forward outputs..., gradient per primal or None)``; the first
-``num_fwd_outputs`` outputs are the forward ones (``joint.meta["num_fwd_outputs"]``).
+Input IR: the joint graph from toycomp/aot/aot_autograd.py's ``trace_joint``: placeholders
+``primals_1..`` and ``tangents_1..``; outputs ``(forward outputs..., gradient per primal or
+None)``; the first ``num_fwd_outputs`` outputs are the forward ones
+(``joint.meta["num_fwd_outputs"]``).
 
 Output IR: two ATen-level ``torch.fx.GraphModule``s and the names of the saved values::
 
     forward(primals...)            -> (forward outputs..., saved values...)
     backward(saved..., tangents...) -> (gradients that are not None...)
 
-Tiny example, ``f(x) = sin(x)``::
-
-    joint:    sin = aten.sin(primals_1); cos = aten.cos(primals_1)
-              mul = aten.mul(tangents_1, cos); return (sin, mul)
-    forward:  sin = aten.sin(primals_1); return (sin, primals_1)        # saved: [primals_1]
-    backward: cos = aten.cos(primals_1); mul = aten.mul(tangents_1, cos); return (mul,)
-
 ``default_partition`` is PyTorch's simplest policy: the forward graph is exactly what the forward
 outputs need; everything else the backward needs is either saved (if the forward graph computes
-it, primals included) or recomputed in the backward (``cos`` above).
+it, primals included) or recomputed in the backward (``cos`` below). For ``f(x) = sin(x)``:
+
+    >>> import torch
+    >>> from toycomp.aot.aot_autograd import trace_joint
+    >>> joint = trace_joint(torch.sin, [torch.randn(3, requires_grad=True)])
+    >>> forward, backward, saved = default_partition(joint)
+    >>> print(forward.code.strip())
+    def forward(self, primals_1):
+        sin = torch.ops.aten.sin.default(primals_1)
+        return (sin, primals_1)
+    >>> print(backward.code.strip())
+    def forward(self, primals_1, tangents_1):
+        cos = torch.ops.aten.cos.default(primals_1);  primals_1 = None
+        mul = torch.ops.aten.mul.Tensor(tangents_1, cos);  tangents_1 = cos = None
+        return (mul,)
+    >>> saved
+    ['primals_1']
+
 ``min_cut_rematerialization_partition`` chooses what to save by a minimum cut of a flow graph
 weighted by the values' sizes, recomputing cheap pointwise and view ops in the backward; it first
-merges duplicate nodes (``fx_graph_cse``). For ``sin(x)**2 + cos(x)**2`` it saves only ``x``.
+merges duplicate nodes (``fx_graph_cse``, toycomp/aot/compile_utils.py):
+
+    >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
+    >>> joint = trace_joint(f, [torch.randn(3, requires_grad=True)])
+    >>> default_partition(joint)[2], min_cut_rematerialization_partition(joint)[2]
+    (['primals_1', 'sin', 'cos'], ['primals_1'])
 
 NB: in PyTorch this lives in torch/_functorch/partitioners.py (``default_partition``,
 ``min_cut_rematerialization_partition``, ``solve_min_cut``, ``_extract_graph_with_inputs_outputs``,
-``_extract_fwd_bwd_modules``) and torch/_functorch/compile_utils.py (``fx_graph_cse``).
+``_extract_fwd_bwd_modules``).
 """
 
 from __future__ import annotations
@@ -37,10 +53,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import OpOverload, schema_of
+from toycomp.aot.compile_utils import fx_graph_cse, is_random
 
 __all__ = [
-    "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph", "fx_graph_cse",
+    "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph",
     "min_cut_rematerialization_partition", "saved_bytes", "should_ban_recomputation",
     "solve_min_cut",
 ]  # fmt: skip
@@ -157,86 +173,6 @@ def default_partition(
     return forward, backward, [n.name for n in saved]
 
 
-# -- common-subexpression elimination ---------------------------------------------------------
-# Ops that allocate without initialising: two results are not "the same value" (PyTorch skips
-# aten.empty in fx_graph_cse too).
-_UNINITIALIZED = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty}
-
-
-def _is_random(node: fx.Node) -> bool:
-    """An op that draws from the RNG (ATen tags them ``nondeterministic_seeded``)."""
-    target = node.target
-    return isinstance(target, OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
-
-
-def _is_pure(node: fx.Node) -> bool:
-    """A call whose result depends only on its arguments: safe to merge with an equal call."""
-    if node.op != "call_function":
-        return False
-    if node.target is operator.getitem:
-        return True
-    target = node.target
-    return (
-        isinstance(target, OpOverload)
-        and not schema_of(target).is_mutable
-        and not _is_random(node)
-        and target.overloadpacket not in _UNINITIALIZED
-    )
-
-
-def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
-    """``(target, args, kwargs)`` with nodes replaced by their merged copies; None if unkeyable.
-
-    Constants are keyed with their type and floats by ``repr``: ``pow(x, 2)`` and ``pow(x, 2.0)``
-    are different calls, and so are ``mul(x, 0.0)`` and ``mul(x, -0.0)`` (0.0 == -0.0 in Python).
-    """
-
-    def norm(a):
-        if isinstance(a, fx.Node):
-            return env[a]
-        if isinstance(a, (list, tuple)):
-            return (type(a), tuple(norm(b) for b in a))
-        if isinstance(a, dict):
-            return (dict, tuple((k, norm(v)) for k, v in a.items()))
-        if isinstance(a, torch.Tensor):
-            raise TypeError("tensor constant")  # compared by value, never by identity
-        return (type(a), repr(a) if isinstance(a, (float, complex)) else a)
-
-    try:
-        key = (node.target, norm(node.args), norm(node.kwargs))
-        hash(key)
-    except TypeError:  # an unhashable constant (a slice...): keep the node as it is
-        return None
-    return key
-
-
-def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
-    """Merge calls of the same pure op on the same arguments into one node (a new graph).
-
-    [Note: CSE before partitioning]
-    The joint graph often computes a value twice: autograd's formula for ``sin`` recomputes
-    ``cos(x)`` in the backward although the forward computed ``cos(x)`` for ``cos(x)**2``.
-    Merged, the partitioner sees one ``cos`` that both halves need, and can decide once whether
-    to save or recompute it. Random ops are never merged (two ``rand_like(x)`` are two draws),
-    nor in-place or allocating ones; and a node the graph returns is never replaced by an
-    earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
-    """
-    new_graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    seen: dict[tuple, fx.Node] = {}
-    returned = set(graph.output_node().all_input_nodes)
-    for node in graph.nodes:
-        key = _cse_key(node, env) if _is_pure(node) else None
-        if key is not None and key in seen and node not in returned:
-            env[node] = seen[key]
-            continue
-        env[node] = new_graph.node_copy(node, lambda n: env[n])
-        if key is not None:
-            seen.setdefault(key, env[node])
-    new_graph.lint()
-    return new_graph
-
-
 # -- the min-cut partitioner ------------------------------------------------------------------
 # [Note: what may be recomputed]
 # Recomputing a value in the backward is cheap only if the backward's kernels can absorb it:
@@ -272,7 +208,7 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target is operator.getitem:
         return False
     packet = getattr(node.target, "overloadpacket", None)
-    return _is_random(node) or packet not in RECOMPUTABLE_OPS
+    return is_random(node) or packet not in RECOMPUTABLE_OPS
 
 
 def _weight(node: fx.Node) -> float:
@@ -313,7 +249,7 @@ def _flow_graph(
             continue
         if node in required_bw:  # a gradient that the forward computes (a primal...): save it
             flow.add_edge(f"{node.name}_out", "sink", capacity=math.inf)
-        in_forward = node in required_fw or _is_random(node)  # random ops run where eager ran them
+        in_forward = node in required_fw or is_random(node)  # random ops run where eager ran them
         if _is_primal(node) or (in_forward and should_ban_recomputation(node)):
             flow.add_edge("source", f"{node.name}_in", capacity=math.inf)
         flow.add_edge(f"{node.name}_in", f"{node.name}_out", capacity=_weight(node))
