@@ -1,4 +1,4 @@
-"""Tests for toycomp.aot and toycomp.partitioners (stage 2). Eager PyTorch is the oracle."""
+"""Tests for toycomp/aot/ (stage 2): tracing, functionalisation, runtime. Eager is the oracle."""
 
 import operator
 import random

@@ -1,4 +1,4 @@
-"""The compiled guard check agrees with the general guard path (toycomp/guard_compiler.py)."""
+"""The compiled guard check agrees with the general path (toycomp/capture/guard_compiler.py)."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ MODEL = nn.Linear(4, 3)
 
 
 def slow_path(captured, args, kwargs):
-    values = captured._current_values(args, kwargs)
+    values = captured.current_values(args, kwargs)
     if values is None or G.first_failing(captured.guards, values) is not None:
         return None
     return [values[name] for name in captured.input_sources]

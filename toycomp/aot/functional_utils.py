@@ -1,17 +1,19 @@
 """Functionalisation's helpers: which ATen ops write to what, and tensors as memory.
 
-Input -> output: ATen ``OpOverload``s and real tensors -> facts that ``toycomp.functionalize``'s
-recorder decides with: the arguments an op mutates and its out-of-place twin (from the op's
-schema), and where a tensor lives in its storage (byte extents, layouts, aliasing).
+Input -> output: ATen ``OpOverload``s and real tensors -> facts that the recorder of
+toycomp/aot/functionalize.py decides with: the arguments an op mutates and its out-of-place twin
+(from the op's schema), and where a tensor lives in its storage (byte extents, layouts, aliasing).
 
-Tiny example::
-
-    mutated_args(aten.add_.Tensor, (x, y), {})      # [("self", x)]
-    functional_variant(aten.add_.Tensor, ["self"])  # (aten.add.Tensor, [0], [])
-    x = torch.randn(4, 6)
-    same_view(x[1], x.t()[:, 1])                    # True: one piece of memory, one layout
-    same_view(x[0], x[:, 0])                        # False
-    covers(extent(x), extent(x[1]))                 # True: x is a root for writes to x[1]
+    >>> x, y = torch.randn(4, 6), torch.randn(4, 6)
+    >>> [name for name, _ in mutated_args(aten.add_.Tensor, (x, y), {})]
+    ['self']
+    >>> op, result_of_mutated, other_results = functional_variant(aten.add_.Tensor, ["self"])
+    >>> str(op), result_of_mutated, other_results
+    ('aten.add.Tensor', [0], [])
+    >>> same_view(x[1], x.t()[:, 1]), same_view(x[0], x[:, 0])  # one piece of memory, one layout?
+    (True, False)
+    >>> covers(extent(x), extent(x[1]))  # x is a root for writes to x[1]
+    True
 
 NB: in PyTorch this lives in torch/_functorch/_aot_autograd/functional_utils.py
 (``has_data_mutation``, ``gen_alias_from_base``...), torchgen's schema model

@@ -321,7 +321,8 @@ def _is_fresh(node: fx.Node) -> bool:
 def _needs_relayout(root: Tracked) -> bool:
     """Must ``root``'s node be copied before ``as_strided`` reads its memory?
 
-    Inputs need not: ``toycomp.aot`` checks at run time that they have storage offset 0.
+    Inputs need not: ``AOTOutput`` (runtime_wrappers.py) checks at run time that they have
+    storage offset 0.
     """
     node, fresh = root.node, _is_fresh(root.node) or root.node.op == "placeholder"
     return not fresh or not same_strides(node.meta["val"], root.tensor)

@@ -141,7 +141,7 @@ def default_partition(
     """Split a joint graph into forward and backward graphs, like PyTorch's default_partition.
 
     Args:
-        joint: joint forward+backward graph (``toycomp.aot.trace_joint``).
+        joint: joint forward+backward graph (``trace_joint`` in aot_autograd.py).
         num_fwd_outputs: how many leading outputs are forward outputs; defaults to
             ``joint.meta["num_fwd_outputs"]``.
 
@@ -311,7 +311,7 @@ def min_cut_rematerialization_partition(
     and recomputes in the backward whatever else it needs (pointwise and view ops only).
 
     Args:
-        joint: joint forward+backward graph (``toycomp.aot.trace_joint``).
+        joint: joint forward+backward graph (``trace_joint`` in aot_autograd.py).
         num_fwd_outputs: how many leading outputs are forward outputs; defaults to
             ``joint.meta["num_fwd_outputs"]``.
 

@@ -1,16 +1,24 @@
 """AOTAutograd's runtime: compiled forward / backward callables -> a differentiable callable.
 
-Input: the forward and backward graphs that ``toycomp.aot`` traced and partitioned, their
-compiled callables (``compiler(gm, example_inputs)``'s results) and the metadata collected while
-tracing (mutated inputs, which outputs have tangents, ``OutputAliasInfo`` per output). Output:
-an ``AOTOutput``, called like the traced function on flat tensors.
+Input: the forward and backward graphs that toycomp/aot/aot_autograd.py traced and partitioned,
+their compiled callables (``compiler(gm, example_inputs)``'s results) and the metadata collected
+while tracing (mutated inputs, which outputs have tangents, ``OutputAliasInfo`` per output).
+Output: an ``AOTOutput``, called like the traced function on flat tensors.
 
-Tiny example, ``aot = aot_function(f, [x, buf])`` with ``x.requires_grad``::
-
-    def f(x, buf):          out = aot(x, buf) runs CompiledFunction.apply(aot, x, buf):
-        buf.add_(1)             mul, add, *saved = compiled_forward([x, buf])
-        return x.sin() * buf    buf.copy_(add)        # the input-mutation epilogue
-                            out.backward(g) runs compiled_backward([*saved, g])
+    >>> import torch
+    >>> from toycomp.aot.aot_autograd import aot_function
+    >>> def f(x, buf):
+    ...     buf.add_(1)
+    ...     return x.sin() * buf
+    >>> x, buf = torch.randn(3, requires_grad=True), torch.zeros(3)
+    >>> aot = aot_function(f, [x, buf])   # traces on copies: buf is still zero
+    >>> aot.mutated_inputs
+    [1]
+    >>> out, = aot(x, buf)  # CompiledFunction.apply: compiled forward, then buf.copy_(new buf)
+    >>> buf
+    tensor([1., 1., 1.])
+    >>> out.grad_fn.name()  # out.backward() runs the compiled backward on saved values + grad
+    'CompiledFunctionBackward'
 
 ``AOTOutput.__call__`` checks the inputs against the traced ones (shapes, dtypes, strides,
 storage offsets for ``as_strided``), runs the compiled forward inside ``CompiledFunction`` (a
@@ -238,7 +246,7 @@ def _with_layout(arg: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
     """Inputs (of the first ``num_inputs`` placeholders) that ``gm`` reads with as_strided.
 
-    as_strided offsets are storage-absolute: ``toycomp.functionalize`` records them for inputs
+    as_strided offsets are storage-absolute: functionalize.py records them for inputs
     with storage offset 0 ([Note: as_strided reads memory]), so ``AOTOutput`` checks that.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:num_inputs]

@@ -99,7 +99,7 @@ class CapturedGraph:
     # -- guards --------------------------------------------------------------------------------
     def check_guards(self, *args: Any, **kwargs: Any) -> G.Guard | None:
         """Return the first guard that fails for these arguments, or None when all pass."""
-        values = self._current_values(args, kwargs)
+        values = self.current_values(args, kwargs)
         if values is None:
             return self.guards[0]  # the structure guard
         return G.first_failing(self.guards, values)
@@ -112,7 +112,7 @@ class CapturedGraph:
             flat = self.fast_check(args, kwargs)
             if flat is not None:
                 return flat
-        values = self._current_values(args, kwargs)
+        values = self.current_values(args, kwargs)
         if values is None or G.first_failing(self.guards, values) is not None:
             return None
         return [values[name] for name in self.input_sources]
@@ -130,7 +130,7 @@ class CapturedGraph:
         closed-over constants (``state_readers``), and lifted tensors."""
         return {**self.state_readers, **{lt.name: lt.fetch for lt in self.lifted}}
 
-    def _current_values(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    def current_values(self, args: tuple, kwargs: dict) -> dict[str, Any] | None:
         """Every guard source's current value (None when the arguments don't even bind)."""
         try:
             leaves, structure = G.flatten_user_inputs(self.signature, args, kwargs)

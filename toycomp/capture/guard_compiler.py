@@ -3,8 +3,11 @@
 Checking guards one ``Guard`` object at a time (``guards.first_failing``) is clear but slow: it
 flattens the arguments, builds a dict of every source's value and looks each one up again. A
 compiled function runs on *every* call of a ``toycomp.compile``d function, so, like Dynamo, we
-turn the guards into straight-line code once. For ``f(x)`` traced on 1000 float32s::
+turn the guards into straight-line code once. For ``f(x)`` traced on 1000 float32s:
 
+    >>> from toycomp.capture.tracer import capture
+    >>> captured = capture(lambda x: x.sin(), torch.randn(1000))
+    >>> print(captured.fast_check.source)
     def check(args, kwargs):
         # a0: x
         if kwargs or len(args) != 1:
@@ -12,7 +15,7 @@ turn the guards into straight-line code once. For ``f(x)`` traced on 1000 float3
         a0, = args
         if not (
             isinstance(a0, Tensor)
-            and torch.is_grad_enabled() is False
+            and torch.is_grad_enabled() is True
             and a0.shape == E0
             and a0.stride() == E1
             ...

@@ -1,9 +1,9 @@
 """Guards: when may a captured graph be reused?  Python call arguments -> list[Guard].
 
 A captured graph is only valid for inputs that look like the example inputs it was traced with:
-the tracer (toycomp/capture.py) *specialised* on everything that is not tensor data, i.e. shapes,
-strides, dtypes, Python ints and bools, the structure of the arguments. Guards write those
-assumptions down so a caller can check them cheaply before reusing the graph::
+the tracer (toycomp/capture/tracer.py) *specialised* on everything that is not tensor data, i.e.
+shapes, strides, dtypes, Python ints and bools, the structure of the arguments. Guards write those
+assumptions down so a caller can check them cheaply before reusing the graph:
 
     >>> def f(x, n):
     ...     return x * n

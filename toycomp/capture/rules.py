@@ -3,12 +3,19 @@
 Rule tables say which torch calls the tracer records, which ones break the graph (and why), and how
 a recorded call is written in the FX graph.
 
-toycomp/capture.py asks these rules about every call its ``TorchFunctionMode`` intercepts::
+toycomp/capture/tracer.py asks these rules about every call its ``TorchFunctionMode`` intercepts
+(the arguments of ``target_for`` are FX nodes by then; strings stand in for them here):
 
-    check_supported(torch.Tensor.item, (x,), {})    # raises GraphBreakError("Tensor.item: ...")
-    check_supported(torch.sin, (x,), {})            # passes: record it
-    target_for(torch.Tensor.add, (a, b), {})        # ("call_function", operator.add, (a, b), {})
-    target_for(torch.Tensor.sum, (a,), {"dim": 0})  # ("call_method", "sum", (a,), {"dim": 0})
+    >>> x = torch.ones(1)
+    >>> check_supported(torch.Tensor.item, (x,), {})
+    Traceback (most recent call last):
+      ...
+    toycomp.capture.rules.GraphBreakError: Tensor.item: Tensor.item() turns a tensor value into ...
+    >>> check_supported(torch.sin, (x,), {})  # passes: record it
+    >>> target_for(torch.Tensor.add, ("a", "b"), {})
+    ('call_function', <built-in function add>, ('a', 'b'), {})
+    >>> target_for(torch.Tensor.sum, ("a",), {"dim": 0})
+    ('call_method', 'sum', ('a',), {'dim': 0})
 
 The tables are keyed by the call's name (``"item"``, ``"__bool__"``, ``"add"``); supporting a new
 construct means adding an entry, not editing the tracer.
@@ -17,7 +24,7 @@ construct means adding an entry, not editing the tracer.
 Python code between torch calls (``if n > 2:``, loops over ``range(x.shape[0])``, attribute lookups)
 is invisible to the mode; it simply runs with the real values, and the graph records the one path
 that was taken. That is sound as long as every value the path depended on is guarded: Python
-arguments get value guards, shapes get shape guards (toycomp/guards.py). But ``if x.sum() > 0:``
+arguments get value guards, shapes get shape guards (guards.py). But ``if x.sum() > 0:``
 depends on tensor *data*, which no guard covers (the next call has new data), so
 ``Tensor.__bool__`` - and ``.item()``, ``int(t)``, ops whose output shape depends on data - must
 stop the capture: a graph break (``VALUE_DEPENDENT``, ``DATA_DEPENDENT_SHAPE``). Calls that return

@@ -3,15 +3,19 @@
 capture() runs ``fn`` for real on the example inputs, so its in-place updates of inputs,
 parameters and buffers happen and random numbers are drawn. ``SideEffects`` remembers enough to
 put those back, so that the caller can run the captured graph (or ``fn`` eagerly, after a graph
-break) for the same call without applying them twice::
+break) for the same call without applying them twice:
 
-    effects = SideEffects()
-    effects.watch("x", x)              # x is a graph input: its storage may be restored
-    effects.start()                    # saves the RNG state
-    with CreationTracker(effects):     # sees every ATen op; calls before_write(x) before x.add_
-        x.add_(1); torch.rand(3)
-    effects.finish()
-    effects.undo()                     # x and the RNG state are as before the run
+    >>> x = torch.zeros(2)
+    >>> effects = SideEffects()
+    >>> effects.watch("x", x)           # x is a graph input: its storage may be restored
+    >>> effects.start()                 # saves the RNG state
+    >>> with CreationTracker(effects):  # sees every ATen op; before_write(x) before x.add_
+    ...     _ = x.add_(1)
+    ...     r = torch.rand(3)
+    >>> effects.finish()
+    >>> effects.undo()                  # x and the RNG state are as before the run
+    >>> x, torch.equal(torch.rand(3), r)
+    (tensor([0., 0.]), True)
 
 ``CreationTracker`` is the ``TorchDispatchMode`` under the tracer's ``TorchFunctionMode``: besides
 announcing writes it remembers which tensors ATen made during the run (see its Note).

@@ -2,7 +2,7 @@
 
 Input -> output: the Python call stack at a torch call (walked up to the frame that started the
 capture) -> a ``Location`` (file, line, function, text) of the innermost *user* frame, i.e. the
-first frame outside torch and toycomp. toycomp/capture.py writes it into every node
+first frame outside torch and toycomp. toycomp/capture/tracer.py writes it into every node
 (``meta["stack_trace"]``, ``meta["source_line"]``) and into every ``GraphBreak``.
 
 Tiny example::

@@ -309,7 +309,7 @@ class _Tracer:
     # -- where are we in the user's code? ----------------------------------------------------
 
     def _where(self) -> Location:
-        """The user's source line of the current torch call (toycomp/source_lines.py).
+        """The user's source line of the current torch call (source_lines.py).
 
         Also refuses calls made inside a custom ``autograd.Function``: recording its forward ops
         would silently drop its custom backward.
