@@ -14,7 +14,7 @@ import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp.inductor import cache, ir, wrapper
+from toycomp.inductor import cache, indexing, wrapper
 from toycomp.inductor.codegen import common as codegen, cpp, triton
 from toycomp.inductor.ir import (
     AllocatedBuffer,
@@ -32,9 +32,8 @@ from toycomp.inductor.ir import (
     ScheduledGraph,
     Store,
     TensorArg,
-    r,
-    x,
 )
+from toycomp.inductor.indexing import r, x
 from toycomp.inductor.codegen.triton_helpers import TRITON_OPS
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool
@@ -43,7 +42,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 def contiguous(size):
-    return ir.contiguous_strides(tuple(size))
+    return indexing.contiguous_strides(tuple(size))
 
 
 def run(kernels, inputs: dict, outputs: dict, backend: str, device="cpu", steps=None):
@@ -127,7 +126,7 @@ def test_reduce_to_scalar(backend, kind):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int64_and_bool(backend):
     n, c = 6, 5  # one_hot-like: out[i, j] = where(j == labels[i], 2.5, -1.0), and the mask
-    i, j = ir.FloorDiv(x, c), ir.modular(x, c)
+    i, j = indexing.FloorDiv(x, c), indexing.modular(x, c)
     hit = Op("eq", (IndexValue(j, I64), Load("labels", i, I64)), BOOL)
     body = Op("where", (hit, Constant(2.5, F32), Constant(-1.0, F32)), F32)
     count = Op("add", (Load("labels", i, I64), Constant(1, I64)), I64)
@@ -146,7 +145,7 @@ def test_int64_and_bool(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_transposed_load(backend):
     m, n = 7, 9  # out (n, m) = 2 * in.T, in (m, n) contiguous
-    i, j = ir.FloorDiv(x, m), ir.modular(x, m)
+    i, j = indexing.FloorDiv(x, m), indexing.modular(x, m)
     body = Op("mul", (Load("arg0", j * n + i, F32), Constant(2.0, F32)), F32)
     k = Kernel("kernel_0", m * n, 1, (Loop(False, (Store("buf0", x, body),)),),
                (("arg0", F32), ("buf0", F32)), ("permute", "mul"))  # fmt: skip
@@ -511,10 +510,10 @@ def test_cuda_ops_and_mm():
 @pytest.mark.parametrize("printer", [codegen.IndexPrinter(), cpp.CppPrinter()])
 def test_index_printer_keeps_floordiv_operands_together(printer):
     """Printed indices evaluate like the sympy expression (C++ '/' on non-negative ints is '//')."""
-    x, r = ir.x, ir.r
-    exprs = [ir.FloorDiv(6 * r + x, 24), ir.modular(x + 3 * r, 7), 5 * ir.FloorDiv(x, 4) + r]
+    floordiv, modular = indexing.FloorDiv, indexing.modular
+    exprs = [floordiv(6 * r + x, 24), modular(x + 3 * r, 7), 5 * floordiv(x, 4) + r]
     for expr in exprs:
         text = printer.doprint(expr).replace("//", "/").replace("/", "//")
         for xv, rv in [(0, 0), (5, 3), (23, 1), (100, 17)]:
-            expected = int(expr.subs({x: xv, r: rv}).replace(ir.FloorDiv, lambda a, b: a // b))
+            expected = int(expr.subs({x: xv, r: rv}).replace(floordiv, lambda a, b: a // b))
             assert eval(text, {"xindex": xv, "rindex": rv}) == expected, (expr, text)

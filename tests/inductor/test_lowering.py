@@ -273,42 +273,6 @@ def test_creation_only_graph():
     torch.testing.assert_close(run_scheduled(schedule(lowered), [])[0], torch.arange(5) * 0.5)
 
 
-def test_simplify_index_agrees_with_brute_force():
-    import itertools
-    import random
-
-    i0, i1 = ir.index_vars("i", 2)
-    ranges = {i0: 4, i1: 6}
-    rng = random.Random(0)
-    cases = [ir.FloorDiv(6 * i0 + i1, 6), ir.modular(6 * i0 + i1, 6), ir.FloorDiv(i1 + 1, 6)]
-    for _ in range(200):
-        a, b, c, d = (rng.randint(0, 7) for _ in range(4))
-        inner = ir.FloorDiv(a * i0 + b * i1 + c, d + 1)
-        cases += [inner, ir.modular(inner + b * i0, rng.randint(1, 5)), ir.FloorDiv(inner, 2)]
-    for expr in cases:
-        simple = ir.simplify_index(expr, ranges)
-        for v0, v1 in itertools.product(range(4), range(6)):
-            env = {i0: v0, i1: v1}
-            want = _eval_index(expr, env)
-            assert _eval_index(simple, env) == want, (expr, simple, env)
-    assert ir.simplify_index(cases[0], ranges) == i0 and ir.simplify_index(cases[1], ranges) == i1
-
-
-def _eval_index(expr, env):
-    """Exact integer evaluation of an index (independent of interpret.py)."""
-    if isinstance(expr, ir.FloorDiv):
-        return _eval_index(expr.args[0], env) // _eval_index(expr.args[1], env)
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Symbol:
-        return env[expr]
-    vals = [_eval_index(a, env) for a in expr.args]
-    out = vals[0]
-    for v in vals[1:]:
-        out = out + v if expr.is_Add else out * v
-    return out
-
-
 # --- graph constants and multi-output externs, end to end -----------------------------------------
 BACKENDS = ["cpp", "triton"]
 

@@ -6,7 +6,7 @@ import torch
 
 from tests.inductor.test_lowering import compile_and_run, extern, kernels, trace_prims
 import toycomp.prims as p
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
 from toycomp.inductor.interpret import run_lowered, run_scheduled
 from toycomp.inductor.lowering import REALIZE_THRESHOLD
 from toycomp.inductor.scheduler import schedule
@@ -98,7 +98,7 @@ def test_sum_over_dim0():
     [k] = scheduled.steps
     assert (k.numel, k.rnumel) == (10, 32)
     [reduce] = k.loops[0].body
-    assert reduce.value.index == ir.x + 10 * ir.r
+    assert reduce.value.index == indexing.x + 10 * indexing.r
 
 
 def test_sum_over_middle_dim_and_reduction_to_scalar():
@@ -136,7 +136,7 @@ def test_reshaped_rows_fuse_into_reduction():
     scheduled = compile_and_run(f, x)
     [k] = scheduled.steps
     [store_y] = [s for loop in k.loops for s in loop.body if getattr(s, "buffer", "") == "buf1"]
-    assert store_y.index == 1000 * ir.x + ir.r
+    assert store_y.index == 1000 * indexing.x + indexing.r
 
 
 def test_transposed_read_of_a_full_buffer_starts_a_new_kernel():
@@ -213,7 +213,7 @@ def test_int_and_bool_kernels():
 
 # --- helpers -------------------------------------------------------------------------------------
 def _load(buffer, *strides):
-    ivars = ir.index_vars("i", len(strides))
+    ivars = indexing.index_vars("i", len(strides))
     return ir.Load(buffer, sympy.Add(*(s * i for s, i in zip(strides, ivars))), torch.float32)
 
 
@@ -251,7 +251,7 @@ def _random_program(rng, shape):
             n = len(range(start, end, step))
             add(("slice", k, d, start, end, step), s[:d] + (n,) + s[d + 1 :])
         else:
-            add(("reshape", k, [ir.numel(s)]), (ir.numel(s),))
+            add(("reshape", k, [indexing.numel(s)]), (indexing.numel(s),))
     return steps, shapes, sorted({rng.randrange(len(shapes)) for _ in range(rng.randint(1, 3))})
 
 

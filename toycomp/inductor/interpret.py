@@ -25,7 +25,14 @@ import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
+from toycomp.inductor.runtime import (
+    check_extern,
+    check_input,
+    reinterpret_tensor,
+    resolve_extern,
+    restride,
+)
 
 _REDUCE = {
     ir.ReductionType.SUM: torch.sum,
@@ -74,8 +81,7 @@ def _bind_inputs(specs, inputs, constants, device) -> dict[str, torch.Tensor]:
     if len(specs) != len(inputs):
         raise ValueError(f"expected {len(specs)} inputs, got {len(inputs)}")
     for spec, t in zip(specs, inputs):  # loads use the strides of lowering time: check them
-        if (tuple(t.shape), tuple(t.stride()), t.dtype) != (spec.size, spec.stride, spec.dtype):
-            raise ValueError(f"input {spec.name}: {t.shape} {t.stride()} {t.dtype} != {spec}")
+        check_input(t, spec.size, spec.stride, spec.dtype, torch.device(device), spec.name)
     buffers = {spec.name: t for spec, t in zip(specs, inputs)}
     for c in constants:
         value = c.value.to(device)
@@ -97,8 +103,7 @@ def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, buffers) -> list[torch.
             continue
         out = _view(buffers, arg)
         if stride is not None:
-            like = torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
-            out = like.copy_(out)
+            out = restride(out, stride)
         elif arg.buffer in constants:
             out = out.clone()
         results.append(out)
@@ -107,8 +112,8 @@ def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, buffers) -> list[torch.
 
 def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
     env.variables = {
-        ir.x: torch.arange(kernel.numel, device=env.device)[:, None],
-        ir.r: torch.arange(kernel.rnumel, device=env.device)[None, :],
+        indexing.x: torch.arange(kernel.numel, device=env.device)[:, None],
+        indexing.r: torch.arange(kernel.rnumel, device=env.device)[None, :],
     }
     for loop in kernel.loops:
         shape = (kernel.numel, kernel.rnumel if loop.over_r else 1)
@@ -127,7 +132,7 @@ def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
 def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
     rsize = node.reduction_size if isinstance(node, ir.Reduction) else ()
     dims = node.size + rsize
-    names = ir.index_vars("i", len(node.size)) + ir.index_vars("r", len(rsize))
+    names = indexing.index_vars("i", len(node.size)) + indexing.index_vars("r", len(rsize))
     for k, (v, n) in enumerate(zip(names, dims)):
         shape = [1] * len(dims)
         shape[k] = n
@@ -150,24 +155,14 @@ def _run_extern(
             return _view(buffers, a)
         return type(a)(arg(b) for b in a) if isinstance(a, (tuple, list)) else a
 
-    out = ir.extern_callable(node.kernel)(*arg(node.args), **{k: arg(v) for k, v in node.kwargs})
+    out = resolve_extern(node.kernel)(*arg(node.args), **{k: arg(v) for k, v in node.kwargs})
     if not node.outputs:
-        return {node.name: _check_extern(node.kernel, out, node)}
+        return {node.name: check_extern(out, node.size, node.stride, node.dtype, node.name)}
     if not isinstance(out, (tuple, list)):
         raise RuntimeError(f"{node.kernel} returned a {type(out).__name__}, lowering said a tuple")
-    return {o.name: _check_extern(node.kernel, out[o.index], o) for o in node.outputs}
-
-
-def _check_extern(kernel: str, out, spec: ir.ExternKernel | ir.MultiOutput) -> torch.Tensor:
-    """An extern result as lowering planned it (size, dtype), copied into its planned strides."""
-    is_tensor = isinstance(out, torch.Tensor)
-    if not is_tensor or (tuple(out.shape), out.dtype) != (spec.size, spec.dtype):
-        got = f"{tuple(out.shape)} {out.dtype}" if is_tensor else type(out).__name__
-        raise RuntimeError(f"{kernel} returned {got}, lowering said {spec}")
-    if any(n > 1 and s != t for n, s, t in zip(spec.size, out.stride(), spec.stride)):
-        like = torch.empty_strided(spec.size, spec.stride, dtype=out.dtype, device=out.device)
-        out = like.copy_(out)
-    return out
+    return {
+        o.name: check_extern(out[o.index], o.size, o.stride, o.dtype, o.name) for o in node.outputs
+    }
 
 
 def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
@@ -195,7 +190,7 @@ def _index(expr: sympy.Expr, env: _Env):
     if expr.is_Symbol:
         return env.variables[expr]
     args = [_index(a, env) for a in expr.args]
-    if isinstance(expr, ir.FloorDiv):
+    if isinstance(expr, indexing.FloorDiv):
         return args[0] // args[1]
     if isinstance(expr, (sympy.Add, sympy.Mul)):
         return functools.reduce(operator.add if expr.is_Add else operator.mul, args)
@@ -209,8 +204,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _view(buffers: dict[str, torch.Tensor], arg: ir.TensorArg) -> torch.Tensor:
-    base = buffers[arg.buffer]
-    return base.as_strided(arg.size, arg.stride, base.storage_offset() + arg.offset)
+    return reinterpret_tensor(buffers[arg.buffer], arg.size, arg.stride, arg.offset)
 
 
 def _check_dtype(what: str, expected: torch.dtype, got: torch.dtype) -> None:

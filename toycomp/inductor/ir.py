@@ -34,128 +34,7 @@ import torch
 Number = Union[int, float, bool]
 
 
-# --- index arithmetic ---------------------------------------------------------------------------
-class FloorDiv(sympy.Function):
-    """``a // b`` for non-negative integers (printed as ``/`` in C++, ``//`` in Triton)."""
-
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-        if divisor == 1:
-            return base
-        if base.is_Integer and divisor.is_Integer:
-            return sympy.Integer(int(base) // int(divisor))
-        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
-            return FloorDiv(base.args[0], base.args[1] * divisor)
-        return None
-
-
-def modular(base: sympy.Expr, divisor: int) -> sympy.Expr:
-    """``base % divisor`` written as ``base - divisor * (base // divisor)`` so that sympy cancels
-    the ``10*(x//10) + x%10`` patterns that flattening and unflattening produce."""
-    if divisor == 1:
-        return sympy.Integer(0)
-    return base - divisor * FloorDiv(base, divisor)
-
-
-def index_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
-    """Loop variables ``i0, i1, ...``: integer and non-negative, which lets sympy simplify."""
-    return tuple(sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n))
-
-
-# The two flat variables of a kernel (Triton's xindex and rindex).
-x, r = sympy.symbols("x r", integer=True, nonnegative=True)
-
-
-def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for n in reversed(size):
-        strides.append(running)
-        running *= n
-    return tuple(reversed(strides))
-
-
-def linear_index(idx: tuple[sympy.Expr, ...], stride: tuple[int, ...], offset: int = 0) -> sympy.Expr:
-    """``offset + sum(i * s)``: the memory position of element ``idx`` of a strided tensor."""
-    return sympy.Integer(offset) + sympy.Add(*(i * s for i, s in zip(idx, stride)))
-
-
-def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr, ...]:
-    """The per-dimension indices of row-major position ``flat`` in a tensor of ``size``."""
-    idx, inner = [], 1
-    outer = next((dim for dim, n in enumerate(size) if n != 1), None)
-    for dim, n in reversed(list(enumerate(size))):
-        if n == 1:
-            idx.append(sympy.Integer(0))
-        elif dim == outer:  # the outermost index needs no modulo: flat < numel already bounds it
-            idx.append(FloorDiv(flat, inner))
-        else:
-            idx.append(modular(FloorDiv(flat, inner), n))
-        inner *= n
-    return tuple(reversed(idx))
-
-
-def numel(size: tuple[int, ...]) -> int:
-    total = 1
-    for n in size:
-        total *= n
-    return total
-
-
-def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Expand ``expr`` and drop the ``//`` (and so ``%``) terms that the variables' ranges make
-    trivial: with ``0 <= i1 < 1000``, ``(1000*i0 + i1) // 1000`` becomes ``i0``.
-
-    ``ranges`` maps a variable to its extent (``i1 -> 1000``); other symbols are left alone.
-    """
-    return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
-
-
-def _simplify_floordiv(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    if not expr.args:
-        return expr
-    args = [_simplify_floordiv(a, ranges) for a in expr.args]
-    if not isinstance(expr, FloorDiv) or not args[1].is_Integer or args[1] <= 0:
-        return expr.func(*args)
-    divisor = int(args[1])
-    whole, rest = sympy.Integer(0), sympy.Integer(0)
-    for term in sympy.Add.make_args(sympy.expand(args[0])):
-        coeff, _ = term.as_coeff_Mul()
-        if coeff.is_Integer and int(coeff) % divisor == 0:
-            whole += term
-        else:
-            rest += term
-    bounds = _bounds(rest, ranges)  # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d
-    if bounds is not None and bounds[0] >= 0 and bounds[1] < divisor:
-        return sympy.expand(whole / divisor)
-    return sympy.expand(whole / divisor) + FloorDiv(rest, divisor)
-
-
-def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
-    """Smallest and largest value of ``expr`` over ``ranges``, or None when unknown."""
-    if expr.is_Integer:
-        return int(expr), int(expr)
-    if expr.is_Symbol:
-        return (0, ranges[expr] - 1) if expr in ranges else None
-    parts = [_bounds(a, ranges) for a in expr.args]
-    if any(p is None for p in parts):
-        return None
-    if isinstance(expr, sympy.Add):
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
-    if isinstance(expr, sympy.Mul):
-        lo, hi = 1, 1
-        for a, b in parts:
-            corners = (lo * a, lo * b, hi * a, hi * b)
-            lo, hi = min(corners), max(corners)
-        return lo, hi
-    if isinstance(expr, FloorDiv) and parts[1][0] == parts[1][1] and parts[1][0] > 0:
-        return parts[0][0] // parts[1][0], parts[0][1] // parts[1][0]
-    return None
-
-
-# --- value expressions: the body of a loop ---------------------------------------------------------
+# --- value expressions: the body of a loop ---------------------------------------------------
 @dataclass(frozen=True)
 class Load:
     """Read ``buffer`` at memory position ``index`` (an element offset, strides already applied)."""
@@ -170,11 +49,25 @@ class Load:
 
 @dataclass(frozen=True)
 class Constant:
+    """A Python number in a loop body, of ``dtype`` (made with ``convert_number``)."""
+
     value: Number
     dtype: torch.dtype
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+
+def convert_number(value: Number, dtype: torch.dtype) -> Number:
+    """A Python number as a tensor of ``dtype`` holds it (``torch.tensor(value).to(dtype)``):
+    ``True``/``False`` for bool, a float for floating dtypes, else an int truncated toward zero.
+
+    >>> convert_number(2, torch.float32), convert_number(-2.7, torch.int64)
+    (2.0, -2)
+    """
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
 
 
 @dataclass(frozen=True)
@@ -306,7 +199,8 @@ class Reduction:
 
 @dataclass(frozen=True)
 class TensorArg:
-    """A strided view of a buffer, passed to extern kernels or returned (PyTorch: ReinterpretView)."""
+    """A strided view of a buffer, passed to extern kernels or returned (PyTorch:
+    ``ReinterpretView``)."""
 
     buffer: str
     size: tuple[int, ...]
@@ -350,23 +244,14 @@ class ExternKernel:
         """The buffers this call defines: ``name``, or the tensors of a tuple result."""
         return tuple(o.name for o in self.outputs) or (self.name,)
 
+    def __repr__(self) -> str:
+        kind = "fallback" if self.fallback else "extern"
+        lines = [f"{self.name} = {kind} {self.kernel}{self.args}"]
+        lines += [f"{o.name} = {self.name}[{o.index}]" for o in self.outputs]
+        return "\n".join(lines)
+
 
 Buffer = Union[InputBuffer, ConstantBuffer, Pointwise, Reduction, ExternKernel]
-
-
-def extern_callable(kernel: str) -> Callable[..., object]:
-    """The eager function an ``ExternKernel`` calls: ``"aten.mm.default"`` is
-    ``torch.ops.aten.mm.default``; ``"toycomp.prims.sin"`` (a visible fallback for a prim that
-    cannot be lowered) is the eager reference of toycomp's prim (NOT ``torch.ops.prims.sin``,
-    PyTorch's own, different prims)."""
-    if kernel.startswith("toycomp.prims."):
-        import toycomp.prims as prims  # local import: ir.py stays importable on its own
-
-        return prims.PRIM_INFO[prims.PRIMS[kernel.removeprefix("toycomp.prims.")]].ref
-    fn: object = torch.ops
-    for part in kernel.split("."):
-        fn = getattr(fn, part)
-    return fn  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -382,8 +267,15 @@ class LoweredGraph:
     # the wrapper copies such an output into them (saved tensors must match the backward's).
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
 
+    def __repr__(self) -> str:
+        lines = [f"input {b.name}{list(b.size)} {b.dtype}" for b in self.inputs]
+        lines += [f"constant {c.name}{list(c.size)} {c.dtype}" for c in self.constants]
+        lines += [repr(node) for node in self.nodes]
+        return "\n".join(lines + [_return_line(self.outputs)])
+
 
 # --- kernels: what the scheduler produces ---------------------------------------------------------
+# Their reprs are the pseudo-code that ``scheduler.format_scheduled`` prints (see its docstring).
 @dataclass(frozen=True)
 class Store:
     """``buffer[index] = value`` (index over the kernel variables ``x`` and ``r``)."""
@@ -391,6 +283,9 @@ class Store:
     buffer: str
     index: sympy.Expr
     value: Expr
+
+    def __repr__(self) -> str:
+        return f"{self.buffer}[{self.index}] = {self.value!r}"
 
 
 @dataclass(frozen=True)
@@ -402,6 +297,9 @@ class Reduce:
     value: Expr
     dtype: torch.dtype
 
+    def __repr__(self) -> str:
+        return f"{self.name} = {self.reduction_type.value}({self.value!r})"
+
 
 @dataclass(frozen=True)
 class Loop:
@@ -410,6 +308,10 @@ class Loop:
 
     over_r: bool
     body: tuple[Union[Store, Reduce], ...]
+
+    def __repr__(self) -> str:
+        header = "for r:" if self.over_r else "once:"
+        return "\n  ".join([header, *map(repr, self.body)])
 
 
 @dataclass(frozen=True)
@@ -440,9 +342,12 @@ class Kernel:
 
     def writes(self) -> tuple[str, ...]:
         """Buffers stored by this kernel."""
-        return tuple(
-            dict.fromkeys(s.buffer for loop in self.loops for s in loop.body if isinstance(s, Store))
-        )
+        stores = [s for loop in self.loops for s in loop.body if isinstance(s, Store)]
+        return tuple(dict.fromkeys(s.buffer for s in stores))
+
+    def __repr__(self) -> str:
+        header = f"{self.name}(numel={self.numel}, rnumel={self.rnumel}):  # {self.origins}"
+        return "\n  ".join([header, *(repr(loop).replace("\n", "\n  ") for loop in self.loops)])
 
 
 @dataclass(frozen=True)
@@ -454,10 +359,16 @@ class AllocatedBuffer:
     stride: tuple[int, ...]
     dtype: torch.dtype
 
+    def __repr__(self) -> str:
+        return f"allocate {self.name}{list(self.size)} {self.dtype}"
+
 
 @dataclass(frozen=True)
 class ScheduledGraph:
-    """The scheduler's result: what the wrapper allocates, calls, and returns."""
+    """The scheduler's result: what the wrapper allocates, calls, and returns.
+
+    It prints as pseudo-code, one line per allocation and extern call, a block per kernel.
+    """
 
     inputs: tuple[InputBuffer, ...]
     allocations: tuple[AllocatedBuffer, ...]
@@ -466,3 +377,11 @@ class ScheduledGraph:
     device: torch.device
     constants: tuple[ConstantBuffer, ...] = ()
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
+
+    def __repr__(self) -> str:
+        lines = [repr(a) for a in self.allocations] + [repr(s) for s in self.steps]
+        return "\n".join(lines + [_return_line(self.outputs)])
+
+
+def _return_line(outputs: tuple[TensorArg | None, ...]) -> str:
+    return f"return {', '.join(repr(o) for o in outputs)}"

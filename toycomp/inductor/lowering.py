@@ -38,10 +38,11 @@ from torch.fx.node import Node
 
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
-from toycomp.inductor import ir, lowering_rules  # noqa: F401  (lowering_rules fills LOWERINGS)
+from toycomp.inductor import indexing, ir, lowering_rules  # noqa: F401  (fills LOWERINGS)
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
 from toycomp.inductor.tensor_value import TensorValue, as_strided_view, strided_load, tree_size
 from toycomp.prims.decomp_table import EXTERN_OPS
+from toycomp.tensor_utils import same_strides, to_meta, to_meta_value
 
 SUPPORTED_DTYPES = {
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -124,7 +125,7 @@ class GraphLowering:
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = tuple(tensor.shape), tuple(tensor.stride())
         self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype))
-        self.meta[node] = torch.empty_strided(size, stride, dtype=tensor.dtype, device="meta")
+        self.meta[node] = to_meta(tensor)
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
     # [Note: graph constants]
@@ -139,7 +140,7 @@ class GraphLowering:
         value = value.detach().to(self.device)
         size, stride = tuple(value.shape), tuple(value.stride())
         self.constants.append(ir.ConstantBuffer(node.name, size, stride, value.dtype, value))
-        self.meta[node] = torch.empty_strided(size, stride, dtype=value.dtype, device="meta")
+        self.meta[node] = to_meta(value)
         self.env[node] = strided_load(node.name, size, stride, value.dtype)
 
     def call_function(self, node: Node) -> None:
@@ -237,7 +238,7 @@ class GraphLowering:
             return view
         name = self.new_name()
         self.nodes.append(ir.Pointwise(name, value.size, value.dtype, value.body, value.origins))
-        stride = ir.contiguous_strides(value.size)
+        stride = indexing.contiguous_strides(value.size)
         self.env[node] = strided_load(name, value.size, stride, value.dtype)
         return ir.TensorArg(name, value.size, stride)
 
@@ -246,7 +247,7 @@ class GraphLowering:
         self.nodes.append(
             ir.Reduction(name, size, reduction_size, reduction_type, dtype, body, origins)
         )
-        return strided_load(name, size, ir.contiguous_strides(size), dtype)
+        return strided_load(name, size, indexing.contiguous_strides(size), dtype)
 
     def new_name(self) -> str:
         return f"buf{len(self.nodes)}"
@@ -272,14 +273,7 @@ def _eager_stride(arg: ir.TensorArg | None, val: Any) -> tuple[int, ...] | None:
     """
     if arg is None or not isinstance(val, torch.Tensor) or tuple(val.shape) != arg.size:
         return None
-    stride = tuple(val.stride())
-    if all(n <= 1 or a == b for n, a, b in zip(arg.size, arg.stride, stride)):
-        return None
-    return stride
-
-
-def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return None if same_strides((arg.size, arg.stride), val) else tuple(val.stride())
 
 
 def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
@@ -287,11 +281,11 @@ def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
     running the op (the prim's eager reference) on meta tensors."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return _to_meta(val)
+        return to_meta(val)
     if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
         return meta[node.args[0]][node.args[1]]
     if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
-        return tuple(_to_meta(v) for v in val)
+        return to_meta_value(val)
     args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
     fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
     try:

@@ -26,7 +26,7 @@ import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError, Rule, register_lowering
 from toycomp.inductor.tensor_value import TensorValue, reindex
 
@@ -35,11 +35,9 @@ if TYPE_CHECKING:
 
 
 # --- pointwise --------------------------------------------------------------------------------
-def _cast(value: prims.Number, dtype: torch.dtype) -> prims.Number:
-    """A Python number as the eager reference sees it: converted to the tensor's dtype."""
-    if dtype == torch.bool:
-        return bool(value)
-    return float(value) if dtype.is_floating_point else int(value)
+def _constant(value: prims.Number, dtype: torch.dtype) -> ir.Constant:
+    """A Python number in a loop body, as the eager reference sees it: converted to ``dtype``."""
+    return ir.Constant(ir.convert_number(value, dtype), dtype)
 
 
 def _pointwise_rule(name: str) -> Rule:
@@ -51,7 +49,7 @@ def _pointwise_rule(name: str) -> Rule:
         operands = args[1:] if name == "where" else args
         like = next(a for a in operands if isinstance(a, TensorValue))
         bodies = tuple(
-            a.body if isinstance(a, TensorValue) else ir.Constant(_cast(a, like.dtype), like.dtype)
+            a.body if isinstance(a, TensorValue) else _constant(a, like.dtype)
             for a in args
         )
         return TensorValue(tuple(out.shape), out.dtype, ir.Op(name, bodies, out.dtype))
@@ -106,12 +104,12 @@ def _reduction_rule(reduction_type: ir.ReductionType) -> Rule:
         size, rsize = tuple(a.size[d] for d in kept), tuple(a.size[d] for d in dims)
         if a.dtype != out.dtype:  # sum of int32/bool accumulates in int64, like eager
             a = _convert_element_type(g, out, a, out.dtype)
-        if ir.numel(rsize) == 1:  # nothing to reduce: a view that drops the reduced dims
+        if indexing.numel(rsize) == 1:  # nothing to reduce: a view that drops the reduced dims
             return reindex(a, size, _scatter_vars(len(a.size), kept, dims, ()))
-        if ir.numel(rsize) == 0 and reduction_type == ir.ReductionType.SUM:
-            return TensorValue(size, out.dtype, ir.Constant(_cast(0, out.dtype), out.dtype))
-        rvars = ir.index_vars("r", len(dims))
-        ranges = dict(zip(ir.index_vars("i", len(size)) + rvars, size + rsize))
+        if indexing.numel(rsize) == 0 and reduction_type == ir.ReductionType.SUM:
+            return TensorValue(size, out.dtype, _constant(0, out.dtype))
+        rvars = indexing.index_vars("r", len(dims))
+        ranges = dict(zip(indexing.index_vars("i", len(size)) + rvars, size + rsize))
         index = _scatter_vars(len(a.size), kept, dims, rvars)
         body = reindex(a, a.size, index, ranges).body
         origins = a.origins + (g.current_origin,)
@@ -124,7 +122,7 @@ def _scatter_vars(ndim, kept, dims, rvars) -> tuple[sympy.Expr, ...]:
     """The input index of a reduction: kept dims read ``i`` variables, reduced dims ``r`` ones
     (or 0 where ``rvars`` is empty)."""
     index: list[sympy.Expr] = [sympy.Integer(0)] * ndim
-    for d, v in zip(kept, ir.index_vars("i", len(kept))):
+    for d, v in zip(kept, indexing.index_vars("i", len(kept))):
         index[d] = v
     for d, v in zip(dims, rvars):
         index[d] = v
@@ -139,7 +137,7 @@ LOWERINGS[prims.amin] = _reduction_rule(ir.ReductionType.MIN)
 # --- views: index maps, no copies -------------------------------------------------------------
 @register_lowering(prims.permute)
 def _permute(g, out, a: TensorValue, dims) -> TensorValue:
-    out_vars = ir.index_vars("i", len(dims))
+    out_vars = indexing.index_vars("i", len(dims))
     index = [sympy.Integer(0)] * len(dims)
     for k, d in enumerate(dims):  # output dim k is input dim dims[k]
         index[d % len(dims)] = out_vars[k]
@@ -148,7 +146,7 @@ def _permute(g, out, a: TensorValue, dims) -> TensorValue:
 
 @register_lowering(prims.broadcast_in_dim)
 def _broadcast_in_dim(g, out, a: TensorValue, shape, broadcast_dimensions) -> TensorValue:
-    out_vars = ir.index_vars("i", len(shape))
+    out_vars = indexing.index_vars("i", len(shape))
     index = tuple(
         sympy.Integer(0) if a.size[k] == 1 else out_vars[d]
         for k, d in enumerate(broadcast_dimensions)
@@ -159,7 +157,7 @@ def _broadcast_in_dim(g, out, a: TensorValue, shape, broadcast_dimensions) -> Te
 @register_lowering(prims.slice)
 def _slice(g, out, a: TensorValue, dim: int, start: int, end: int, step: int = 1):
     dim = dim % len(a.size)
-    index = list(ir.index_vars("i", len(a.size)))
+    index = list(indexing.index_vars("i", len(a.size)))
     index[dim] = start + step * index[dim]
     return reindex(a, tuple(out.shape), tuple(index))
 
@@ -167,16 +165,17 @@ def _slice(g, out, a: TensorValue, dim: int, start: int, end: int, step: int = 1
 @register_lowering(prims.reshape)
 def _reshape(g, out, a: TensorValue, shape) -> TensorValue:
     size = tuple(out.shape)
-    flat = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
-    return reindex(a, size, ir.unflatten_index(flat, a.size))
+    ivars = indexing.index_vars("i", len(size))
+    flat = indexing.linear_index(ivars, indexing.contiguous_strides(size))
+    return reindex(a, size, indexing.unflatten_index(flat, a.size))
 
 
 # --- creation ---------------------------------------------------------------------------------
 @register_lowering(prims.full)
 def _full(g, out, shape, value, dtype, device) -> TensorValue:
-    return TensorValue(tuple(out.shape), dtype, ir.Constant(_cast(value, dtype), dtype))
+    return TensorValue(tuple(out.shape), dtype, _constant(value, dtype))
 
 
 @register_lowering(prims.iota)
 def _iota(g, out, length, dtype, device) -> TensorValue:
-    return TensorValue((length,), dtype, ir.IndexValue(ir.index_vars("i", 1)[0], dtype))
+    return TensorValue((length,), dtype, ir.IndexValue(indexing.index_vars("i", 1)[0], dtype))

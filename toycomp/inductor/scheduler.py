@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from toycomp.inductor import ir
-from toycomp.inductor.ir import Pointwise, Reduction, ExternKernel
+from toycomp.inductor import indexing, ir
+from toycomp.inductor.indexing import unflatten_index
+from toycomp.inductor.ir import ExternKernel, Pointwise, Reduction
 
 # [Note: fusion]
 # A kernel is a group of buffers that share one iteration space: ``x`` in range(numel) and
@@ -165,8 +166,8 @@ def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
 
 def _node_group(node: Pointwise | Reduction) -> tuple[int, int]:
     if isinstance(node, Reduction):
-        return ir.numel(node.size), ir.numel(node.reduction_size)
-    return ir.numel(node.size), 1
+        return indexing.numel(node.size), indexing.numel(node.reduction_size)
+    return indexing.numel(node.size), 1
 
 
 def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
@@ -193,10 +194,11 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
     if placed is None:
         return None
     mapping, over_r = placed
-    ranges = {ir.x: group.numel, ir.r: group.rnumel}
+    ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
     size = node.size
-    own = ir.linear_index(ir.index_vars("i", len(size)), ir.contiguous_strides(size))
-    position = ir.simplify_index(own.subs(mapping, simultaneous=True), ranges)
+    ivars = indexing.index_vars("i", len(size))
+    own = indexing.linear_index(ivars, indexing.contiguous_strides(size))
+    position = indexing.simplify_index(own.subs(mapping, simultaneous=True), ranges)
 
     def rewrite(e: ir.Expr) -> ir.Expr | None:
         if isinstance(e, ir.IndexValue):
@@ -224,25 +226,26 @@ class _NotFusable(Exception):
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
-    ivars = ir.index_vars("i", len(node.size))
+    ivars = indexing.index_vars("i", len(node.size))
     if isinstance(node, Reduction):
         if _node_group(node) != (numel, rnumel):
             return None
-        rvars = ir.index_vars("r", len(node.reduction_size))
-        index = ir.unflatten_index(ir.x, node.size) + ir.unflatten_index(ir.r, node.reduction_size)
+        rvars = indexing.index_vars("r", len(node.reduction_size))
+        index = unflatten_index(indexing.x, node.size)
+        index += unflatten_index(indexing.r, node.reduction_size)
         return dict(zip(ivars + rvars, index)), True
-    if ir.numel(node.size) == numel:
-        return dict(zip(ivars, ir.unflatten_index(ir.x, node.size))), False
+    if indexing.numel(node.size) == numel:
+        return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
     for k in range(len(node.size) + 1):  # split the dims: outer ones follow x, inner ones r
         outer, inner = node.size[:k], node.size[k:]
-        if rnumel > 1 and (ir.numel(outer), ir.numel(inner)) == (numel, rnumel):
-            index = ir.unflatten_index(ir.x, outer) + ir.unflatten_index(ir.r, inner)
+        if rnumel > 1 and (indexing.numel(outer), indexing.numel(inner)) == (numel, rnumel):
+            index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
             return dict(zip(ivars, index)), True
     return None
 
 
 def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
-    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)
 
 
 # --- which buffers survive -----------------------------------------------------------------------
@@ -269,7 +272,8 @@ def _stored_buffers(groups: list[_Group], outputs) -> set[str]:
 
 
 def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
-    return ir.AllocatedBuffer(node.name, node.size, ir.contiguous_strides(node.size), node.dtype)
+    stride = indexing.contiguous_strides(node.size)
+    return ir.AllocatedBuffer(node.name, node.size, stride, node.dtype)
 
 
 # --- kernels -------------------------------------------------------------------------------------
@@ -333,22 +337,9 @@ def _flatten(obj):
 
 
 def format_scheduled(scheduled: ir.ScheduledGraph) -> str:
-    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks)."""
-    lines = [f"allocate {a.name}{list(a.size)} {a.dtype}" for a in scheduled.allocations]
-    for step in scheduled.steps:
-        if isinstance(step, ExternKernel):
-            kind = "fallback" if step.fallback else "extern"
-            lines.append(f"{step.name} = {kind} {step.kernel}{step.args}")
-            lines += [f"{o.name} = {step.name}[{o.index}]" for o in step.outputs]
-            continue
-        lines.append(f"{step.name}(numel={step.numel}, rnumel={step.rnumel}):  # {step.origins}")
-        for loop in step.loops:
-            lines.append("  for r:" if loop.over_r else "  once:")
-            for stmt in loop.body:
-                if isinstance(stmt, ir.Reduce):
-                    value = f"{stmt.reduction_type.value}({stmt.value!r})"
-                    lines.append(f"    {stmt.name} = {value}")
-                else:
-                    lines.append(f"    {stmt.buffer}[{stmt.index}] = {stmt.value!r}")
-    lines.append(f"return {', '.join(repr(o) for o in scheduled.outputs)}")
-    return "\n".join(lines)
+    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks).
+
+    The same text as ``repr(scheduled)``: the reprs of its allocations, extern calls and
+    kernels (each ``Kernel`` prints its ``Loop``s, each loop its ``Store``s and ``Reduce``s).
+    """
+    return repr(scheduled)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TensorValue:
 
 def strided_load(name: str, size, stride, dtype: torch.dtype) -> TensorValue:
     """Buffer ``name`` read with ``stride``: element ``(i0, ...)`` is ``load(name, sum(s*i))``."""
-    index = ir.linear_index(ir.index_vars("i", len(size)), stride)
+    index = indexing.linear_index(indexing.index_vars("i", len(size)), stride)
     return TensorValue(tuple(size), dtype, ir.Load(name, index, dtype))
 
 
@@ -49,12 +49,12 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
     index ``offset + sum(stride_k * i_k)``), else None."""
     if not isinstance(value.body, ir.Load):
         return None
-    index, ivars = sympy.expand(value.body.index), ir.index_vars("i", len(value.size))
+    index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
     strides = [sympy.diff(index, v) for v in ivars]
     offset = index.subs({v: 0 for v in ivars})
     if not all(s.is_Integer and s >= 0 for s in strides) or not offset.is_Integer:
         return None
-    if sympy.expand(index - ir.linear_index(ivars, strides, offset)) != 0:
+    if sympy.expand(index - indexing.linear_index(ivars, strides, offset)) != 0:
         return None
     return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
 
@@ -76,8 +76,8 @@ def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None
     ``ranges`` (variable -> extent) defaults to ``i0 < size[0], i1 < size[1], ...``.
     """
     if ranges is None:
-        ranges = dict(zip(ir.index_vars("i", len(size)), size))
-    mapping = dict(zip(ir.index_vars("i", len(value.size)), index))
+        ranges = dict(zip(indexing.index_vars("i", len(size)), size))
+    mapping = dict(zip(indexing.index_vars("i", len(value.size)), index))
 
     def move(e: ir.Expr) -> ir.Expr | None:
         if isinstance(e, ir.Load):
@@ -90,4 +90,4 @@ def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None
 
 
 def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
-    return ir.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)

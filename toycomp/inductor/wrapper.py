@@ -34,9 +34,16 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor import ir
+from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
+from toycomp.inductor.runtime import (
+    check_extern,
+    check_input,
+    reinterpret_tensor,
+    resolve_extern,
+    restride,
+)
 
 __all__ = ["CompiledGraph", "GeneratedKernel", "compile_graph"]
 
@@ -284,61 +291,13 @@ def _empty(a: ir.AllocatedBuffer) -> str:
     return f"{a.name} = empty_strided({layout})"
 
 
-# --- what the generated wrapper sees -----------------------------------------------------------
-def resolve_extern(name: str) -> Callable[..., Any]:
-    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default``; ``"toycomp.prims.sin"`` -> the
-    eager reference of toycomp's prim (see ``ir.extern_callable``); a clear error if unknown."""
-    try:
-        return ir.extern_callable(name)
-    except (AttributeError, KeyError, RuntimeError) as e:
-        raise RuntimeError(f"extern kernel {name!r} not found") from e
-
-
+# --- what the generated wrapper sees (the functions it calls are in runtime.py) ----------
 def extern_name(name: str) -> str:
     """How the wrapper source calls an extern: ``aten.mm.default`` or ``eager_sin`` (a prim's
     eager reference, bound in the wrapper's namespace under that name)."""
     if name.startswith("toycomp.prims."):
         return "eager_" + name.removeprefix("toycomp.prims.")
     return name if name.startswith("aten.") else f"torch.ops.{name}"
-
-
-def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
-    """The view ``TensorArg(buffer, size, stride, offset)``: offset counts from ``t``'s start."""
-    return t.as_strided(size, stride, t.storage_offset() + offset)
-
-
-def restride(t: torch.Tensor, stride: tuple) -> torch.Tensor:
-    """A copy of ``t`` with ``stride`` (which may leave gaps, like a chunk of a bigger tensor)."""
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
-
-
-def _same_layout(t: torch.Tensor, size: tuple, stride: tuple) -> bool:
-    if tuple(t.shape) != tuple(size):
-        return False
-    return all(n <= 1 or s == e for n, s, e in zip(size, t.stride(), stride))
-
-
-def check_input(
-    t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, device: torch.device, name: str
-) -> None:
-    """Kernels index inputs with the strides they were compiled for: anything else is an error."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"input {name}: expected a tensor, got {type(t).__name__}")
-    same_device = t.device.type == device.type and device.index in (None, t.device.index)
-    if t.dtype != dtype or not same_device or not _same_layout(t, size, stride):
-        got = f"{tuple(t.shape)}, stride {t.stride()}, {t.dtype} on {t.device}"
-        want = f"{tuple(size)}, stride {tuple(stride)}, {dtype} on {device}"
-        raise ValueError(f"input {name}: compiled for {want}, got {got}")
-
-
-def check_extern(t: Any, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """An extern result with other strides than planned is copied into the planned layout."""
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(size) or t.dtype != dtype:
-        got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise RuntimeError(f"extern kernel for {name}: expected {tuple(size)} {dtype}, got {got}")
-    if _same_layout(t, size, stride):
-        return t
-    return torch.empty_strided(size, stride, dtype=dtype, device=t.device).copy_(t)
 
 
 def _namespace(device: torch.device) -> dict[str, Any]:

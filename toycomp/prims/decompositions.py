@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import fx
@@ -49,6 +49,7 @@ import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload, overload_name, returns_alias, schema_of
 from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
 from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
+from toycomp.tensor_utils import to_meta
 
 aten = torch.ops.aten
 
@@ -99,11 +100,6 @@ def _node_of(value: Any) -> Any:
 
 def _meta_of(value: Any) -> Any:
     return fx.node.map_aggregate(value, lambda v: v.val if isinstance(v, Proxy) else v)
-
-
-def to_meta(t: torch.Tensor) -> torch.Tensor:
-    """An empty meta tensor with ``t``'s shape, stride and dtype."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 class DecompTracer:

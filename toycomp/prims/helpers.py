@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import toycomp.prims as prims
+from toycomp.tensor_utils import python_number_dtype
 
 
 class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)
@@ -48,12 +49,6 @@ def _category(dtype: torch.dtype) -> int:
     return 2 if dtype.is_floating_point else 1
 
 
-def _number_dtype(x: Any) -> torch.dtype:
-    if isinstance(x, bool):
-        return torch.bool
-    return torch.int64 if isinstance(x, int) else torch.get_default_dtype()
-
-
 # [Note: type promotion]
 # torch.result_type ranks operands in three tiers: tensors with dims, 0-d tensors, Python
 # numbers. Within a tier dtypes promote normally (torch.promote_types). A lower tier only matters
@@ -65,7 +60,7 @@ def result_type(*args: Any) -> torch.dtype:
     tiers: list[list[torch.dtype]] = [[], [], []]
     for a in args:
         if is_number(a):
-            tiers[2].append(_number_dtype(a))
+            tiers[2].append(python_number_dtype(a))
         else:
             tiers[1 if a.ndim == 0 else 0].append(a.dtype)
     result: torch.dtype | None = None

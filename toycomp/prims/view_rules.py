@@ -23,6 +23,7 @@ import torch
 import toycomp.prims as prims
 from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape
 from toycomp.prims.decomp_table import Unsupported, register
+from toycomp.tensor_utils import python_number_dtype
 
 aten = torch.ops.aten
 
@@ -191,12 +192,6 @@ def _check_layout(layout: Any) -> None:
         raise Unsupported(f"layout {layout}")
 
 
-def _fill_dtype(value: Any) -> torch.dtype:
-    if isinstance(value, bool):
-        return torch.bool
-    return torch.int64 if isinstance(value, int) else torch.get_default_dtype()
-
-
 def _full(shape: Sequence[int], value: Any, dtype: torch.dtype, device: Any) -> Any:
     if isinstance(value, float) and not dtype.is_floating_point:
         if not value.is_integer() or dtype is torch.bool:  # ATen would round / test != 0
@@ -208,7 +203,7 @@ def _full(shape: Sequence[int], value: Any, dtype: torch.dtype, device: Any) -> 
 @register(aten.full.default)
 def full(size: Any, fill_value: Any, *, dtype=None, layout=None, device=None, pin_memory=None):
     _check_layout(layout)
-    return _full(size, fill_value, dtype or _fill_dtype(fill_value), device)
+    return _full(size, fill_value, dtype or python_number_dtype(fill_value), device)
 
 
 @register(aten.scalar_tensor.default)
@@ -237,7 +232,8 @@ def _constant_factories(value: int) -> tuple[Any, Any, Any]:
 
 # ``empty`` may hold anything, so zeros are a valid (and deterministic) choice.
 zeros, zeros_like, new_zeros = _constant_factories(0)
-register(*_ops("zeros.default", "zeros.memory_format", "empty.default", "empty.memory_format"))(zeros)
+register(*_ops("zeros.default", "zeros.memory_format", "empty.default"))(zeros)
+register(*_ops("empty.memory_format"))(zeros)
 register(*_ops("zeros_like.default", "empty_like.default"))(zeros_like)
 register(*_ops("new_zeros.default", "new_empty.default"))(new_zeros)
 ones, ones_like, new_ones = _constant_factories(1)

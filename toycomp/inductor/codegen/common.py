@@ -33,7 +33,7 @@ import sympy
 import torch
 from sympy.printing.str import StrPrinter
 
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
 
 OpRule = Callable[..., str]
 
@@ -131,7 +131,7 @@ class IndexPrinter(StrPrinter):
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         return {"x": "xindex", "r": "rindex"}.get(expr.name, expr.name)
 
-    def _print_FloorDiv(self, expr: ir.FloorDiv) -> str:
+    def _print_FloorDiv(self, expr: indexing.FloorDiv) -> str:
         base, divisor = (self._print(a) for a in expr.args)
         # Parenthesise both operands: FloorDiv(6*r + x, 24) must not print as 6*r + x // 24.
         return f"(({base}) {self.floordiv} ({divisor}))"
@@ -144,23 +144,6 @@ class IndexPrinter(StrPrinter):
 
     def _print_Rational(self, expr: sympy.Rational) -> str:
         raise NotImplementedError(f"index expression {expr} (non-integer coefficient)")
-
-
-def index_upper_bound(expr: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> int:
-    """An upper bound of ``|expr|`` given ``0 <= symbol <= bounds[symbol]`` (for index widths)."""
-    if expr.is_Integer:
-        return abs(int(expr))
-    if expr.is_Symbol:
-        return bounds.get(expr, 2**62)
-    if isinstance(expr, ir.FloorDiv):
-        return index_upper_bound(expr.args[0], bounds) // max(1, abs(int(expr.args[1])))
-    if expr.is_Add or expr.is_Mul:
-        parts = [index_upper_bound(a, bounds) for a in expr.args]
-        total = 0 if expr.is_Add else 1
-        for p in parts:
-            total = total + p if expr.is_Add else total * p
-        return total
-    return 2**62  # unknown: assume it needs 64 bits
 
 
 # --- dtypes --------------------------------------------------------------------------------------
@@ -282,7 +265,7 @@ class KernelCodegen:
         for i, arg in enumerate(expr.args):
             dtype = operand_dtype(expr, i)
             if isinstance(arg, ir.Constant):  # a number is re-spelled, never cast
-                args.append(self.constant(_convert_number(arg.value, dtype), dtype))
+                args.append(self.constant(ir.convert_number(arg.value, dtype), dtype))
                 continue
             code = self.codegen_expr(arg)
             if compute_dtype(arg.dtype) != compute_dtype(dtype):
@@ -298,7 +281,7 @@ class KernelCodegen:
         return self.ops[expr.name](*args)
 
     def check_index(self, index: sympy.Expr) -> None:
-        allowed = {ir.x, ir.r} if self.in_r_loop else {ir.x}
+        allowed = {indexing.x, indexing.r} if self.in_r_loop else {indexing.x}
         extra = sympy.sympify(index).free_symbols - allowed
         if extra:
             where = "an r loop" if self.in_r_loop else "an x-only loop"
@@ -352,12 +335,3 @@ def operand_dtype(expr: ir.Op, i: int) -> torch.dtype:
     if keep and not (isinstance(arg, ir.Constant) and arg.dtype is None):
         return arg.dtype
     return expr.dtype
-
-
-def _convert_number(value: ir.Number, dtype: torch.dtype) -> ir.Number:
-    """A Python number as ``torch.tensor(value).to(dtype)`` would hold it."""
-    if dtype == torch.bool:
-        return bool(value)
-    if dtype.is_floating_point:
-        return float(value)
-    return int(value)  # truncation toward zero, like a float -> int cast

@@ -213,7 +213,7 @@ class CppKernelCodegen(KernelCodegen):
             self.declared_reductions.add((clause, dtype))
 
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
-        dtype = compute_dtype(dtype or _python_dtype(value))
+        dtype = compute_dtype(dtype or _literal_dtype(value))
         if dtype == torch.bool:
             return "true" if value else "false"
         if dtype.is_floating_point:
@@ -331,7 +331,10 @@ def _independent_iterations(loop: ir.Loop) -> bool:
     return True
 
 
-def _python_dtype(value: ir.Number) -> torch.dtype:
+def _literal_dtype(value: ir.Number) -> torch.dtype:
+    """The C type a number with no dtype of its own is written in: ``bool``, ``int64_t``, or
+    ``float`` for any Python float (``2.0f``). Not ``tensor_utils.python_number_dtype`` on
+    purpose: a ``double`` literal would silently turn float arithmetic into double arithmetic."""
     if isinstance(value, bool):
         return torch.bool
     return torch.int64 if isinstance(value, int) else torch.float32

@@ -35,14 +35,13 @@ import torch
 
 import toycomp.prims as prims
 from toycomp._triton_compat import interpreted_function, interpreting_device_calls
-from toycomp.inductor import cache, ir
+from toycomp.inductor import cache, indexing, ir
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
     GeneratedKernel,
     IndentedBuffer,
     KernelCodegen,
     compute_dtype,
-    index_upper_bound,
     operand_dtype,
 )
 from toycomp.inductor.codegen.triton_helpers import HELPERS, TRITON_OPS, triton_convert, triton_type
@@ -96,10 +95,11 @@ class TritonKernelCodegen(KernelCodegen):
         self.int64_index = self._needs_int64()
 
     def _needs_int64(self) -> bool:
+        """Some index may leave int32's range (the masked lanes of the last block included)."""
         k, b = self.kernel, self.blocks
-        bounds = {
-            ir.x: k.numel + b["XBLOCK"],
-            ir.r: max(k.rnumel, 1) + b.get("RBLOCK", 1),
+        ranges = {
+            indexing.x: k.numel + b["XBLOCK"],
+            indexing.r: max(k.rnumel, 1) + b.get("RBLOCK", 1),
         }
         indices = [
             e.index
@@ -108,7 +108,11 @@ class TritonKernelCodegen(KernelCodegen):
             for e in (*ir.walk(stmt.value), stmt)
             if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
         ]
-        return any(index_upper_bound(sympy.sympify(i), bounds) >= 2**31 - 1 for i in indices)
+        for index in indices:
+            bounds = indexing.index_bounds(sympy.sympify(index), ranges)
+            if bounds is None or max(-bounds[0], bounds[1]) >= 2**31 - 1:
+                return True
+        return False
 
     # --- shapes and masks -----------------------------------------------------------------------
     def shape(self, with_r: bool) -> str:
@@ -117,7 +121,9 @@ class TritonKernelCodegen(KernelCodegen):
         return "[XBLOCK, RBLOCK]" if with_r else "[XBLOCK, 1]"
 
     def mask(self, index: sympy.Expr | None) -> str:
-        uses_r = self.in_r_loop if index is None else ir.r in sympy.sympify(index).free_symbols
+        if index is None:
+            return "rmask & xmask" if self.in_r_loop else "xmask"
+        uses_r = indexing.r in sympy.sympify(index).free_symbols
         return "rmask & xmask" if uses_r else "xmask"
 
     def pointer(self, buffer: str, index: sympy.Expr) -> str:

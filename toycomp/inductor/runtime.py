@@ -1,0 +1,83 @@
+"""Stage 4, run time: what compiled code calls while it runs, shared by the wrapper and interpreter.
+
+Input -> output: real tensors and the layouts the loop IR was compiled for -> the same tensors
+checked (or copied into those layouts), and the eager functions that extern kernels name. The
+generated wrapper (``wrapper.py``) finds these functions in its namespace, and the IR interpreter
+(``interpret.py``) calls the same ones, so both run a graph by the same rules::
+
+    >>> import torch
+    >>> resolve_extern("aten.mm.default")
+    <OpOverload(op='aten.mm', overload='default')>
+    >>> t = check_extern(torch.ones(4, 2).t(), (2, 4), (4, 1), torch.float32, "buf0")
+    >>> t.stride()  # an extern returned other strides than planned: copied into the planned ones
+    (4, 1)
+    >>> reinterpret_tensor(torch.arange(6.0), (2, 2), (1, 2), 1)  # TensorArg(buf, size, stride, 1)
+    tensor([[1., 3.],
+            [2., 4.]])
+
+NB: in PyTorch the wrapper's run-time helpers are ``assert_size_stride`` and
+``_reinterpret_tensor`` (C++, in torch/csrc/dynamo/guards.cpp), called from the code that
+torch/_inductor/codegen/wrapper.py writes; extern kernels are resolved by
+torch/_inductor/ir.py (``ExternKernel``, ``FallbackKernel``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from toycomp.tensor_utils import same_strides
+
+
+def resolve_extern(kernel: str) -> Callable[..., Any]:
+    """The eager function an ``ir.ExternKernel`` calls: ``"aten.mm.default"`` is
+    ``torch.ops.aten.mm.default``; ``"toycomp.prims.sin"`` (a visible fallback for a prim that
+    cannot be lowered) is the eager reference of toycomp's prim (NOT ``torch.ops.prims.sin``,
+    PyTorch's own, different prims). A clear error if there is no such function."""
+    try:
+        if kernel.startswith("toycomp.prims."):
+            import toycomp.prims as prims  # local import: the runtime needs prims only here
+
+            return prims.PRIM_INFO[prims.PRIMS[kernel.removeprefix("toycomp.prims.")]].ref
+        fn: Any = torch.ops
+        for part in kernel.split("."):
+            fn = getattr(fn, part)
+        return fn
+    except (AttributeError, KeyError, RuntimeError) as e:
+        raise RuntimeError(f"extern kernel {kernel!r} not found") from e
+
+
+def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    """The view ``TensorArg(buffer, size, stride, offset)``: offset counts from ``t``'s start."""
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+def restride(t: torch.Tensor, stride: tuple) -> torch.Tensor:
+    """A copy of ``t`` with ``stride`` (which may leave gaps, like a chunk of a bigger tensor)."""
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def check_input(
+    t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, device: torch.device, name: str
+) -> None:
+    """Kernels index inputs with the strides they were compiled for: anything else is an error
+    (a size-0/1 dim's stride is never used, so it may differ)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"input {name}: expected a tensor, got {type(t).__name__}")
+    same_device = t.device.type == device.type and device.index in (None, t.device.index)
+    if t.dtype != dtype or not same_device or not same_strides((size, stride), t):
+        got = f"{tuple(t.shape)}, stride {t.stride()}, {t.dtype} on {t.device}"
+        want = f"{tuple(size)}, stride {tuple(stride)}, {dtype} on {device}"
+        raise ValueError(f"input {name}: compiled for {want}, got {got}")
+
+
+def check_extern(t: Any, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """An extern result as lowering planned it (size, dtype); one with other strides than
+    planned is copied into the planned layout (eager kernels may choose their own strides)."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(size) or t.dtype != dtype:
+        got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise RuntimeError(f"extern kernel for {name}: expected {tuple(size)} {dtype}, got {got}")
+    if same_strides((size, stride), t):
+        return t
+    return torch.empty_strided(size, stride, dtype=dtype, device=t.device).copy_(t)
