@@ -864,3 +864,41 @@ def test_toycomp_compile_outputs_alias_like_eager(name, requires_grad):
     check_against_eager(fn, [x], compiled=lambda *args: as_tuple(compiled(*args)))
     ours = [x.detach().clone().requires_grad_(requires_grad)]
     assert sharing(compiled(*ours), ours) == eager_sharing(fn, [x])
+
+
+# -- in-place views (issue 6, item 6) --------------------------------------------------------------
+def matmul(a, b):
+    return torch.matmul(a, b)
+
+
+def unsqueeze_then_squeeze(x):
+    y = x * 1
+    y.unsqueeze_(0)
+    z = y * 2
+    z.squeeze_(0)
+    return y + 1, z
+
+
+def transpose_and_t(x):
+    y = x * 1
+    y.transpose_(0, 1)
+    z = y.reshape(-1) * 1
+    y.t_()
+    return y[0] * 1, z
+
+
+INPLACE_VIEW_CASES = [
+    (matmul, [(3,), (3, 1)]),  # matmul squeezes its (1, 1) mm result in place
+    (matmul, [(1,), (1, 1)]),
+    (matmul, [(2, 3), (3,)]),
+    (unsqueeze_then_squeeze, [(3,)]),
+    (transpose_and_t, [(2, 3)]),
+]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("fn, shapes", INPLACE_VIEW_CASES)
+def test_inplace_views_are_described_by_their_result(fn, shapes, requires_grad):
+    inputs = [torch.randn(s, requires_grad=requires_grad) for s in shapes]
+    compiled = check_against_eager(fn, inputs)
+    check_meta(compiled.forward, inputs)

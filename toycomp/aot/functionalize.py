@@ -266,9 +266,30 @@ class FunctionalRecorder(TorchDispatchMode):
         defaults = {a.name: a.default for a in arguments[len(real[0]) :]
                     if a.has_default and a.name not in drop and a.name not in nkwargs}
         nkwargs = {k: v for k, v in (defaults | nkwargs).items() if k not in drop}
-        # The functional op's result layout comes from running it for real (meta kernels do not
-        # always give the real strides: aten.zero in torch 2.11), except for random ops, whose
-        # real run would draw random numbers a second time: those run on meta tensors.
+        view_op = torch.Tag.inplace_view in func.tags
+        if view_op:
+            # [Note: in-place views are described by their result] squeeze_, unsqueeze_, t_...
+            # have already changed the tensor's metadata when we get here, so running the
+            # functional view on it would view it twice (matmul's squeeze_(0) of a (1, 1)
+            # result gave a 0-d value for a (1,) tensor). The tensor now *is* the result.
+            val = to_meta(mutated[0][1])
+        else:
+            val = self._functional_result(functional, real, defaults, drop, op)
+        node = self.tracker.emit(functional, nargs, nkwargs, val)
+        results = self.tracker.emit_results(node, val)
+        for (_, t), index in zip(mutated, result_of):
+            self._replace(t, self._convert(results[index], t), op, view_op)
+        for index, item in enumerate(outputs):
+            self.tracker.track(out[index], results[item])
+
+    @staticmethod
+    def _functional_result(functional, real: tuple, defaults: dict, drop: set, op: str) -> Any:
+        """Meta tensors describing ``functional``'s results on the in-place op's arguments.
+
+        The layout comes from running it for real (meta kernels do not always give the real
+        strides: aten.zero in torch 2.11), except for random ops, whose real run would draw
+        random numbers a second time: those run on meta tensors.
+        """
         if torch.Tag.nondeterministic_seeded in functional.tags:
             real = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, real)
         cargs, ckwargs = real[0], {k: v for k, v in (defaults | real[1]).items() if k not in drop}
@@ -276,14 +297,7 @@ class FunctionalRecorder(TorchDispatchMode):
             val = functional(*cargs, **ckwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the op's name
             raise NotImplementedError(f"toycomp.aot: cannot functionalise {op}: {e}") from e
-        val = tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, val)
-        node = self.tracker.emit(functional, nargs, nkwargs, val)
-        results = self.tracker.emit_results(node, val)
-        view_op = torch.Tag.inplace_view in func.tags
-        for (_, t), index in zip(mutated, result_of):
-            self._replace(t, self._convert(results[index], t), op, view_op)
-        for index, item in enumerate(outputs):
-            self.tracker.track(out[index], results[item])
+        return tree_map(lambda a: to_meta(a) if isinstance(a, torch.Tensor) else a, val)
 
     def _convert(self, node: fx.Node, like: torch.Tensor) -> fx.Node:
         """In-place ops keep the mutated tensor's dtype; the functional op may promote."""
