@@ -902,3 +902,32 @@ def test_inplace_views_are_described_by_their_result(fn, shapes, requires_grad):
     inputs = [torch.randn(s, requires_grad=requires_grad) for s in shapes]
     compiled = check_against_eager(fn, inputs)
     check_meta(compiled.forward, inputs)
+
+
+# -- double backward (issue 6, item 2) -------------------------------------------------------------
+def test_double_backward_is_refused_not_silently_wrong():
+    a = torch.randn(5, requires_grad=True)
+    compiled = toycomp.compile(lambda a: (a.sin() ** 2).sum(), backend="cpp")
+    g, = torch.autograd.grad(compiled(a) + (a**3).sum(), a, create_graph=True)
+    g_ref, = torch.autograd.grad((a.sin() ** 2).sum() + (a**3).sum(), a, create_graph=True)
+    torch.testing.assert_close(g, g_ref, **TOL)  # first order: right, and differentiable
+    with pytest.raises(RuntimeError, match="toycomp.*double backward.*uncompiled function"):
+        torch.autograd.grad(g.sum(), a)  # would drop the compiled part's second derivative
+
+
+def test_double_backward_through_aot_function_alone_is_refused():
+    x = torch.randn(4, requires_grad=True)
+    compiled = aot.aot_function(lambda x: x.exp() * x, [x])
+    g, = torch.autograd.grad(compiled(x)[0].sum(), x, create_graph=True)
+    torch.testing.assert_close(g, (x.exp() * (x + 1)).detach(), **TOL)
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+def test_first_order_backward_is_unaffected_by_the_double_backward_guard():
+    x = torch.randn(4, requires_grad=True)
+    compiled = aot.aot_function(lambda x: x.exp() * x, [x])
+    g, = torch.autograd.grad(compiled(x)[0].sum(), x)
+    assert g.grad_fn is None and not g.requires_grad
+    torch.testing.assert_close(g, (x.exp() * (x + 1)).detach(), **TOL)

@@ -47,6 +47,7 @@ from toycomp.tensor_utils import same_strides
 __all__ = [
     "AOTOutput",
     "CompiledFunction",
+    "CompiledFunctionBackward",
     "OutputAliasInfo",
     "offset_sensitive_inputs",
     "output_alias_info",
@@ -104,17 +105,51 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(fwd)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grad_outputs: torch.Tensor):  # type: ignore[override]
         aot: AOTOutput = ctx.aot
         tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
         saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
         tangents = [_offset_free(grad_outputs[i].contiguous()) for i in aot.diff_outputs]
-        grads = list(aot.compiled_backward(saved + tangents))
+        if torch.is_grad_enabled():  # create_graph=True: see [Note: double backward]
+            grads = list(CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents))
+        else:
+            grads = list(aot.compiled_backward(saved + tangents))
         result: list[torch.Tensor | None] = [None] * len(aot.requires_grad)
         for index, grad in zip(aot.grad_inputs, grads):
             result[index] = grad
         return (None, *result)
+
+
+# [Note: double backward]
+# With create_graph=True, autograd runs CompiledFunction.backward with grad mode on and expects
+# gradients that are themselves differentiable. The compiled backward is not: its kernels run
+# on saved values that were detached in the forward, so its results would have no grad_fn and a
+# second torch.autograd.grad would silently miss every term that flows through them (once_
+# differentiable does not help: it only looks at the incoming gradients, not at the saved
+# values). Like AOTAutograd's CompiledFunction._double_backward, we run the compiled backward
+# inside one more autograd.Function, anchored to a tensor that requires grad so that its
+# results always get a grad_fn, whose own backward raises a clear error. First-order gradients
+# with create_graph=True keep their values; only differentiating them again is refused.
+_GRAPH_ANCHOR = torch.empty(0, requires_grad=True)
+DOUBLE_BACKWARD_ERROR = (
+    "toycomp.aot: double backward through a toycomp-compiled function is not supported (as in "
+    "PyTorch: 'torch.compile with aot_autograd does not currently support double backward'). "
+    "Compute higher-order gradients with the uncompiled function, or compile only the part "
+    "that needs no second derivative."
+)
+
+
+class CompiledFunctionBackward(torch.autograd.Function):
+    """Runs the compiled backward when autograd records it (create_graph=True); refuses to be
+    differentiated again ([Note: double backward])."""
+
+    @staticmethod
+    def forward(ctx, aot: AOTOutput, anchor: torch.Tensor, *args: Any):  # type: ignore[override]
+        return tuple(aot.compiled_backward(list(args)))
+
+    @staticmethod
+    def backward(ctx, *grads: Any):  # type: ignore[override]
+        raise RuntimeError(DOUBLE_BACKWARD_ERROR)
 
 
 @dataclasses.dataclass(repr=False)
