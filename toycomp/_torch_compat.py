@@ -115,3 +115,10 @@ def returns_alias(op: OpOverload) -> bool:  # prims/decompositions.py: views and
     (True, False)
     """
     return any(r.alias_info is not None for r in op._schema.returns)
+
+
+def fake_tensor_mode():  # capture/output_graph.py: compile on metadata, never on the user's data
+    """A fresh ``FakeTensorMode`` (static shapes): tensors with shapes, strides and dtypes only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()

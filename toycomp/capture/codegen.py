@@ -1,0 +1,72 @@
+"""PyCodegen: variable trackers -> Python expressions in the transformed function.
+
+After tracing, the values that must exist in plain Python (a return value, the frame's live
+values at a graph break, the values of replayed side effects) are written as expressions:
+a constant as a literal, a value from outside by its source, a tensor computed in the graph as
+``__graph_out[i]``, a new list as a literal bound once to a temporary (so it stays one object).
+
+>>> from toycomp.capture.variables.base import ConstantVariable
+>>> from toycomp.capture.variables.lists import ListVariable
+>>> cg = PyCodegen()
+>>> cg.reconstruct(ListVariable([ConstantVariable(1), ConstantVariable("a")]))
+'__tmp0'
+>>> cg.lines
+["__tmp0 = [1, 'a']"]
+
+NB: in PyTorch this lives in torch/_dynamo/codegen.py (PyCodegen, which emits bytecode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from toycomp.capture.sources import Source
+
+_LITERALS = (int, float, str, bool, type(None), bytes)
+
+
+class PyCodegen:
+    """Collects statements (``lines``), globals for them (``env``) and the graph's outputs."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.env: dict[str, Any] = {"torch": torch}
+        self.outputs: list = []  # TensorVariables the graph must return, in order
+        self.temps: dict[int, str] = {}
+
+    def reconstruct(self, var) -> str:
+        return var.reconstruct(self)
+
+    def source(self, source: Source) -> str:
+        return source.code()
+
+    def constant(self, value: Any) -> str:
+        if isinstance(value, _LITERALS) and repr(value) not in ("nan", "inf", "-inf"):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return str(value)
+        if isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
+            return repr(value)
+        for name, known in self.env.items():
+            if known is value:
+                return name
+        name = getattr(value, "__name__", type(value).__name__)
+        name = f"__{''.join(c if c.isalnum() else '_' for c in name)}_{len(self.env)}"
+        self.env[name] = value
+        return name
+
+    def graph_output(self, var) -> str:
+        for i, out in enumerate(self.outputs):
+            if out.proxy is var.proxy:
+                return f"__graph_out[{i}]"
+        self.outputs.append(var)
+        return f"__graph_out[{len(self.outputs) - 1}]"
+
+    def new_object(self, var, expr: str) -> str:
+        """A mutable object made by the traced code: built once, then named."""
+        if id(var) not in self.temps:
+            self.temps[id(var)] = name = f"__tmp{len(self.temps)}"
+            self.lines.append(f"{name} = {expr}")
+        return self.temps[id(var)]

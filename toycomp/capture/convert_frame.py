@@ -1,0 +1,217 @@
+"""convert_frame: a function -> a compiled function with a cache of guarded entries.
+
+``compile_frame(fn, compile_graph)`` returns a callable with the same results and Python side
+effects as ``fn``. On each call it binds the arguments into ``L`` (what guards read), and runs
+the first cache entry whose guards pass. With none, it traces ``fn`` (on fake tensors) into a new
+entry: guards -> transformed function (toycomp/capture/transformed_code.py). Resume functions and
+helpers that broke the graph are compiled the same way, lazily, each with its own cache.
+
+>>> import torch
+>>> def f(x, n):
+...     return x * n
+>>> cf = compile_frame(f, lambda gm, example_inputs: gm.forward)
+>>> cf(torch.ones(2), 3)
+tensor([3., 3.])
+>>> cf(torch.ones(2), 4).tolist(), len(cf.entries)   # n is guarded by value: a recompile
+([4.0, 4.0], 2)
+>>> print(cf.entries[1].check.source.splitlines()[3])
+            torch.is_grad_enabled() is True
+
+[Note: recompiles]
+Like Dynamo, the cache keeps every entry; after ``recompile_limit`` entries (8), inputs that match
+none run ``fn`` eagerly with a warning naming the guard that failed, while the entries already
+compiled keep serving the inputs they match. Entries hold guards (metadata and constants) and
+compiled code, never the first call's tensors.
+
+NB: in PyTorch this lives in torch/_dynamo/convert_frame.py (``convert_frame``, the PEP 523
+callback, and ``recompile_limit``) and torch/_dynamo/eval_frame.py (the frame hook and cache).
+toycomp wraps the function instead of installing a frame hook.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from toycomp.capture.output_graph import OutputGraph
+from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
+from toycomp.capture.transformed_code import TransformedCode, build_transformed
+from toycomp.capture.variables.base import SkipFrame, Unsupported
+
+RECOMPILE_LIMIT = 8
+
+
+@dataclass
+class CacheEntry:
+    check: Callable[[dict, dict], bool]
+    transformed: TransformedCode
+
+    @property
+    def fn(self):
+        return self.transformed.fn
+
+
+@dataclass
+class CompileRecord:
+    """One compilation, for ``explain``: which frame, its graph, guards and break."""
+
+    frame: str
+    transformed: TransformedCode
+    guards: str
+    break_reason: str | None = None
+    break_location: tuple | None = None
+
+
+@dataclass
+class CompileContext:
+    """Shared by a function and every frame compiled on its behalf (resumes, helpers)."""
+
+    compile_graph: Callable
+    recompile_limit: int = RECOMPILE_LIMIT
+    frames: dict = field(default_factory=dict)  # function -> CompiledFrame
+    log: list = field(default_factory=list)  # CompileRecords, in compile order
+
+    def frame_for(self, fn) -> Callable:
+        """The compiled version of ``fn`` (a bound method stays bound)."""
+        if isinstance(fn, types.MethodType):
+            return types.MethodType(self.frame_for(fn.__func__), fn.__self__)
+        if not isinstance(fn, types.FunctionType):
+            return fn
+        if fn not in self.frames:
+            self.frames[fn] = CompiledFrame(fn, self)
+        return self.frames[fn]
+
+
+class CompiledFrame:
+    """The cache of one function: a list of (guards, transformed function) entries."""
+
+    def __init__(self, fn: types.FunctionType, context: CompileContext):
+        self.fn = fn
+        self.context = context
+        self.signature = inspect.signature(fn)
+        self.entries: list[CacheEntry] = []
+        self.skip_reason: str | None = None
+        self.warned: set[str] = set()
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        L, G = bound.arguments, self.fn.__globals__
+        for entry in self.entries:
+            if entry.check(L, G):
+                return entry.fn(*args, **kwargs)
+        if self.skip_reason is not None:
+            return self.fn(*args, **kwargs)
+        if len(self.entries) >= self.context.recompile_limit:
+            self.warn_recompile_limit(L, G)
+            return self.fn(*args, **kwargs)
+        entry = self.compile(dict(L))
+        if entry is None:
+            return self.fn(*args, **kwargs)
+        self.entries.append(entry)
+        return entry.fn(*args, **kwargs)
+
+    def warn_recompile_limit(self, L, G) -> None:
+        failed = self.entries[-1].check.failing_guard(L, G)
+        if failed not in self.warned:
+            self.warned.add(failed)
+            warnings.warn(
+                f"toycomp: {self.fn.__qualname__} hit the recompile limit "
+                f"({self.context.recompile_limit}); the last entry failed the guard `{failed}`. "
+                "Running eagerly for inputs no cached entry matches.", stacklevel=3)
+
+    def compile(self, L: dict) -> CacheEntry | None:
+        """Trace on fake tensors (restarting once at a graph break) and build an entry."""
+        break_at = info = None
+        while True:
+            output = OutputGraph(self.fn, self.fn.__globals__)
+            output.guards.env["F"] = self.fn
+            saved = global_state()
+            try:
+                tx = InstructionTranslator(self.fn, L, output, break_at, info)
+                tx.run()
+            except BreakRequest as e:
+                if break_at is not None and e.step <= break_at:
+                    return self.give_up(f"trace did not repeat: {e.reason}")
+                break_at, info = e.step, (e.reason, e.location)
+                continue
+            except (Unsupported, SkipFrame) as e:
+                return self.give_up(getattr(e, "reason", str(e)))
+            finally:
+                restore_global_state(saved)
+            return self.build_entry(tx, output)
+
+    def build_entry(self, tx, output) -> CacheEntry | None:
+        index = sum(r.transformed.graph_module is not None for r in self.context.log)
+        try:
+            transformed = build_transformed(self.fn, tx.plan, output, self.context.compile_graph,
+                                            self.context.frame_for, index)
+        except Unsupported as e:
+            return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
+        check = output.guards.compile()
+        plan = tx.plan
+        is_break = isinstance(plan, Break)
+        self.context.log.append(CompileRecord(
+            self.fn.__qualname__, transformed, check.source,
+            plan.reason if is_break else None, plan.location if is_break else None))
+        return CacheEntry(check, transformed)
+
+    def give_up(self, reason: str) -> None:
+        """This frame runs eagerly from now on (Dynamo: a skipped frame)."""
+        self.skip_reason = reason
+        self.context.log.append(CompileRecord(self.fn.__qualname__, TransformedCode(self.fn, ""),
+                                              "", f"frame skipped: {reason}"))
+        return None
+
+
+def global_state() -> tuple:
+    return torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")
+
+
+def restore_global_state(state: tuple) -> None:
+    """Tracing may change grad mode for real (``with torch.no_grad()``): put it back."""
+    torch._C._set_grad_enabled(state[0])
+
+
+def compile_frame(fn: Callable, compile_graph: Callable, recompile_limit: int = RECOMPILE_LIMIT):
+    """``fn`` compiled lazily: traced on its first call, then served from its cache.
+
+    Args:
+        fn: a Python function (or bound method).
+        compile_graph: ``(gm, example_fake_inputs) -> callable(*real_inputs) -> tuple``.
+        recompile_limit: entries per function before new guard failures run eagerly.
+    """
+    return CompileContext(compile_graph, recompile_limit).frame_for(fn)
+
+
+@dataclass
+class ExplainOutput:
+    """What ``torch._dynamo.explain`` reports, for one run of a compiled function."""
+
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list[str]
+    graphs: list
+    transformed_code: list[str]
+    guards: list[str]
+    out: Any = None
+
+
+def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
+    """Compile ``fn`` with graphs run as they are, call it once, and report what was compiled."""
+    context = CompileContext(lambda gm, example_inputs: gm.forward)
+    out = context.frame_for(fn)(*args, **kwargs)
+    graphs = [r.transformed.graph_module for r in context.log if r.transformed.graph_module]
+    reasons = [f"{r.break_reason} ({r.break_location[0]}:{r.break_location[1]})"
+               if r.break_location else r.break_reason for r in context.log if r.break_reason]
+    breaks = sum(r.break_location is not None and bool(r.break_location) for r in context.log)
+    return ExplainOutput(len(graphs), breaks, reasons, graphs,
+                         [r.transformed.source for r in context.log], [r.guards for r in context.log],
+                         out)

@@ -1,0 +1,154 @@
+"""Guards from sources -> one readable Python function ``check(L, G) -> bool``.
+
+While the bytecode interpreter traces a frame, every value it reads from outside (an argument,
+a global, a closure cell, an attribute) comes with a source, and the interpreter asks the
+``GuardBuilder`` for the checks that keep the trace valid: a tensor's metadata, a Python value,
+a module's type, a function's identity, the global grad / autocast / dtype state. The builder
+renders each as one line of Python and compiles them all into one function:
+
+>>> import torch
+>>> from toycomp.capture.sources import LocalSource
+>>> b = GuardBuilder()
+>>> b.tensor_match(LocalSource("x"), torch.zeros(2, 3))
+>>> b.constant_match(LocalSource("n"), 4)
+>>> print("\\n".join(b.conditions[:4]))
+type(L['x']) is torch.Tensor
+L['x'].shape == (2, 3)
+L['x'].stride() == (3, 1)
+L['x'].dtype == torch.float32
+>>> check = b.compile()
+>>> check({"x": torch.ones(2, 3), "n": 4}, {}), check({"x": torch.ones(2, 3), "n": 5}, {})
+(True, False)
+>>> check.failing_guard({"x": torch.ones(2, 3), "n": 5}, {})
+"L['n'] == 4"
+
+[Note: guards are lines of Python]
+Dynamo compiles its guards into a C++ tree (GuardManager) for speed; toycomp keeps the lines of
+Python, joined by ``and`` in one function, because a student can print it and see exactly what
+is checked on every call. When ``check`` fails, ``failing_guard`` evaluates the same lines one at
+a time to name the first that failed: that text goes into the recompile message.
+
+NB: in PyTorch this lives in torch/_dynamo/guards.py (GuardBuilder, CheckFunctionManager).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from toycomp.capture.sources import Source, _BUILTINS
+
+_LITERAL_TYPES = (int, float, str, bool, type(None))
+
+
+class GuardBuilder:
+    """Collects guard lines (deduplicated, in the order they were asked for)."""
+
+    def __init__(self) -> None:
+        self.conditions: list[str] = []
+        self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS}
+
+    def add(self, condition: str) -> None:
+        if condition not in self.conditions:
+            self.conditions.append(condition)
+
+    def constant(self, value: Any) -> str:
+        """``value`` as text: a literal, a torch dtype, or a name bound in the guard's globals."""
+        if isinstance(value, _LITERAL_TYPES) and repr(value) not in ("nan", "inf", "-inf"):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return str(value)
+        if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+            return repr(tuple(value))
+        for name, known in self.env.items():
+            if known is value:
+                return name
+        name = f"E{sum(n.startswith('E') for n in self.env)}"
+        self.env[name] = value
+        return name
+
+    # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
+
+    def tensor_match(self, source: Source, t: torch.Tensor) -> None:
+        """Type, shape, strides, dtype, device and requires_grad of a tensor."""
+        v = source.name()
+        cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
+        self.add(f"type({v}) is {cls}")
+        self.add(f"{v}.shape == {tuple(t.shape)!r}")
+        self.add(f"{v}.stride() == {tuple(t.stride())!r}")
+        self.add(f"{v}.dtype == {t.dtype}")
+        self.add(f"{v}.device == {self.constant(t.device)}")
+        self.add(f"{v}.requires_grad is {t.requires_grad}")
+
+    def constant_match(self, source: Source, value: Any) -> None:
+        """A Python value, by type and value (``True == 1``, so the type is checked too)."""
+        v = source.name()
+        if value is None or isinstance(value, bool):
+            self.add(f"{v} is {value!r}")
+            return
+        cls = type(value).__name__ if type(value) in (int, float, str) else self.constant(type(value))
+        self.add(f"type({v}) is {cls}")
+        self.add(f"{v} == {self.constant(value)}")
+
+    def id_match(self, source: Source, value: Any) -> None:
+        """The very same object (functions, classes, modules of Python code)."""
+        self.add(f"{source.name()} is {self.constant(value)}")
+
+    def type_match(self, source: Source, value: Any) -> None:
+        """An object of the same class (nn.Modules, user objects, lists, dicts)."""
+        self.add(f"type({source.name()}) is {self.constant(type(value))}")
+
+    def length_match(self, source: Source, n: int) -> None:
+        self.add(f"len({source.name()}) == {n}")
+
+    def dict_keys_match(self, source: Source, keys: list) -> None:
+        self.add(f"list({source.name()}.keys()) == {self.constant(list(keys))}")
+
+    def alias_match(self, a: Source, b: Source, same: bool) -> None:
+        """Which tensor arguments are the same object (``a.add_(1); return c * 2``)."""
+        self.add(f"{a.name()} {'is' if same else 'is not'} {b.name()}")
+
+    def global_state(self) -> None:
+        """Grad mode, autocast state and the default dtype, as they are now."""
+        self.add(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}")
+        for device in ("cpu", "cuda"):
+            on = torch.is_autocast_enabled(device)
+            self.add(f"torch.is_autocast_enabled({device!r}) is {on}")
+            if on:
+                self.add(f"torch.get_autocast_dtype({device!r}) == {torch.get_autocast_dtype(device)}")
+        self.add(f"torch.get_default_dtype() == {torch.get_default_dtype()}")
+
+    def compile(self) -> Callable[[dict, dict], bool]:
+        """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
+        return compile_check(self.conditions, self.env)
+
+
+def compile_check(conditions: list[str], env: dict[str, Any]) -> Callable[[dict, dict], bool]:
+    body = "\n            and ".join(conditions) or "True"
+    source = (
+        "def check(L, G):\n"
+        "    try:\n"
+        f"        return (\n            {body}\n        )\n"
+        "    except Exception:  # a missing attribute or key: the guard fails\n"
+        "        return False\n"
+    )
+    scope = dict(env)
+    exec(compile(source, "<toycomp guards>", "exec"), scope)
+    check = scope["check"]
+    check.source = source
+    check.conditions = list(conditions)
+    check.failing_guard = lambda L, G: first_failing(conditions, env, L, G)
+    return check
+
+
+def first_failing(conditions: list[str], env: dict, L: dict, G: dict) -> str | None:
+    """The text of the first condition that does not hold for ``L``, ``G`` (None: all hold)."""
+    for cond in conditions:
+        try:
+            ok = eval(cond, dict(env), {"L": L, "G": G})  # noqa: S307 (our own guard text)
+        except Exception:
+            ok = False
+        if not ok:
+            return cond
+    return None

@@ -1,0 +1,657 @@
+"""The opcode table: bytecode instruction name -> how the symbolic interpreter runs it.
+
+Each handler takes the translator ``tx`` and one ``dis.Instruction`` and moves variable trackers
+between ``tx.stack`` and ``tx.symbolic_locals``, exactly as CPython's ``ceval`` moves real values.
+An opcode missing from ``HANDLERS`` is a graph break whose reason names it.
+
+>>> import dis
+>>> sorted(op for op in HANDLERS if op.startswith("LOAD_F"))[:3]
+['LOAD_FAST', 'LOAD_FAST_AND_CLEAR', 'LOAD_FAST_CHECK']
+
+How each Python version's bytecode is handled (one table, keyed by opname; ``dis`` already turns
+every jump's argument into an absolute target offset, ``inst.argval``, in every version):
+
+=================================  ======  ============================================
+opnames                            python  handling
+=================================  ======  ============================================
+BINARY_ADD, INPLACE_ADD, ...       3.10    one ``operator`` function per opcode
+BINARY_OP (argrepr '+', '+=')      3.11+   ``BINARY_OPS[argrepr]``
+CALL_FUNCTION[_KW], CALL_METHOD    3.10    callable below the arguments; LOAD_METHOD pushes
+                                           (NULL, fn) or (method, self)
+PRECALL + CALL, KW_NAMES           3.11    NULL *below* the callable (PUSH_NULL, LOAD_GLOBAL
+                                           with arg & 1); PRECALL does nothing here
+CALL, KW_NAMES; LOAD_ATTR arg & 1  3.12    as 3.11 without PRECALL; LOAD_METHOD folded into
+                                           LOAD_ATTR; LOAD_SUPER_ATTR for ``super().x``
+CALL, CALL_KW                      3.13    NULL *above* the callable (``callable,
+                                           self_or_null, args``); names on the stack
+POP_JUMP_IF_* (absolute)           3.10    ``inst.argval`` is the target
+POP_JUMP_FORWARD/BACKWARD_IF_*     3.11    same handler as POP_JUMP_IF_*
+POP_JUMP_IF_*, TO_BOOL             3.12+   TO_BOOL keeps a tensor on the stack, so the jump
+                                           breaks the graph (not the conversion)
+FOR_ITER                           3.10-11 exhausted: pop the iterator, jump to target
+FOR_ITER, END_FOR                  3.12    exhausted: pop, jump past END_FOR
+FOR_ITER, END_FOR, POP_TOP         3.13    exhausted: pop, jump past END_FOR and POP_TOP
+ROT_N, DUP_TOP[_TWO]               3.10    stack shuffles
+COPY, SWAP                         3.11+   stack shuffles
+SETUP_WITH, POP_BLOCK              3.10    ``with`` (block stack counted: no break inside)
+BEFORE_WITH                        3.11+   ``with`` (exception table: no break inside)
+MAKE_FUNCTION (flags)              3.10-12 3.10 also pops the qualname
+MAKE_FUNCTION, SET_FUNCTION_ATTR.  3.13    flags set one by one
+FORMAT_VALUE                       3.10-12 f-strings
+FORMAT_SIMPLE/WITH_SPEC, CONVERT_  3.13    f-strings
+LOAD_FAST_AND_CLEAR, ..._CHECK     3.12+   inlined comprehensions (PEP 709)
+LOAD_FAST_LOAD_FAST, STORE_FAST_*  3.13    two locals in one instruction
+RETURN_CONST, BINARY/STORE_SLICE   3.12+
+=================================  ======  ============================================
+
+Only 3.11 runs in CI; the other rows follow CPython's ``dis`` documentation.
+
+NB: in PyTorch this lives in torch/_dynamo/symbolic_convert.py (one method per opcode on
+InstructionTranslatorBase, e.g. ``def LOAD_FAST(self, inst)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+import sys
+
+from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
+from toycomp.capture.variables.builtin import BuiltinVariable
+from toycomp.capture.variables.functions import NestedUserFunctionVariable
+from toycomp.capture.variables.lists import (
+    DictVariable,
+    ListIteratorVariable,
+    ListVariable,
+    TupleVariable,
+)
+from toycomp.capture.variables.objects import SuperVariable
+from toycomp.capture.variables.tensor import TensorVariable
+from toycomp.capture.variables.torch import WithExitFunctionVariable
+
+PY = sys.version_info[:2]
+BINARY_OPS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_, "|": operator.or_,
+    "^": operator.xor,
+}
+BINARY_OPS |= {k + "=": getattr(operator, "i" + v.__name__.rstrip("_")) for k, v in BINARY_OPS.items()}
+NAMES_310 = {"ADD": "+", "SUBTRACT": "-", "MULTIPLY": "*", "TRUE_DIVIDE": "/",
+             "FLOOR_DIVIDE": "//", "MODULO": "%", "POWER": "**", "MATRIX_MULTIPLY": "@",
+             "LSHIFT": "<<", "RSHIFT": ">>", "AND": "&", "OR": "|", "XOR": "^"}
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
+HANDLERS = {}
+
+
+def handles(*names):
+    def register(fn):
+        for name in names:
+            HANDLERS[name] = fn
+        return fn
+    return register
+
+
+def call(tx, fn, args, kwargs=None):
+    return fn.call_function(tx, list(args), kwargs or {})
+
+
+def builtin(tx, fn, *args):
+    return BuiltinVariable(fn).call_function(tx, list(args), {})
+
+
+# ----- do-nothing instructions --------------------------------------------------------------
+
+@handles("NOP", "RESUME", "PRECALL", "MAKE_CELL", "COPY_FREE_VARS", "CACHE", "EXTENDED_ARG",
+         "GEN_START")
+def nop(tx, inst):
+    pass
+
+
+# ----- locals, constants, globals, cells ----------------------------------------------------
+
+@handles("LOAD_FAST", "LOAD_FAST_CHECK")
+def load_fast(tx, inst):
+    if inst.argval not in tx.symbolic_locals:
+        raise Unsupported(f"local {inst.argval!r} read before assignment")
+    tx.push(tx.symbolic_locals[inst.argval])
+
+
+@handles("LOAD_FAST_AND_CLEAR")
+def load_fast_and_clear(tx, inst):
+    tx.push(tx.symbolic_locals.pop(inst.argval, NULL))
+
+
+@handles("LOAD_FAST_LOAD_FAST")
+def load_fast_load_fast(tx, inst):
+    for name in inst.argval:
+        tx.push(tx.symbolic_locals[name])
+
+
+@handles("STORE_FAST")
+def store_fast(tx, inst):
+    value = tx.pop()
+    if value is NULL:  # end of an inlined comprehension: the name was unbound before
+        tx.symbolic_locals.pop(inst.argval, None)
+    else:
+        tx.symbolic_locals[inst.argval] = value
+
+
+@handles("STORE_FAST_STORE_FAST")
+def store_fast_store_fast(tx, inst):
+    for name in inst.argval:
+        tx.symbolic_locals[name] = tx.pop()
+
+
+@handles("STORE_FAST_LOAD_FAST")
+def store_fast_load_fast(tx, inst):
+    store, load = inst.argval
+    tx.symbolic_locals[store] = tx.pop()
+    tx.push(tx.symbolic_locals[load])
+
+
+@handles("DELETE_FAST")
+def delete_fast(tx, inst):
+    tx.symbolic_locals.pop(inst.argval, None)
+
+
+@handles("LOAD_CONST")
+def load_const(tx, inst):
+    tx.push(ConstantVariable(inst.argval))
+
+
+@handles("LOAD_GLOBAL")
+def load_global(tx, inst):
+    null_first = PY >= (3, 11) and PY < (3, 13) and inst.arg & 1
+    if null_first:
+        tx.push(NULL)
+    tx.push(tx.load_global(inst.argval))
+    if PY >= (3, 13) and inst.arg & 1:
+        tx.push(NULL)
+
+
+@handles("STORE_GLOBAL")
+def store_global(tx, inst):
+    tx.store_global(inst.argval, tx.pop())
+
+
+@handles("LOAD_DEREF", "LOAD_CLASSDEREF")
+def load_deref(tx, inst):
+    tx.push(tx.load_deref(inst.argval))
+
+
+@handles("STORE_DEREF")
+def store_deref(tx, inst):
+    tx.store_deref(inst.argval, tx.pop())
+
+
+@handles("LOAD_CLOSURE")
+def load_closure(tx, inst):
+    tx.push(tx.cells[inst.argval])
+
+
+@handles("IMPORT_NAME")
+def import_name(tx, inst):
+    tx.popn(2)
+    if "." in inst.argval:
+        raise Unsupported(f"import of a dotted name {inst.argval}")
+    tx.push(tx.output.wrap(importlib.import_module(inst.argval), None, guard=False))
+
+
+@handles("IMPORT_FROM")
+def import_from(tx, inst):
+    tx.push(tx.stack[-1].var_getattr(tx, inst.argval))
+
+
+# ----- the stack ----------------------------------------------------------------------------
+
+@handles("POP_TOP")
+def pop_top(tx, inst):
+    tx.pop()
+
+
+@handles("COPY")
+def copy(tx, inst):
+    tx.push(tx.stack[-inst.arg])
+
+
+@handles("SWAP")
+def swap(tx, inst):
+    tx.stack[-1], tx.stack[-inst.arg] = tx.stack[-inst.arg], tx.stack[-1]
+
+
+@handles("ROT_TWO", "ROT_THREE", "ROT_FOUR", "ROT_N")
+def rot(tx, inst):
+    n = {"ROT_TWO": 2, "ROT_THREE": 3, "ROT_FOUR": 4}.get(inst.opname, inst.arg)
+    tx.stack[-n:] = [tx.stack[-1], *tx.stack[-n:-1]]
+
+
+@handles("DUP_TOP")
+def dup_top(tx, inst):
+    tx.push(tx.stack[-1])
+
+
+@handles("DUP_TOP_TWO")
+def dup_top_two(tx, inst):
+    tx.stack += tx.stack[-2:]
+
+
+# ----- operators ----------------------------------------------------------------------------
+
+@handles("BINARY_OP")
+def binary_op(tx, inst):
+    b, a = tx.pop(), tx.pop()
+    tx.push(builtin(tx, BINARY_OPS[inst.argrepr], a, b))
+
+
+def _binary_310(opname):
+    prefix, _, name = opname.partition("_")
+    symbol = NAMES_310[name] + ("=" if prefix == "INPLACE" else "")
+
+    def handler(tx, inst):
+        b, a = tx.pop(), tx.pop()
+        tx.push(builtin(tx, BINARY_OPS[symbol], a, b))
+    return handler
+
+
+for _name in NAMES_310:
+    HANDLERS[f"BINARY_{_name}"] = _binary_310(f"BINARY_{_name}")
+    HANDLERS[f"INPLACE_{_name}"] = _binary_310(f"INPLACE_{_name}")
+
+
+@handles("COMPARE_OP")
+def compare_op(tx, inst):
+    b, a = tx.pop(), tx.pop()
+    tx.push(builtin(tx, COMPARE_OPS[inst.argval.replace("bool(", "").rstrip(")")], a, b))
+
+
+@handles("IS_OP")
+def is_op(tx, inst):
+    b, a = tx.pop(), tx.pop()
+    tx.push(builtin(tx, operator.is_not if inst.arg else operator.is_, a, b))
+
+
+@handles("CONTAINS_OP")
+def contains_op(tx, inst):
+    container, item = tx.pop(), tx.pop()
+    found = builtin(tx, operator.contains, container, item)
+    tx.push(ConstantVariable(not found.as_python_constant()) if inst.arg else found)
+
+
+@handles("UNARY_NEGATIVE", "UNARY_POSITIVE", "UNARY_INVERT")
+def unary(tx, inst):
+    fn = {"UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
+          "UNARY_INVERT": operator.invert}[inst.opname]
+    tx.push(builtin(tx, fn, tx.pop()))
+
+
+@handles("UNARY_NOT")
+def unary_not(tx, inst):
+    tx.push(ConstantVariable(not tx.pop().truth(tx)))
+
+
+@handles("TO_BOOL")
+def to_bool(tx, inst):
+    if not isinstance(tx.stack[-1], TensorVariable):  # a tensor stays: the jump breaks
+        tx.push(ConstantVariable(tx.pop().truth(tx)))
+
+
+@handles("CALL_INTRINSIC_1")
+def call_intrinsic_1(tx, inst):
+    if inst.argrepr == "INTRINSIC_LIST_TO_TUPLE":
+        tx.push(TupleVariable(tx.pop().unpack_var_sequence(tx)))
+    elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
+        tx.push(builtin(tx, operator.pos, tx.pop()))
+    else:
+        raise Unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
+
+
+# ----- containers and attributes ------------------------------------------------------------
+
+@handles("BINARY_SUBSCR")
+def binary_subscr(tx, inst):
+    key, obj = tx.pop(), tx.pop()
+    tx.push(builtin(tx, operator.getitem, obj, key))
+
+
+@handles("BINARY_SLICE")
+def binary_slice(tx, inst):
+    end, start, obj = tx.pop(), tx.pop(), tx.pop()
+    key = ConstantVariable(slice(start.as_python_constant(), end.as_python_constant()))
+    tx.push(builtin(tx, operator.getitem, obj, key))
+
+
+@handles("STORE_SUBSCR")
+def store_subscr(tx, inst):
+    key, obj, value = tx.pop(), tx.pop(), tx.pop()
+    builtin(tx, operator.setitem, obj, key, value)
+
+
+@handles("STORE_SLICE")
+def store_slice(tx, inst):
+    end, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
+    key = ConstantVariable(slice(start.as_python_constant(), end.as_python_constant()))
+    builtin(tx, operator.setitem, obj, key, value)
+
+
+@handles("DELETE_SUBSCR")
+def delete_subscr(tx, inst):
+    key, obj = tx.pop(), tx.pop()
+    builtin(tx, operator.delitem, obj, key)
+
+
+@handles("BUILD_TUPLE", "BUILD_LIST")
+def build_sequence(tx, inst):
+    items = tx.popn(inst.arg)
+    tx.push((TupleVariable if inst.opname == "BUILD_TUPLE" else ListVariable)(items))
+
+
+@handles("BUILD_MAP")
+def build_map(tx, inst):
+    flat = tx.popn(2 * inst.arg)
+    tx.push(DictVariable({k.as_python_constant(): v for k, v in zip(flat[::2], flat[1::2])}))
+
+
+@handles("BUILD_CONST_KEY_MAP")
+def build_const_key_map(tx, inst):
+    keys = tx.pop().as_python_constant()
+    tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
+
+
+@handles("BUILD_SLICE")
+def build_slice(tx, inst):
+    parts = [v.as_python_constant() for v in tx.popn(inst.arg)]
+    tx.push(ConstantVariable(slice(*parts)))
+
+
+@handles("LIST_APPEND")
+def list_append(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "append", [value], {})
+
+
+@handles("LIST_EXTEND")
+def list_extend(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "extend", [value], {})
+
+
+@handles("MAP_ADD")
+def map_add(tx, inst):
+    value, key = tx.pop(), tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "__setitem__", [key, value], {})
+
+
+@handles("DICT_UPDATE", "DICT_MERGE")
+def dict_update(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "update", [value], {})
+
+
+@handles("LIST_TO_TUPLE")
+def list_to_tuple(tx, inst):
+    tx.push(TupleVariable(tx.pop().unpack_var_sequence(tx)))
+
+
+@handles("UNPACK_SEQUENCE")
+def unpack_sequence(tx, inst):
+    items = tx.pop().unpack_var_sequence(tx)
+    if len(items) != inst.arg:
+        raise Unsupported(f"unpacking {len(items)} values into {inst.arg}")
+    tx.stack += reversed(items)
+
+
+@handles("UNPACK_EX")
+def unpack_ex(tx, inst):
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = tx.pop().unpack_var_sequence(tx)
+    middle = ListVariable(items[before:len(items) - after])
+    tx.stack += reversed([*items[:before], middle, *items[len(items) - after:]])
+
+
+@handles("LOAD_ATTR")
+def load_attr(tx, inst):
+    obj = tx.pop()
+    attr = obj.var_getattr(tx, inst.argval)
+    if PY >= (3, 12) and inst.arg & 1:  # a method load: (NULL, bound) / 3.13 (bound, NULL)
+        tx.stack += [attr, NULL] if PY >= (3, 13) else [NULL, attr]
+    else:
+        tx.push(attr)
+
+
+@handles("LOAD_METHOD")
+def load_method(tx, inst):
+    obj = tx.pop()
+    tx.stack += [NULL, obj.var_getattr(tx, inst.argval)]
+
+
+@handles("LOAD_SUPER_ATTR")
+def load_super_attr(tx, inst):
+    self_var, cls, _super = tx.pop(), tx.pop(), tx.pop()
+    attr = SuperVariable(cls.as_python_constant(), self_var).var_getattr(tx, inst.argval)
+    if inst.arg & 1:
+        tx.stack += [attr, NULL] if PY >= (3, 13) else [NULL, attr]
+    else:
+        tx.push(attr)
+
+
+@handles("STORE_ATTR")
+def store_attr(tx, inst):
+    obj, value = tx.pop(), tx.pop()
+    if not hasattr(obj, "setattr"):
+        raise Unsupported(f"attribute store on {obj}")
+    obj.setattr(tx, inst.argval, value)
+
+
+# ----- f-strings ------------------------------------------------------------------------------
+
+def _format(tx, value, conversion, spec):
+    if isinstance(value, TensorVariable):
+        raise Unsupported("formatting a tensor reads its data")
+    text = {None: lambda v: v, "s": str, "r": repr, "a": ascii}[conversion](value.as_python_constant())
+    return ConstantVariable(format(text, spec))
+
+
+@handles("FORMAT_VALUE")
+def format_value(tx, inst):
+    spec = tx.pop().as_python_constant() if inst.arg & 0x04 else ""
+    conversion = {0: None, 1: "s", 2: "r", 3: "a"}[inst.arg & 0x03]
+    tx.push(_format(tx, tx.pop(), conversion, spec))
+
+
+@handles("FORMAT_SIMPLE")
+def format_simple(tx, inst):
+    tx.push(_format(tx, tx.pop(), None, ""))
+
+
+@handles("FORMAT_WITH_SPEC")
+def format_with_spec(tx, inst):
+    spec = tx.pop().as_python_constant()
+    tx.push(_format(tx, tx.pop(), None, spec))
+
+
+@handles("CONVERT_VALUE")
+def convert_value(tx, inst):
+    tx.push(_format(tx, tx.pop(), {1: "s", 2: "r", 3: "a"}[inst.arg], ""))
+
+
+@handles("BUILD_STRING")
+def build_string(tx, inst):
+    tx.push(ConstantVariable("".join(v.as_python_constant() for v in tx.popn(inst.arg))))
+
+
+# ----- calls --------------------------------------------------------------------------------
+
+def pop_call_operands(tx, inst):
+    """Pop a call instruction's operands: ``(callable, args, kwargs)``, in every version's
+    stack layout. Also used by the graph break at a call (the call then runs in Python)."""
+    name = inst.opname
+    if name == "CALL_FUNCTION_EX":
+        kwargs = tx.pop().items if inst.arg & 1 else {}
+        args = tx.pop().unpack_var_sequence(tx)
+        if PY >= (3, 13):
+            tx.pop()  # NULL or self above the callable
+        fn = tx.pop()
+        if (3, 11) <= PY < (3, 13) and tx.stack and tx.stack[-1] is NULL:
+            tx.pop()
+        return fn, list(args), dict(kwargs)
+    names = ()
+    if name in ("CALL_FUNCTION_KW", "CALL_KW"):
+        names = tx.pop().as_python_constant()
+    elif name == "CALL" and tx.kw_names:
+        names, tx.kw_names = tx.kw_names, None
+    args = tx.popn(inst.arg)
+    if name == "CALL_FUNCTION" or name == "CALL_FUNCTION_KW":
+        fn = tx.pop()
+    else:
+        below, top = tx.popn(2)  # 3.10 CALL_METHOD / 3.11-12 CALL: NULL or method lies below
+        if PY >= (3, 13):
+            fn, self_or_null = below, top
+        else:
+            fn, self_or_null = (top, NULL) if below is NULL else (below, top)
+        if self_or_null is not NULL:
+            args = [self_or_null, *args]
+    split = len(args) - len(names)
+    return fn, args[:split], dict(zip(names, args[split:]))
+
+
+@handles("CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
+         "CALL_FUNCTION_EX")
+def call_op(tx, inst):
+    fn, args, kwargs = pop_call_operands(tx, inst)
+    tx.push(fn.call_function(tx, args, kwargs))
+
+
+@handles("KW_NAMES")
+def kw_names(tx, inst):
+    tx.kw_names = tuple(inst.argval)
+
+
+@handles("PUSH_NULL")
+def push_null(tx, inst):
+    tx.push(NULL)
+
+
+@handles("MAKE_FUNCTION")
+def make_function(tx, inst):
+    if PY <= (3, 10):
+        tx.pop()  # the qualified name
+    code = tx.pop().as_python_constant()
+    flags = inst.arg or 0
+    closure = tx.pop().unpack_var_sequence(tx) if flags & 0x08 else ()
+    if flags & 0x04:
+        tx.pop()  # annotations
+    kwdefaults = tx.pop().items if flags & 0x02 else {}
+    defaults = tx.pop().unpack_var_sequence(tx) if flags & 0x01 else []
+    tx.push(NestedUserFunctionVariable(code, tx.f_globals, list(defaults), dict(kwdefaults),
+                                       list(closure), code.co_qualname if PY >= (3, 11) else code.co_name))
+
+
+@handles("SET_FUNCTION_ATTRIBUTE")
+def set_function_attribute(tx, inst):
+    fn, value = tx.pop(), tx.pop()
+    if inst.arg == 0x08:
+        fn.closure = list(value.unpack_var_sequence(tx))
+    elif inst.arg == 0x02:
+        fn.kwdefaults = dict(value.items)
+    elif inst.arg == 0x01:
+        fn.defaults = list(value.unpack_var_sequence(tx))
+    tx.push(fn)
+
+
+@handles("RETURN_VALUE")
+def return_value(tx, inst):
+    tx.do_return(tx.pop())
+
+
+@handles("RETURN_CONST")
+def return_const(tx, inst):
+    tx.do_return(ConstantVariable(inst.argval))
+
+
+# ----- jumps and loops ------------------------------------------------------------------------
+
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP")
+def jump(tx, inst):
+    tx.jump(inst)
+
+
+POP_JUMPS = {  # opname suffix -> does the popped value make it jump?
+    "IF_TRUE": lambda tx, v: v.truth(tx),
+    "IF_FALSE": lambda tx, v: not v.truth(tx),
+    "IF_NONE": lambda tx, v: v.is_python_constant() and v.as_python_constant() is None,
+    "IF_NOT_NONE": lambda tx, v: not (v.is_python_constant() and v.as_python_constant() is None),
+}
+
+
+def pop_jump(tx, inst):
+    """``if``/``while`` on a popped value; a tensor value raises Unsupported (a graph break)."""
+    suffix = inst.opname[inst.opname.index("_IF_") + 1:]
+    if POP_JUMPS[suffix](tx, tx.pop()):
+        tx.jump(inst)
+
+
+for _dir in ("", "FORWARD_", "BACKWARD_"):
+    for _suffix in POP_JUMPS:
+        HANDLERS[f"POP_JUMP_{_dir}{_suffix}"] = pop_jump
+
+
+@handles("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP")
+def jump_or_pop(tx, inst):
+    truth = tx.stack[-1].truth(tx)
+    if truth == (inst.opname == "JUMP_IF_TRUE_OR_POP"):
+        tx.jump(inst)
+    else:
+        tx.pop()
+
+
+@handles("GET_ITER")
+def get_iter(tx, inst):
+    obj = tx.pop()
+    tx.push(obj if isinstance(obj, ListIteratorVariable)
+            else ListIteratorVariable(obj.unpack_var_sequence(tx)))
+
+
+@handles("FOR_ITER")
+def for_iter(tx, inst):
+    item = tx.stack[-1].next_item()
+    if item is not None:
+        tx.push(item)
+        return
+    tx.pop()
+    tx.jump(inst)
+    tx.ip += {(3, 12): 1}.get(PY, 2 if PY >= (3, 13) else 0)  # skip END_FOR (and POP_TOP)
+
+
+@handles("END_FOR")
+def end_for(tx, inst):
+    tx.popn(2 if PY == (3, 12) else 1)
+
+
+# ----- with blocks ----------------------------------------------------------------------------
+
+@handles("BEFORE_WITH", "SETUP_WITH")
+def before_with(tx, inst):
+    ctx = tx.pop()
+    if not hasattr(ctx, "enter"):
+        raise Unsupported(f"`with` on {ctx}")
+    tx.push(WithExitFunctionVariable(ctx))
+    tx.push(ctx.enter(tx))
+    if inst.opname == "SETUP_WITH":
+        tx.block_depth += 1
+
+
+@handles("SETUP_FINALLY")
+def setup_finally(tx, inst):
+    tx.block_depth += 1
+
+
+@handles("POP_BLOCK")
+def pop_block(tx, inst):
+    tx.block_depth -= 1
+
+
+@handles("LOAD_ASSERTION_ERROR", "RAISE_VARARGS")
+def raise_(tx, inst):
+    raise Unsupported("raising an exception")

@@ -1,0 +1,205 @@
+"""OutputGraph: the FX graph being built while tracing, on fake tensors, with its guards.
+
+The interpreter hands every tensor operation to ``create_call``, which adds one node to
+``self.graph`` and runs the operation on fake tensors (``FakeTensorMode``: metadata, no data) so
+the result's shape and dtype are known. Tensors read from outside become placeholders through
+``add_input``, which also guards their metadata and which arguments alias each other. Nothing
+here computes on the user's data, and no random numbers are drawn.
+
+>>> import torch
+>>> from toycomp.capture.sources import LocalSource
+>>> out = OutputGraph(lambda x: x, {})
+>>> x = out.wrap(torch.ones(2), LocalSource("x"))
+>>> y = out.create_call("call_function", torch.sin, [x], {})
+>>> y.example.shape, type(y.example).__name__
+(torch.Size([2]), 'FakeTensor')
+>>> out.graph_module([y]).code.strip().splitlines()[1]
+'    sin = torch.sin(l_x);  l_x = None'
+
+NB: in PyTorch this lives in torch/_dynamo/output_graph.py (OutputGraph, ``compile_subgraph``);
+the fake tensors are torch/_subclasses/fake_tensor.py.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from typing import Any
+
+import torch
+import torch.fx
+
+from toycomp import _torch_compat as compat
+from toycomp.capture.codegen import PyCodegen
+from toycomp.capture.guard_builder import GuardBuilder
+from toycomp.capture.side_effects_replay import SideEffects
+from toycomp.capture.sources import AttrSource, LocalSource, Source, placeholder_name
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.builder import VariableBuilder
+from toycomp.capture.variables.lists import (
+    BaseListVariable,
+    DictVariable,
+    ListVariable,
+    TupleVariable,
+)
+from toycomp.capture.variables.tensor import TensorVariable
+
+
+class OpaqueVariable(VariableTracker):
+    """A graph node whose value is not a tensor (the autocast state ``_enter_autocast`` returns)."""
+
+    def __init__(self, proxy):
+        self.proxy = proxy
+
+
+class OutputGraph:
+    """One graph under construction, for the frame of ``fn`` with globals ``f_globals``."""
+
+    def __init__(self, fn, f_globals: dict):
+        self.fn = fn
+        self.root_globals = f_globals
+        self.graph = torch.fx.Graph()
+        self.fake_mode = compat.fake_tensor_mode()
+        self.guards = GuardBuilder()
+        self.guards.global_state()
+        self.side_effects = SideEffects(self.check_replayable)
+        self.wrap = VariableBuilder(self)
+        self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []  # while tracing only
+        self.global_overrides: dict[tuple[int, str], VariableTracker] = {}
+        self.keep_alive: list = []  # objects whose id() the builder remembers
+        self.location = None  # (filename, lineno, function) of the instruction being traced
+        self.output = self  # lets ListVariable.items(tx) be called with this graph as ``tx``
+
+    # ----- inputs ---------------------------------------------------------------------------
+
+    def add_input(self, value: torch.Tensor, source: Source | None) -> TensorVariable:
+        """A tensor read from ``source``: a placeholder, with metadata and alias guards."""
+        if source is None:
+            raise Unsupported("a tensor read from a place with no source")
+        for other_source, other, var in self.inputs:
+            if other is value:
+                if is_argument(source) and is_argument(other_source):
+                    self.guards.alias_match(source, other_source, True)
+                return TensorVariable(var.proxy, var.example, source, var.cls)
+        self.guards.tensor_match(source, value)
+        if is_argument(source):
+            for other_source, _, _ in self.inputs:
+                if is_argument(other_source):
+                    self.guards.alias_match(source, other_source, False)
+        first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
+        with self.graph.inserting_before(first):
+            node = self.graph.placeholder(placeholder_name(source))
+        fake = self.fake_mode.from_tensor(value)
+        node.meta["example_value"] = fake
+        node.meta["source"] = source.name()
+        var = TensorVariable(node, fake, source, type(value))
+        self.inputs.append((source, value, var))
+        return var
+
+    # ----- calls ----------------------------------------------------------------------------
+
+    def create_call(self, kind: str, target, args: list, kwargs: dict, opaque: bool = False):
+        """Add ``target(*args, **kwargs)`` to the graph; run it on fakes for the result."""
+        node = self.graph.create_node(kind, target, tuple(self.as_node(a) for a in args),
+                                      {k: self.as_node(v) for k, v in kwargs.items()})
+        if self.location is not None:
+            filename, lineno, function = self.location
+            node.meta["stack_trace"] = f'  File "{filename}", line {lineno}, in {function}\n'
+            node.meta["source_line"] = f"{filename}:{lineno}"
+        if opaque:
+            return OpaqueVariable(node)
+        fake_args = [self.as_fake(a) for a in args]
+        fake_kwargs = {k: self.as_fake(v) for k, v in kwargs.items()}
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except Exception as e:
+            self.graph.erase_node(node)
+            name = target if isinstance(target, str) else getattr(target, "__name__", target)
+            raise Unsupported(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}") from e
+        return self.wrap_result(node, result)
+
+    def wrap_result(self, node, result) -> VariableTracker:
+        if isinstance(result, torch.Tensor):
+            node.meta["example_value"] = result
+            return TensorVariable(node, result)
+        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+            node.meta["example_value"] = result
+            items = [self.wrap_result(self.graph.call_function(operator.getitem, (node, i)), r)
+                     if isinstance(r, torch.Tensor) else ConstantVariable(r)
+                     for i, r in enumerate(result)]
+            fields = getattr(type(result), "_fields", None)
+            if fields:
+                return NamedTupleVariable(items, fields)
+            return (ListVariable if isinstance(result, list) else TupleVariable)(items)
+        if result is None:  # called for its effect (torch._C._set_grad_enabled): keep the node
+            return ConstantVariable(None)
+        self.graph.erase_node(node)  # metadata such as torch.numel(x): a constant
+        if isinstance(result, (int, float, bool, torch.Size, torch.dtype, torch.device, tuple)):
+            return ConstantVariable(result)
+        raise Unsupported(f"{node.target} returned a {type(result).__name__}")
+
+    def as_node(self, var):
+        return self._convert(var, lambda v: v.proxy)
+
+    def as_fake(self, var):
+        return self._convert(var, lambda v: v.example if isinstance(v, TensorVariable) else None)
+
+    def _convert(self, var, leaf):
+        if isinstance(var, (TensorVariable, OpaqueVariable)):
+            return leaf(var)
+        if isinstance(var, BaseListVariable):
+            items = [self._convert(v, leaf) for v in var.items(self)]
+            return tuple(items) if isinstance(var, TupleVariable) else items
+        if isinstance(var, DictVariable):
+            return {k: self._convert(v, leaf) for k, v in var.items.items()}
+        value = var.as_python_constant()
+        if isinstance(value, (int, float)) and type(value) not in (int, float, bool):
+            return value.item() if hasattr(value, "item") else float(value)  # numpy scalars
+        return value
+
+    # ----- finishing ------------------------------------------------------------------------
+
+    def check_replayable(self, record) -> None:
+        """Raise Unsupported now if ``record`` could not be written as Python later."""
+        record.codegen(PyCodegen())
+
+    def count_calls(self) -> int:
+        return sum(n.op in ("call_function", "call_method") for n in self.graph.nodes)
+
+    def graph_module(self, outputs: list[TensorVariable]) -> torch.fx.GraphModule:
+        """Close the graph: it returns ``outputs``' tensors, as a tuple."""
+        self.graph.output(tuple(v.proxy for v in outputs))
+        self.graph.lint()
+        return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+
+    def example_inputs(self) -> list[torch.Tensor]:
+        return [n.meta["example_value"] for n in self.graph.nodes if n.op == "placeholder"]
+
+    def input_sources(self) -> list[Source]:
+        return [source for source, _, var in self.inputs if var.source is source]
+
+
+class NamedTupleVariable(TupleVariable):
+    """A structseq such as ``torch.max(x, dim=0)``'s result: items and field names."""
+
+    def __init__(self, items, fields):
+        super().__init__(items)
+        self.fields = tuple(fields)
+
+    def var_getattr(self, tx, name):
+        if name in self.fields:
+            return self._items[self.fields.index(name)]
+        raise Unsupported(f"named tuple has no field {name!r}")
+
+
+def is_argument(source: Source) -> bool:
+    """Sources that are the frame's arguments (or items of them), not attributes of objects."""
+    while not isinstance(source, LocalSource):
+        if isinstance(source, AttrSource) or not hasattr(source, "base"):
+            return False
+        source = source.base
+    return True

@@ -1,0 +1,315 @@
+"""InstructionTranslator: a function's bytecode, interpreted on variable trackers -> a graph.
+
+The translator walks ``dis.get_instructions(code)`` with a value stack and a dict of locals, as
+CPython's ``ceval`` does, but every value is a variable tracker (toycomp/capture/variables/) and
+every tensor operation lands in the ``OutputGraph``. Calls to Python functions are inlined by
+a child translator on the callee's code. The root translator ends in one of two ways:
+
+* ``RETURN_VALUE``: ``self.plan`` is a ``Return`` of the value;
+* a graph break at step ``break_at``: ``self.plan`` is a ``Break`` with the live stack and
+  locals, which toycomp/capture/transformed_code.py turns into Python.
+
+>>> import torch
+>>> from toycomp.capture.output_graph import OutputGraph
+>>> def f(x, n):
+...     for i in range(n):
+...         x = x * 2
+...     return x
+>>> out = OutputGraph(f, f.__globals__)
+>>> tx = InstructionTranslator(f, {"x": torch.ones(3), "n": 2}, out)
+>>> tx.run()
+>>> tx.plan.value, out.count_calls()
+(TensorVariable(mul_1, (3,)), 2)
+
+[Note: graph breaks restart the trace]
+An instruction may fail half-way: ``helper(x)`` can add ten nodes and record a side effect
+before meeting ``print`` deep inside the helper. Rather than undoing that, the translator raises
+``BreakRequest(step)`` and the caller traces the frame again from the start with ``break_at=step``,
+stopping *before* that instruction with a clean state. Dynamo does the same (its
+``SpeculationLog`` restarts analysis after a failed instruction).
+
+NB: in PyTorch this lives in torch/_dynamo/symbolic_convert.py (InstructionTranslatorBase,
+InstructionTranslator, InliningInstructionTranslator).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import inspect
+import sys
+import types
+from dataclasses import dataclass, field
+
+from toycomp.capture.instructions import HANDLERS, pop_call_operands
+from toycomp.capture.sources import (
+    AttrSource,
+    BuiltinSource,
+    FunctionSource,
+    GetItemSource,
+    GlobalSource,
+    LocalSource,
+    cell_source,
+)
+from toycomp.capture.variables.base import (
+    NULL,
+    CellVariable,
+    SkipFrame,
+    Unsupported,
+    VariableTracker,
+)
+from toycomp.capture.variables.objects import SuperVariable
+
+MAX_INLINE_DEPTH = 32
+GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+class BreakRequest(Exception):
+    """Unsupported at root step ``step``: trace again and break there (see the Note above)."""
+
+    def __init__(self, step: int, reason: str, location):
+        super().__init__(reason)
+        self.step, self.reason, self.location = step, reason, location
+
+
+@dataclass
+class Return:
+    value: VariableTracker
+
+
+@dataclass
+class Break:
+    """The frame's state just before the instruction ``inst`` that could not be traced."""
+
+    inst: dis.Instruction
+    kind: str  # "call": run the call in Python; "jump": branch in Python; "step": rest eagerly
+    stack: list  # below the call's operands / the jump's condition
+    locals: dict
+    reason: str = ""
+    location: tuple = ()
+    call: tuple = ()  # (fn, args, kwargs) for "call"
+    condition: VariableTracker | None = None  # for "jump"
+    resume_offsets: list = field(default_factory=list)
+    cells: dict = field(default_factory=dict)  # cell variables holding a value
+
+
+class InstructionTranslatorBase:
+    """Interprets one code object; ``HANDLERS`` (toycomp/capture/instructions.py) do the work."""
+
+    def __init__(self, code, f_globals, symbolic_locals, closure, output, fn_source, parent=None):
+        if code.co_flags & GENERATOR_FLAGS:
+            raise Unsupported(f"{code.co_name} is a generator or coroutine")
+        self.code = code
+        self.f_globals = f_globals
+        self.symbolic_locals = dict(symbolic_locals)
+        self.output = output
+        self.fn_source = fn_source
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.instructions = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+        self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
+        self.stack: list[VariableTracker] = []
+        self.ip = 0
+        self.kw_names = None
+        self.block_depth = 0  # 3.10's SETUP_WITH / SETUP_FINALLY blocks
+        self.returned: VariableTracker | None = None
+        self.cells = self.make_cells(closure)
+
+    def make_cells(self, closure) -> dict[str, CellVariable]:
+        cells = {}
+        for name in self.code.co_cellvars:  # locals captured by inner functions
+            cells[name] = CellVariable(self.symbolic_locals.pop(name, None))
+        for i, (name, cell) in enumerate(zip(self.code.co_freevars, closure)):
+            if isinstance(cell, CellVariable):
+                cells[name] = cell
+            else:  # a real cell of a function defined outside: read lazily, with a source
+                var = CellVariable()
+                var.real = cell
+                var.source = self.fn_source and cell_source(self.fn_source, i)
+                cells[name] = var
+        return cells
+
+    # ----- the stack ------------------------------------------------------------------------
+
+    def push(self, var: VariableTracker) -> None:
+        assert isinstance(var, VariableTracker), var
+        self.stack.append(var)
+
+    def pop(self) -> VariableTracker:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[VariableTracker]:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, inst) -> None:
+        self.ip = self.index_of[inst.argval]
+
+    # ----- running --------------------------------------------------------------------------
+
+    def step(self) -> None:
+        inst = self.instructions[self.ip]
+        self.ip += 1
+        self.output.location = (self.code.co_filename, self.lineno(inst), self.code.co_name)
+        handler = HANDLERS.get(inst.opname)
+        if handler is None:
+            raise Unsupported(f"opcode {inst.opname} is not supported by toycomp "
+                              f"(Python {sys.version_info[0]}.{sys.version_info[1]})")
+        handler(self, inst)
+
+    def lineno(self, inst) -> int:
+        """The source line of ``inst`` (3.11+: its positions; 3.10: the last line start)."""
+        positions = getattr(inst, "positions", None)
+        if positions is not None and positions.lineno:
+            return positions.lineno
+        for earlier in reversed(self.instructions[: self.index_of[inst.offset] + 1]):
+            if isinstance(earlier.starts_line, int) and not isinstance(earlier.starts_line, bool):
+                return earlier.starts_line
+        return self.code.co_firstlineno
+
+    def run(self) -> None:
+        while self.returned is None:
+            self.step()
+
+    def do_return(self, value: VariableTracker) -> None:
+        self.returned = value
+
+    # ----- globals, cells, inlining -----------------------------------------------------------
+
+    def global_source(self, name):
+        if self.f_globals is self.output.root_globals:
+            return GlobalSource(name)
+        return self.fn_source and GetItemSource(AttrSource(self.fn_source, "__globals__"), name)
+
+    def load_global(self, name: str) -> VariableTracker:
+        key = (id(self.f_globals), name)
+        if key in self.output.global_overrides:
+            return self.output.global_overrides[key]
+        if name in self.f_globals:
+            return self.output.wrap(self.f_globals[name], self.global_source(name))
+        if hasattr(builtins, name):
+            return self.output.wrap(getattr(builtins, name), BuiltinSource(name), guard=False)
+        raise Unsupported(f"global name {name!r} is not defined")
+
+    def store_global(self, name: str, value: VariableTracker) -> None:
+        if self.f_globals is self.output.root_globals:
+            where = None
+        elif self.fn_source is not None:
+            where = AttrSource(self.fn_source, "__globals__")
+        else:
+            raise Unsupported(f"global store to {name!r} from a function without a source")
+        self.output.side_effects.record_store_global(where, name, value)
+        self.output.global_overrides[(id(self.f_globals), name)] = value
+
+    def load_deref(self, name: str) -> VariableTracker:
+        cell = self.cells[name]
+        if cell.contents is None and getattr(cell, "real", None) is not None:
+            try:
+                value = cell.real.cell_contents
+            except ValueError:
+                raise Unsupported(f"closure variable {name!r} is empty") from None
+            cell.contents = self.output.wrap(value, cell.source)
+        if cell.contents is None:
+            raise Unsupported(f"closure variable {name!r} read before assignment")
+        return cell.contents
+
+    def store_deref(self, name: str, value: VariableTracker) -> None:
+        cell = self.cells[name]
+        if getattr(cell, "real", None) is not None:
+            raise Unsupported(f"nonlocal store to {name!r}, a cell of a function defined outside")
+        cell.contents = value
+
+    def inline_call(self, code, f_globals, bound, closure, fn_source, name) -> VariableTracker:
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls ({name})")
+        child = InstructionTranslatorBase(code, f_globals, bound, closure, self.output,
+                                          fn_source, parent=self)
+        child.run()
+        return child.returned
+
+    def make_super(self, *args) -> SuperVariable:
+        if args:
+            return SuperVariable(args[0].as_python_constant(), args[1])
+        cls = self.load_deref("__class__").as_python_constant()
+        first = self.code.co_varnames[0]
+        obj = self.symbolic_locals.get(first) or self.cells[first].contents
+        return SuperVariable(cls, obj)
+
+
+CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
+            "CALL_FUNCTION_EX"}
+
+
+class InstructionTranslator(InstructionTranslatorBase):
+    """The root frame: its arguments come from the real call, and it may break the graph.
+
+    Args:
+        fn: the function (or resume function) being compiled.
+        frame_locals: its bound arguments, by name (what the guards call ``L``).
+        output: the OutputGraph to fill.
+        break_at: stop before this step and make a ``Break`` (see [Note: graph breaks ...]).
+        break_info: the reason and location of that break, from the first attempt.
+    """
+
+    def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
+        symbolic = {name: output.wrap(value, LocalSource(name))
+                    for name, value in frame_locals.items()}
+        super().__init__(fn.__code__, fn.__globals__, symbolic, list(fn.__closure__ or ()),
+                         output, FunctionSource())
+        self.steps = 0
+        self.break_at = break_at
+        self.break_info = break_info or ("", ())
+        self.plan: Return | Break | None = None
+        self.protected = exception_table_ranges(fn.__code__)
+
+    def run(self) -> None:
+        while self.plan is None:
+            if self.steps == self.break_at:
+                self.plan = self.make_break()
+                return
+            self.steps += 1
+            try:
+                self.step()
+            except Unsupported as e:
+                raise BreakRequest(self.steps - 1, e.reason, self.output.location) from e
+
+    def do_return(self, value):
+        self.plan = Return(value)
+
+    def make_break(self) -> Break:
+        """The state before instruction ``ip``, split into what runs in Python and the rest."""
+        inst = self.instructions[self.ip]
+        reason, location = self.break_info
+        if self.block_depth or any(lo <= inst.offset < hi for lo, hi in self.protected):
+            raise SkipFrame(f"graph break inside a try/with block: {reason}")
+        nxt = self.instructions[self.ip + 1].offset if self.ip + 1 < len(self.instructions) else None
+        plan = self.break_plan(inst, nxt, reason, location)
+        plan.cells = self.live_cells()
+        return plan
+
+    def break_plan(self, inst, nxt, reason, location) -> Break:
+        if inst.opname in CALL_OPS:
+            call = pop_call_operands(self, inst)
+            return Break(inst, "call", list(self.stack), dict(self.symbolic_locals), reason,
+                         location, call=call, resume_offsets=[nxt])
+        if inst.opname.startswith("POP_JUMP") and inst.opname.endswith(("TRUE", "FALSE")):
+            condition = self.pop()
+            targets = [nxt, inst.argval] if inst.opname.endswith("FALSE") else [inst.argval, nxt]
+            return Break(inst, "jump", list(self.stack), dict(self.symbolic_locals), reason,
+                         location, condition=condition, resume_offsets=targets)
+        return Break(inst, "step", list(self.stack), dict(self.symbolic_locals), reason, location,
+                     resume_offsets=[inst.offset])
+
+    def live_cells(self) -> dict:
+        """Cell variables of this frame that hold a value (passed on to a resume function)."""
+        return {name: cell.contents for name, cell in self.cells.items()
+                if name in self.code.co_cellvars and cell.contents is not None}
+
+
+def exception_table_ranges(code) -> list[tuple[int, int]]:
+    """[start, end) offsets covered by a try/with handler (3.11+), where breaks are refused."""
+    entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
+    return [(e.start, e.end) for e in entries]

@@ -1,0 +1,169 @@
+"""The transformed function: what runs instead of ``fn``, written as readable Python.
+
+From a finished trace (toycomp/capture/symbolic_convert.py's ``Return`` or ``Break``) this module
+writes the function that replaces ``fn`` for inputs that pass the guards. For ``f`` below, traced
+on a tensor, it prints as::
+
+    def f(x):                        def __transformed_f(x):
+        y = x.sin()                      __graph_out = __compiled_fn_0(x)
+        LOG.append(1)                    __stack0 = __print_3
+        print(y)                         __arg0 = __graph_out[0]
+        return y.cos()                   __local_x = x
+                                         __local_y = __graph_out[0]
+                                         G['LOG'].append(1)
+                                         # graph break at f.py:4: print() is a graph break
+                                         __result = __stack0(__arg0)
+                                         return __resume_at_30(__result, __local_x, __local_y)
+
+1. call graph 0 (the torch operations traced so far, compiled by the backend);
+2. rebuild the frame's live values (stack and locals) from the graph's outputs, sources and
+   constants; 3. replay the side effects, in program order; 4. run the instruction that broke
+the graph in plain Python; 5. continue in the resume function, captured lazily on its first call.
+
+NB: in PyTorch this lives in torch/_dynamo/output_graph.py (``compile_and_call_fx_graph``,
+``codegen_suffix``) and symbolic_convert.py (``create_call_resume_at``); Dynamo writes bytecode,
+which ``depyf`` can decompile to text like the above.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from toycomp.capture.codegen import PyCodegen
+from toycomp.capture.resume_execution import make_resume_function
+from toycomp.capture.symbolic_convert import Break, Return
+from toycomp.capture.variables.base import NULL, Unsupported
+from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
+from toycomp.capture.variables.objects import NNModuleVariable
+
+
+@dataclass
+class TransformedCode:
+    """The transformed function, its Python text, and the graph it calls (if any)."""
+
+    fn: Callable
+    source: str
+    graph_module: Any = None  # torch.fx.GraphModule, or None when no torch op was traced
+    example_inputs: list = field(default_factory=list)
+    resume_functions: dict = field(default_factory=dict)  # name -> function
+
+
+def signature_text(code: types.CodeType) -> str:
+    """``fn``'s parameter list (without defaults): ``x, n, *args, scale, **kwargs``."""
+    names = code.co_varnames
+    n, nk = code.co_argcount, code.co_kwonlyargcount
+    params = list(names[:n])
+    i = n + nk
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append("*" + names[i])
+        i += 1
+    elif nk:
+        params.append("*")
+    params += names[n:n + nk]
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append("**" + names[i])
+    return ", ".join(params)
+
+
+def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_index: int):
+    """Write, compile and return the transformed function for one trace of ``fn``.
+
+    Args:
+        fn: the function (or resume function) that was traced.
+        plan: the translator's ``Return`` or ``Break``.
+        output: its OutputGraph.
+        compile_graph: ``(gm, example_fake_inputs) -> callable`` (the backend).
+        frame_compiler: ``function -> compiled function`` for resume functions and helpers.
+        graph_index: the number in ``__compiled_fn_<k>``.
+    """
+    cg = PyCodegen()
+    body: list[str] = []
+
+    def emit(expr: str, name: str) -> str:  # bind a rebuilt value to a temporary
+        body.extend(cg.lines)
+        cg.lines.clear()
+        body.append(f"{name} = {expr}")
+        return name
+
+    tail, resume = rebuild_frame(fn, plan, cg, emit, frame_compiler)
+    for record in output.side_effects.records:
+        line = record.codegen(cg)
+        body.extend(cg.lines)
+        cg.lines.clear()
+        body.append(line)
+    head, gm, examples = [], None, []
+    if output.count_calls():
+        gm = output.graph_module(cg.outputs)
+        examples = output.example_inputs()
+        compiled = compile_graph(gm, examples)
+        name = f"__compiled_fn_{graph_index}"
+        cg.env[name] = compiled
+        inputs = ", ".join(s.code() for s in output.input_sources())
+        head = [f"{'__graph_out = ' if cg.outputs else ''}{name}({inputs})"]
+    elif cg.outputs:
+        raise Unsupported("graph outputs without graph operations")
+    name = f"__transformed_{fn.__code__.co_name}"
+    lines = [f"def {name}({signature_text(fn.__code__)}):"]
+    lines += ["    " + line for line in head + body + tail]
+    source = "\n".join(lines) + "\n"
+    env = cg.env | resume | {"G": fn.__globals__, "B": vars(builtins), "F": fn,
+                                     "__compile_frame": frame_compiler}
+    exec(compile(source, f"<toycomp transformed {fn.__code__.co_name}>", "exec"), env)
+    new_fn = env[name]
+    new_fn.__defaults__, new_fn.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    return TransformedCode(new_fn, source, gm, examples, resume)
+
+
+def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
+    """The transformed function's last lines, and the resume functions they call."""
+    if isinstance(plan, Return):
+        return [f"return {emit(cg.reconstruct(plan.value), '__return_value')}"], {}
+    stack = [v if v is NULL else emit(cg.reconstruct(v), f"__stack{i}")
+             for i, v in enumerate(plan.stack)]
+    tail = [f"# graph break at {plan.location[0]}:{plan.location[1]}: {plan.reason}"
+            if plan.location else f"# graph break: {plan.reason}"]
+    if plan.kind == "call":
+        callee, args, kwargs = plan.call
+        call_expr = callable_expr(cg, callee, emit)
+        parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
+        parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
+        tail.append(f"__result = {call_expr}({', '.join(parts)})")
+        stack.append("__result")
+    live = {n: v for n, v in plan.locals.items() if not n.startswith("__stack")}  # prefix args
+    locals_ = {name: emit(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}
+    locals_ |= {name: emit(cg.reconstruct(v), f"__cell_{name}") for name, v in plan.cells.items()}
+    nulls = [v is NULL for v in stack]
+    args = ", ".join([s for s in stack if s is not NULL] + list(locals_.values()))
+    resume = {}
+    for offset in plan.resume_offsets:
+        resume_fn = make_resume_function(fn, offset, nulls, list(locals_))
+        name = resume_fn.__code__.co_name
+        resume[name] = resume_fn if plan.kind == "step" else frame_compiler(resume_fn)
+    names = list(resume)
+    if plan.kind == "jump":
+        cond = emit(cg.reconstruct(plan.condition), "__condition")
+        tail += [f"if {cond}:", f"    return {names[0]}({args})", f"return {names[1]}({args})"]
+    else:
+        tail.append(f"return {names[0]}({args})")
+    return tail, resume
+
+
+def callable_expr(cg, callee, emit) -> str:
+    """The called value at a break; Python functions are wrapped to be captured as frames."""
+    if isinstance(callee, (UserFunctionVariable, UserMethodVariable)):
+        fn = emit(reconstruct_function(cg, callee), "__callee")
+        return f"__compile_frame({fn})"
+    if isinstance(callee, NNModuleVariable) and callee.source is not None:
+        return f"__compile_frame({emit(cg.reconstruct(callee), '__callee')}.forward)"
+    return emit(cg.reconstruct(callee), "__callee")
+
+
+def reconstruct_function(cg, var) -> str:
+    fn = var.source.code() if var.source is not None else cg.constant(var.fn)
+    if isinstance(var, UserMethodVariable):
+        return f"{cg.constant(types.MethodType)}({cg.constant(var.fn)}, {cg.reconstruct(var.obj)})"
+    return fn

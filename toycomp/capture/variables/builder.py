@@ -1,0 +1,143 @@
+"""VariableBuilder: a real Python value read from a source -> a variable tracker + its guards.
+
+This is where the guards come from. Wrapping ``L['x']`` (a tensor) makes a graph input and guards
+its metadata; wrapping ``L['n']`` (an int) guards its value; wrapping ``G['helper']`` guards its
+identity; wrapping ``L['model']`` guards its type. The same real object read twice gives the same
+tracker, so a list appended to through two names stays one list.
+
+>>> import torch
+>>> from toycomp.capture.output_graph import OutputGraph
+>>> from toycomp.capture.sources import LocalSource
+>>> out = OutputGraph(lambda: None, {})
+>>> out.wrap(3, LocalSource("n"))
+ConstantVariable(3)
+>>> out.guards.conditions[-1]
+"L['n'] == 3"
+
+NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder, which calls
+``install_guards`` for each kind of value).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+import types
+from typing import Any
+
+import torch
+
+from toycomp.capture.sources import AttrSource, GetItemSource, Source
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.builtin import BuiltinVariable
+from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
+from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
+from toycomp.capture.variables.objects import (
+    NNModuleVariable,
+    PythonModuleVariable,
+    SkipFunctionVariable,
+    UserDefinedClassVariable,
+    UserDefinedObjectVariable,
+)
+from toycomp.capture.variables.torch import TorchVariable
+
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                  torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
+                  torch.layout)
+# Modules whose functions are never traced into: calling them is a graph break.
+SKIP_MODULES = ("numpy", "random", "scipy", "pandas", "time", "os", "sys", "logging", "warnings",
+                "copy", "pickle", "threading")
+BUILTIN_MODULES = (builtins, math, operator)
+
+
+def is_torch_function(value: Any) -> bool:
+    """Functions put in the graph as opaque calls: torch.*, F.*, torch.Tensor methods."""
+    module = getattr(value, "__module__", None) or ""
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
+    if module.startswith("torch.nn.modules") or module.startswith("torch._dynamo"):
+        return False
+    return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
+
+
+def is_skipped(value: Any) -> bool:
+    module = getattr(value, "__module__", None) or ""
+    return module.split(".")[0] in SKIP_MODULES
+
+
+class VariableBuilder:
+    """Wraps real values read from sources; ``output`` supplies guards and graph inputs."""
+
+    def __init__(self, output):
+        self.output = output
+        self.seen: dict[int, VariableTracker] = {}  # id(mutable object) -> its one tracker
+
+    def __call__(self, value: Any, source: Source | None, guard: bool = True) -> VariableTracker:
+        if isinstance(value, torch.Tensor):
+            return self.output.add_input(value, source)
+        if isinstance(value, CONSTANT_TYPES) and not isinstance(value, tuple):
+            if source is not None and guard:
+                self.output.guards.constant_match(source, value)
+            return ConstantVariable(value, source)
+        if id(value) in self.seen:
+            return self.seen[id(value)]
+        var = self.wrap_object(value, source, guard)
+        if isinstance(var, (ListVariable, DictVariable, UserDefinedObjectVariable)):
+            self.seen[id(value)] = var
+            self.output.keep_alive.append(value)
+        return var
+
+    def wrap_object(self, value, source, guard) -> VariableTracker:
+        g = self.output.guards if (source is not None) else None
+        if isinstance(value, tuple):
+            g and g.type_match(source, value)
+            g and g.length_match(source, len(value))
+            return TupleVariable([self(v, source and GetItemSource(source, i))
+                                  for i, v in enumerate(value)], source)
+        if isinstance(value, list):
+            g and g.type_match(source, value)
+            return ListVariable(None, source, value)
+        if isinstance(value, dict):
+            if not all(isinstance(k, (str, int)) for k in value):
+                raise Unsupported("a dict with keys that are not str or int")
+            g and g.type_match(source, value)
+            g and g.dict_keys_match(source, list(value))
+            return DictVariable({k: self(v, source and GetItemSource(source, k))
+                                 for k, v in value.items()}, source)
+        if isinstance(value, torch.nn.Module):
+            g and g.type_match(source, value)
+            return NNModuleVariable(value, source)
+        if isinstance(value, types.ModuleType):
+            return PythonModuleVariable(value, source)
+        return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_callable(self, value, source, g) -> VariableTracker:
+        if isinstance(value, type):
+            if value in vars(builtins).values():
+                return BuiltinVariable(value, source)
+            if is_torch_function(value):
+                return TorchVariable(value, source)
+            g and g.id_match(source, value)
+            return UserDefinedClassVariable(value, source)
+        if is_torch_function(value):
+            g and g.id_match(source, value)
+            return TorchVariable(value, source)
+        if getattr(value, "__module__", None) in ("builtins", "math", "_operator", "operator") \
+                or any(value is v for m in BUILTIN_MODULES for v in vars(m).values()):
+            return BuiltinVariable(value, source)
+        if is_skipped(value):
+            return SkipFunctionVariable(value, source)
+        if isinstance(value, types.FunctionType):
+            g and g.id_match(source, value)
+            return UserFunctionVariable(value, source)
+        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+            obj = self(value.__self__, source and AttrSource(source, "__self__"))
+            if g is not None:
+                g.id_match(AttrSource(source, "__func__"), value.__func__)
+            return UserMethodVariable(value.__func__, obj)
+        if callable(value) and not hasattr(value, "__dict__"):
+            return SkipFunctionVariable(value, source)
+        g and g.type_match(source, value)
+        return UserDefinedObjectVariable(value, source)
+

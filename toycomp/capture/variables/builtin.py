@@ -1,0 +1,265 @@
+"""Builtins and operators while tracing: ``len``, ``isinstance``, ``range``, ``a + b``, ...
+
+Each builtin has a rule: on Python constants it is simply evaluated (constant folding), on
+tensors it adds a graph node (``operator.add``), on containers it becomes a method of the tracker
+(``list + list`` -> ``ListVariable.__add__``). ``print`` and ``id`` are graph breaks.
+
+>>> from toycomp.capture.variables.base import ConstantVariable as C
+>>> BuiltinVariable(max).call_function(None, [C(3), C(7)], {}).as_python_constant()
+7
+>>> BuiltinVariable(operator.mul).call_function(None, [C(6), C(7)], {}).as_python_constant()
+42
+
+NB: in PyTorch this lives in torch/_dynamo/variables/builtin.py (BuiltinVariable, with one
+``call_<name>`` method per builtin).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.lists import (
+    BaseListVariable,
+    DictVariable,
+    ListIteratorVariable,
+    ListVariable,
+    TupleVariable,
+)
+from toycomp.capture.variables.tensor import TensorVariable
+
+# Builtins that may be evaluated when all their arguments are Python constants.
+PURE_BUILTINS = {
+    abs, all, any, bin, bool, chr, divmod, float, format, hash, hex, int, len, max, min, oct,
+    ord, pow, repr, round, sorted, str, sum, tuple, list, dict, set, frozenset, slice, range,
+    complex, enumerate, zip, reversed, callable,
+} | {v for v in vars(math).values() if callable(v)} | {
+    v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
+}
+# Operators whose tensor form is a graph node.
+TENSOR_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
+                    and k not in ("is_", "is_not", "not_", "truth", "contains", "countOf",
+                                  "indexOf", "attrgetter", "itemgetter", "methodcaller",
+                                  "length_hint", "call", "index")} | {abs}
+# Operators on containers: the tracker's method that does it.
+CONTAINER_METHODS = {operator.add: "__add__", operator.iadd: "__iadd__", operator.mul: "__mul__",
+                     operator.getitem: "__getitem__", operator.setitem: "__setitem__",
+                     operator.delitem: "__delitem__"}
+
+
+class BuiltinVariable(VariableTracker):
+    """A builtin function or operator (``len``, ``operator.add``, ``math.sqrt``...)."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        rule = RULES.get(self.fn)
+        if rule is not None:
+            return rule(tx, *args, **kwargs)
+        if any(isinstance(a, TensorVariable) for a in args):
+            if self.fn in TENSOR_OPERATORS:
+                return tx.output.create_call("call_function", self.fn, args, kwargs)
+            raise Unsupported(f"{self.fn.__name__}() on a tensor")
+        if self.fn in CONTAINER_METHODS and not all(a.is_python_constant() for a in args):
+            method = CONTAINER_METHODS[self.fn]
+            if method == "__iadd__" and isinstance(args[0], TupleVariable):
+                method = "__add__"
+            return args[0].call_method(tx, method, list(args[1:]), {})
+        return fold(self.fn, args, kwargs)
+
+    def reconstruct(self, codegen):
+        return codegen.constant(self.fn)
+
+    def __repr__(self):
+        return f"BuiltinVariable({getattr(self.fn, '__name__', self.fn)})"
+
+
+def fold(fn, args, kwargs) -> ConstantVariable:
+    """Evaluate a pure builtin on constant arguments."""
+    if fn not in PURE_BUILTINS:
+        raise Unsupported(f"builtin {getattr(fn, '__name__', fn)}")
+    try:
+        consts = [a.as_python_constant() for a in args]
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"{getattr(fn, '__name__', fn)}() on {args}") from None
+    return ConstantVariable(fn(*consts, **kw))
+
+
+def is_same(a: VariableTracker, b: VariableTracker) -> bool:
+    """``a is b`` while tracing: same tracker, same constant, or the same real object."""
+    if a is b:
+        return True
+    if a.is_python_constant() and b.is_python_constant() and not isinstance(a, BaseListVariable):
+        return a.as_python_constant() is b.as_python_constant()
+    if hasattr(a, "value") and hasattr(b, "value") and not isinstance(a, ConstantVariable):
+        return a.value is b.value
+    return False
+
+
+def _len(tx, obj):
+    return obj.call_method(tx, "__len__", [], {})
+
+
+def _isinstance(tx, obj, classinfo):
+    """Answered from the tracker's Python type, which the builder's guards pin down."""
+    return ConstantVariable(issubclass(obj.python_type(), classinfo.as_python_constant()))
+
+
+def _iter(tx, obj):
+    if isinstance(obj, ListIteratorVariable):
+        return obj
+    return ListIteratorVariable(obj.unpack_var_sequence(tx))
+
+
+def _next(tx, it, *default):
+    item = it.next_item() if isinstance(it, ListIteratorVariable) else None
+    if item is None:
+        if default:
+            return default[0]
+        raise Unsupported("next() on an exhausted iterator (StopIteration)")
+    return item
+
+
+def _enumerate(tx, seq, start=ConstantVariable(0)):
+    first = start.as_python_constant()
+    return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
+                                 for i, v in enumerate(seq.unpack_var_sequence(tx))])
+
+
+def _zip(tx, *seqs):
+    columns = [s.unpack_var_sequence(tx) for s in seqs]
+    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+
+
+def _map(tx, fn, *seqs):
+    columns = [s.unpack_var_sequence(tx) for s in seqs]
+    return ListIteratorVariable([fn.call_function(tx, list(row), {}) for row in zip(*columns)])
+
+
+def _sequence(kind):
+    def rule(tx, seq=None):
+        return kind([] if seq is None else list(seq.unpack_var_sequence(tx)))
+    return rule
+
+
+def _dict(tx, *args, **kwargs):
+    items = dict(args[0].items) if args and isinstance(args[0], DictVariable) else {}
+    if args and not isinstance(args[0], DictVariable):
+        for pair in args[0].unpack_var_sequence(tx):
+            k, v = pair.unpack_var_sequence(tx)
+            items[k.as_python_constant()] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+def _sum(tx, seq, start=ConstantVariable(0)):
+    total = start
+    for item in seq.unpack_var_sequence(tx):
+        total = BuiltinVariable(operator.add).call_function(tx, [total, item], {})
+    return total
+
+
+def _minmax(fn):
+    def rule(tx, *args, **kwargs):
+        if any(isinstance(a, TensorVariable) for a in args):
+            raise Unsupported(f"{fn.__name__}() of tensors compares their values")
+        if len(args) == 1 and not args[0].is_python_constant():
+            args = args[0].unpack_var_sequence(tx)
+        return fold(fn, args, kwargs)
+    return rule
+
+
+def _getattr(tx, obj, name, *default):
+    try:
+        return obj.var_getattr(tx, name.as_python_constant())
+    except Unsupported:
+        if default:
+            return default[0]
+        raise
+
+
+def _hasattr(tx, obj, name):
+    try:
+        obj.var_getattr(tx, name.as_python_constant())
+        return ConstantVariable(True)
+    except Unsupported:
+        if not hasattr(obj, "value"):
+            raise
+        return ConstantVariable(hasattr(obj.value, name.as_python_constant()))
+
+
+def _setattr(tx, obj, name, value):
+    if not hasattr(obj, "setattr"):
+        raise Unsupported(f"setattr on {obj}")
+    obj.setattr(tx, name.as_python_constant(), value)
+    return ConstantVariable(None)
+
+
+def _type(tx, obj):
+    return tx.output.wrap(obj.python_type(), None, guard=False)
+
+
+def _is(tx, a, b):
+    return ConstantVariable(is_same(a, b))
+
+
+def _is_not(tx, a, b):
+    return ConstantVariable(not is_same(a, b))
+
+
+def _not(tx, a):
+    return ConstantVariable(not a.truth(tx))
+
+
+def _bool(tx, a=ConstantVariable(False)):
+    return ConstantVariable(a.truth(tx))
+
+
+def _contains(tx, container, item):
+    return container.call_method(tx, "__contains__", [item], {})
+
+
+def _super(tx, *args):
+    return tx.make_super(*args)
+
+
+def _unsupported(reason):
+    def rule(tx, *args, **kwargs):
+        raise Unsupported(reason)
+    return rule
+
+
+def _eq(fn):
+    def rule(tx, a, b):
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            return tx.output.create_call("call_function", fn, [a, b], {})
+        if a.is_python_constant() and b.is_python_constant():
+            return fold(fn, [a, b], {})
+        same = is_same(a, b)
+        return ConstantVariable(same if fn is operator.eq else not same)
+    return rule
+
+
+RULES = {
+    len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
+    zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
+    dict: _dict, sum: _sum, min: _minmax(min), max: _minmax(max), getattr: _getattr,
+    hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
+    operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,
+    operator.contains: _contains, super: _super, operator.eq: _eq(operator.eq),
+    operator.ne: _eq(operator.ne),
+    print: _unsupported("print() is a graph break (as in Dynamo by default)"),
+    id: _unsupported("id() of a traced value"), input: _unsupported("input()"),
+    builtins.open: _unsupported("open()"),
+}

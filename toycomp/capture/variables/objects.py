@@ -1,0 +1,223 @@
+"""Objects while tracing: nn.Modules, user-defined objects and classes, Python modules, super().
+
+Attribute reads look where Python would (the instance, then the class) and wrap what they find
+with an ``AttrSource``, so each read becomes a guard: a float attribute by value, a function by
+identity, a parameter by its tensor metadata. Attribute *stores* are recorded as side effects
+and kept in ``overrides`` so later reads in the same trace see them.
+
+Example: tracing ``self.scale * x`` with ``m.scale = 2.0`` guards ``L['self'].scale == 2.0``;
+after ``m.scale = 10.0`` the guard fails and the function is recompiled.
+
+NB: in PyTorch this lives in torch/_dynamo/variables/nn_module.py (NNModuleVariable,
+UnspecializedNNModuleVariable), variables/user_defined.py (UserDefinedObjectVariable,
+UserDefinedClassVariable) and variables/misc.py (SuperVariable, PythonModuleVariable).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+from toycomp.capture.sources import AttrSource, GetItemSource
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
+from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
+
+
+class UserDefinedObjectVariable(VariableTracker):
+    """An instance of a Python class, read from a source (guarded by its type)."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+        self.overrides: dict[str, VariableTracker] = {}  # attributes stored while tracing
+
+    def python_type(self):
+        return type(self.value)
+
+    def var_getattr(self, tx, name):
+        if name in self.overrides:
+            return self.overrides[name]
+        if name == "__class__":
+            return tx.output.wrap(type(self.value), self.source and AttrSource(self.source, name))
+        found = self.instance_attr(tx, name)
+        if found is not None:
+            return found
+        return self.class_attr(tx, name)
+
+    def instance_attr(self, tx, name):
+        d = getattr(self.value, "__dict__", {})
+        if name in d:
+            return tx.output.wrap(d[name], self.source and AttrSource(self.source, name))
+        return None
+
+    def class_attr(self, tx, name):
+        """Look ``name`` up on the class (functions become bound methods, properties run)."""
+        cls = type(self.value)
+        try:
+            attr = inspect.getattr_static(cls, name)
+        except AttributeError:
+            raise Unsupported(f"{cls.__name__} has no attribute {name!r}") from None
+        fn_source = self.source and AttrSource(AttrSource(self.source, "__class__"), name)
+        if isinstance(attr, staticmethod):
+            return tx.output.wrap(attr.__func__, fn_source)
+        if isinstance(attr, classmethod):
+            return UserMethodVariable(attr.__func__, tx.output.wrap(cls, None), None)
+        if isinstance(attr, property):
+            getter_source = fn_source and AttrSource(fn_source, "fget")
+            return UserMethodVariable(attr.fget, self, getter_source).call_function(tx, [], {})
+        if isinstance(attr, types.FunctionType):
+            return UserMethodVariable(attr, self, fn_source)
+        if callable(attr) and not isinstance(attr, type):
+            raise Unsupported(f"method {cls.__name__}.{name} is not Python code")
+        return tx.output.wrap(getattr(self.value, name), self.source and AttrSource(self.source, name))
+
+    def setattr(self, tx, name, value):
+        if self.source is None:
+            raise Unsupported(f"attribute store on a {type(self.value).__name__} without a source")
+        tx.output.side_effects.record_setattr(self, name, value)
+        self.overrides[name] = value
+
+    def call_function(self, tx, args, kwargs):
+        return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({type(self.value).__name__})"
+
+
+class NNModuleVariable(UserDefinedObjectVariable):
+    """An ``nn.Module``: parameters and buffers are graph inputs, submodules are modules too."""
+
+    def instance_attr(self, tx, name):
+        m = self.value
+        for table in (m._parameters, m._buffers, m._modules):
+            if name in table:
+                return tx.output.wrap(table[name], self.source and AttrSource(self.source, name))
+        return super().instance_attr(tx, name)
+
+    def call_function(self, tx, args, kwargs):
+        m = self.value
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+            raise Unsupported(f"{type(m).__name__} has hooks")
+        return self.var_getattr(tx, "forward").call_function(tx, args, kwargs)
+
+    def submodules(self, tx):
+        """The children of a ModuleList / Sequential / ModuleDict, as trackers."""
+        base = self.source and AttrSource(self.source, "_modules")
+        return [tx.output.wrap(sub, base and GetItemSource(base, key))
+                for key, sub in self.value._modules.items()]
+
+    def call_method(self, tx, name, args, kwargs):
+        m = self.value
+        keys = list(m._modules)
+        if name == "__len__":
+            return ConstantVariable(len(m._modules))
+        if name == "__iter__":
+            items = self.submodules(tx) if not isinstance(m, torch.nn.ModuleDict) else keys
+            return ListIteratorVariable([ConstantVariable(k) for k in keys]
+                                        if isinstance(m, torch.nn.ModuleDict) else items)
+        if name == "__getitem__" and isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential,
+                                                    torch.nn.ModuleDict)):
+            index = args[0].as_python_constant()
+            subs = self.submodules(tx)
+            if isinstance(index, slice):
+                raise Unsupported("slicing a ModuleList")
+            return subs[keys.index(index) if isinstance(m, torch.nn.ModuleDict) else index]
+        if name in ("children", "values") and isinstance(m, (torch.nn.ModuleList,
+                                                             torch.nn.Sequential, torch.nn.ModuleDict)):
+            return TupleVariable(self.submodules(tx))
+        if name in ("keys", "items") and isinstance(m, torch.nn.ModuleDict):
+            subs = self.submodules(tx)
+            if name == "keys":
+                return TupleVariable([ConstantVariable(k) for k in keys])
+            return TupleVariable([TupleVariable([ConstantVariable(k), s]) for k, s in zip(keys, subs)])
+        if name in ("train", "eval", "register_buffer", "register_parameter", "apply", "to"):
+            raise Unsupported(f"nn.Module.{name}() inside the compiled function")
+        return super().call_method(tx, name, args, kwargs)
+
+    def unpack_var_sequence(self, tx):
+        return self.call_method(tx, "__iter__", [], {}).unpack_var_sequence(tx)
+
+
+class UserDefinedClassVariable(VariableTracker):
+    """A class (guarded by identity): usable in isinstance and attribute reads, not called."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        attr = inspect.getattr_static(self.value, name)
+        src = self.source and AttrSource(self.source, name)
+        if isinstance(attr, (staticmethod, classmethod)):
+            attr = attr.__func__
+            if isinstance(inspect.getattr_static(self.value, name), classmethod):
+                return UserMethodVariable(attr, self, None)
+        return tx.output.wrap(attr, src)
+
+    def call_function(self, tx, args, kwargs):
+        raise Unsupported(f"creating an object of user class {self.value.__qualname__}")
+
+
+class SuperVariable(VariableTracker):
+    """``super()`` inside a method: attribute lookup starts after ``cls`` in the object's MRO."""
+
+    def __init__(self, cls, obj: UserDefinedObjectVariable):
+        self.cls = cls
+        self.obj = obj
+
+    def var_getattr(self, tx, name):
+        mro = type(self.obj.value).__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return UserMethodVariable(attr, self.obj, None)
+                raise Unsupported(f"super().{name} is not a Python function")
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class PythonModuleVariable(VariableTracker):
+    """A Python module such as ``torch``, ``math`` or ``numpy`` (not guarded)."""
+
+    def __init__(self, value: types.ModuleType, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return types.ModuleType
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        if not hasattr(self.value, name):
+            raise Unsupported(f"module {self.value.__name__} has no attribute {name!r}")
+        value = getattr(self.value, name)
+        source = self.source and AttrSource(self.source, name)
+        return tx.output.wrap(value, source, guard=not callable(value))
+
+
+class SkipFunctionVariable(VariableTracker):
+    """A function toycomp does not trace into (numpy, random, C extensions): calling it is a
+    graph break whose reason names it."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def as_python_constant(self):
+        return self.value
+
+    def call_function(self, tx, args, kwargs):
+        module = getattr(self.value, "__module__", None) or type(self.value).__module__
+        name = getattr(self.value, "__qualname__", repr(self.value))
+        raise Unsupported(f"call to {module}.{name}: not traceable")

@@ -1,0 +1,146 @@
+"""torch functions and torch's context managers while tracing.
+
+A call to a torch function (``torch.sin``, ``F.relu``, ``torch.Tensor.add``) is put in the graph
+as one ``call_function`` node and run on fake tensors for its result's metadata. Functions that
+answer from global state (``torch.is_grad_enabled()``) are constants: the guards pin that state.
+``with torch.no_grad():`` and ``with torch.autocast(...)`` put their state changes in the graph
+(``torch._C._set_grad_enabled(False)``, ``_enter_autocast``/``_exit_autocast``) and change the
+state for real while tracing, so the fake results get the right ``requires_grad`` and dtype.
+
+Example: ``with torch.no_grad(): y = x * 2`` traces to::
+
+    _set_grad_enabled = torch._C._set_grad_enabled(False)
+    mul = x * 2
+    _set_grad_enabled_1 = torch._C._set_grad_enabled(True)
+
+NB: in PyTorch this lives in torch/_dynamo/variables/torch.py (TorchInGraphFunctionVariable) and
+torch/_dynamo/variables/ctx_manager.py (GradModeVariable, AutocastModeVariable).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.tensor import TensorVariable
+
+CONSTANT_FUNCTIONS = {torch.is_grad_enabled, torch.get_default_dtype, torch.is_autocast_enabled,
+                      torch.get_autocast_dtype, torch.Size, torch.device, torch.finfo, torch.iinfo,
+                      torch.is_inference_mode_enabled}
+UNSUPPORTED = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.save, torch.load,
+               torch.compile, torch.set_printoptions, torch.use_deterministic_algorithms,
+               torch.autograd.grad, torch.autograd.backward, torch.inference_mode,
+               torch.nn.Parameter, torch.Tensor, torch.Generator, torch.get_rng_state,
+               torch.set_rng_state}
+AUTOCAST = {torch.autocast, torch.amp.autocast}
+
+
+class TorchVariable(VariableTracker):
+    """A torch function or class; calling it adds a graph node (or a context manager)."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        return tx.output.wrap(getattr(self.value, name), None, guard=False)
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.value
+        if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
+            raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
+        if fn is torch.is_tensor:
+            return ConstantVariable(isinstance(args[0], TensorVariable))
+        if fn in CONSTANT_FUNCTIONS:
+            consts = [a.as_python_constant() for a in args]
+            return ConstantVariable(fn(*consts, **{k: v.as_python_constant() for k, v in kwargs.items()}))
+        if fn in (torch.no_grad, torch.enable_grad):
+            return GradModeVariable(fn is torch.enable_grad)
+        if fn is torch.set_grad_enabled:
+            return GradModeVariable(args[0].as_python_constant()).enter(tx, now=True)
+        if fn in AUTOCAST:
+            return AutocastVariable(args, kwargs)
+        if isinstance(fn, type):
+            raise Unsupported(f"creating a {fn.__qualname__}")
+        return tx.output.create_call("call_function", fn, args, kwargs)
+
+    def reconstruct(self, codegen):
+        return codegen.source(self.source) if self.source else codegen.constant(self.value)
+
+    def __repr__(self):
+        return f"TorchVariable({getattr(self.value, '__qualname__', self.value)})"
+
+
+class ContextManagerVariable(VariableTracker):
+    """A context manager; ``BEFORE_WITH`` calls ``enter``, the ``__exit__`` call ``exit``."""
+
+    def reconstruct(self, codegen):
+        raise Unsupported("a graph break inside a `with` block")
+
+
+class GradModeVariable(ContextManagerVariable):
+    """``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(mode)``."""
+
+    def __init__(self, mode: bool):
+        self.mode = mode
+        self.prev = None
+
+    def enter(self, tx, now=False):
+        if self.prev is None:  # set_grad_enabled() already entered when it was called
+            self.prev = torch.is_grad_enabled()
+            set_grad(tx, self.mode)
+        return self if now else ConstantVariable(None)
+
+    def exit(self, tx):
+        set_grad(tx, self.prev)
+        return ConstantVariable(None)
+
+
+def set_grad(tx, mode: bool) -> None:
+    tx.output.create_call("call_function", torch._C._set_grad_enabled, [ConstantVariable(mode)], {})
+    torch._C._set_grad_enabled(mode)
+
+
+class AutocastVariable(ContextManagerVariable):
+    """``torch.autocast(device_type, dtype=...)``: graph nodes enter and leave the region."""
+
+    def __init__(self, args, kwargs):
+        self.args = [a.as_python_constant() for a in args]
+        self.kwargs = {k: v.as_python_constant() for k, v in kwargs.items()}
+        self.node = None
+        self.real = None
+
+    def enter(self, tx):
+        real = torch.autocast(*self.args, **self.kwargs)
+        params = [real.device, real.fast_dtype, real._enabled, real._cache_enabled]
+        enter = torch.amp.autocast_mode._enter_autocast
+        self.node = tx.output.create_call(
+            "call_function", enter, [ConstantVariable(p) for p in params], {}, opaque=True)
+        self.real = real
+        real.__enter__()
+        return ConstantVariable(None)
+
+    def exit(self, tx):
+        exit_fn = torch.amp.autocast_mode._exit_autocast
+        tx.output.create_call("call_function", exit_fn, [self.node], {}, opaque=True)
+        self.real.__exit__(None, None, None)
+        return ConstantVariable(None)
+
+
+class WithExitFunctionVariable(VariableTracker):
+    """The ``__exit__`` that ``BEFORE_WITH`` leaves on the stack; calling it exits the region."""
+
+    def __init__(self, ctx: ContextManagerVariable):
+        self.ctx = ctx
+
+    def call_function(self, tx, args, kwargs):
+        return self.ctx.exit(tx)
+
+    def reconstruct(self, codegen):
+        raise Unsupported("a graph break inside a `with` block")
