@@ -9,7 +9,14 @@ tuple defines one buffer per ``MultiOutput``.
 It is the executable meaning of the IR, so lowering and scheduling can be tested (against eager
 PyTorch) before, and independently of, the C++ and Triton code generators::
 
-    outs = run_scheduled(schedule(lower(gm, inputs)), inputs)
+    >>> from toycomp.inductor.lowering import lower
+    >>> from toycomp.inductor.scheduler import schedule
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten, a = torch.ops.aten, torch.randn(8, 1000)
+    >>> gm = torch.fx.symbolic_trace(lambda a: aten._softmax.default(a, -1, False))
+    >>> (out,) = run_scheduled(schedule(lower(decompose(gm, [a]), [a])), [a])
+    >>> torch.allclose(out, torch.softmax(a, -1))
+    True
 
 NB: PyTorch has no such backend; the nearest thing is running Inductor's ``inner_fn`` closures
 under a handler of torch/_inductor/virtualized.py's ``V.ops`` (see torch/_inductor/ops_handler.py).

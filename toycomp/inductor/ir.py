@@ -13,9 +13,20 @@ Three layers, all small frozen dataclasses that print compactly:
    a fused group of buffers rewritten over two flat variables, ``x`` in ``range(numel)`` (one
    output row or element) and ``r`` in ``range(rnumel)`` (the reduced elements of that row).
 
-Example: ``sin(x)**2 + cos(x)**2`` on 1000 floats lowers to one ``Pointwise`` whose body is
-``add(mul(sin(load(arg0, i0)), ...), ...)`` and schedules to one ``Kernel(numel=1000, rnumel=1)``
-with a single ``Loop(over_r=False)`` holding one ``Store``.
+Example: ``sin(a)**2`` on 1000 floats lowers to one ``Pointwise`` and schedules to one
+``Kernel`` with a single ``Loop(over_r=False)`` holding one ``Store``::
+
+    >>> from toycomp.inductor.indexing import index_vars, x
+    >>> (i0,), f32 = index_vars("i", 1), torch.float32
+    >>> sin = Op("sin", (Load("a", i0, f32),), f32)
+    >>> Pointwise("buf0", (1000,), f32, Op("mul", (sin, sin), f32))
+    buf0[1000] = mul(sin(load(a, i0)), sin(load(a, i0)))
+    >>> value = substitute(Op("mul", (sin, sin), f32), {i0: x})  # i0 follows the kernel's x
+    >>> loops = (Loop(over_r=False, body=(Store("buf0", x, value),)),)
+    >>> Kernel("kernel_0", 1000, 1, loops, (("a", f32), ("buf0", f32)), origins=("sin", "mul"))
+    kernel_0(numel=1000, rnumel=1):  # ('sin', 'mul')
+      once:
+        buf0[x] = mul(sin(load(a, x)), sin(load(a, x)))
 
 NB: in PyTorch this lives in torch/_inductor/ir.py (Pointwise, Reduction, ExternKernel, Layout,
 ReinterpretView) and torch/_inductor/scheduler.py (SchedulerNode, FusedSchedulerNode); Inductor's

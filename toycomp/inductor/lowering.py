@@ -4,15 +4,21 @@ Input: a ``torch.fx.GraphModule`` whose ``call_function`` targets are toycomp pr
 plus real example inputs. Output: ``LoweredGraph``, the buffers that must exist in memory, each
 with a loop body over its own index variables. Every prim has a rule in ``LOWERINGS``; values
 stay *unrealized* expressions (size, dtype, body over ``i0, i1, ...``) that flow into their users,
-and only become buffers when they must (see [Note: when to realize]). Example::
+and only become buffers when they must (see [Note: when to realize]). A transpose is only an
+index map: returned alone it is a strided view of its input, under ``exp`` it is read through::
 
-    def f(x):                                   # x: float32[1000]
-        return add(mul(sin(x), sin(x)), mul(cos(x), cos(x)))
-
-    lower(trace(f), [x]) == LoweredGraph(
-        inputs=(InputBuffer("x", (1000,), (1,), float32),),
-        nodes=(buf0[1000] = add(mul(sin(load(x, i0)), sin(load(x, i0))), mul(cos(...), ...)),),
-        outputs=(TensorArg("buf0", (1000,), (1,)),), ...)
+    >>> import torch
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten, a = torch.ops.aten, torch.randn(3, 4)
+    >>> gm = torch.fx.symbolic_trace(lambda a: aten.t.default(a))
+    >>> lower(decompose(gm, [a]), [a])
+    input a[3, 4] torch.float32
+    return TensorArg(buffer='a', size=(4, 3), stride=(1, 4), offset=0)
+    >>> gm = torch.fx.symbolic_trace(lambda a: aten.exp.default(aten.t.default(a)))
+    >>> lower(decompose(gm, [a]), [a])
+    input a[3, 4] torch.float32
+    buf0[4, 3] = exp(load(a, i0 + 4*i1))
+    return TensorArg(buffer='buf0', size=(4, 3), stride=(3, 1), offset=0)
 
 This module is the machinery: ``GraphLowering`` (the FX interpreter that runs the rules,
 realizes buffers and turns ATen ops into ``ExternKernel`` calls into eager PyTorch) and ``lower``.

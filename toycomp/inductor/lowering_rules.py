@@ -5,8 +5,12 @@ Input -> output: each rule takes the ``GraphLowering`` ``g``, the node's meta te
 returns the ``TensorValue`` of the result: a loop body over ``i0, i1, ...``. Rules register
 themselves in ``lowering_table.LOWERINGS`` (``lowering.py`` imports this module for that)::
 
-    LOWERINGS[prims.sin](g, out, TensorValue([8], float32, load(x, i0)))
-        == TensorValue([8], float32, sin(load(x, i0)))
+    >>> from toycomp.inductor.tensor_value import strided_load
+    >>> x = strided_load("x", (8,), (1,), torch.float32)
+    >>> x
+    TensorValue([8], torch.float32, load(x, i0))
+    >>> LOWERINGS[prims.sin](None, torch.empty(8, device="meta"), x)  # (g, out, *args)
+    TensorValue([8], torch.float32, sin(load(x, i0)))
 
 Pointwise prims wrap their operands' bodies in one ``Op``; reductions become ``Reduction``
 buffers (``g.make_reduction``); views (``permute``, ``broadcast_in_dim``, ``slice``,

@@ -2,21 +2,34 @@
 
 Input: the buffers of a LoweredGraph, each with a body over its own index variables. Output: a
 list of steps, ``Kernel``s (fused groups of buffers, rewritten over the flat variables ``x`` and
-``r``) and ``ExternKernel`` calls, plus the buffers that still need memory. Example: a row softmax
-lowers to three buffers, ``buf0 = amax(x)``, ``buf1 = sum(exp(x - buf0))``,
-``buf2 = exp(x - buf0) / buf1``, and schedules to ONE kernel over ``x < 8`` rows and
-``r < 1000`` columns::
+``r``) and ``ExternKernel`` calls, plus the buffers that still need memory. Example: a row
+softmax lowers to three buffers and schedules to ONE kernel over ``x < 8`` rows and ``r < 1000``
+columns::
 
-    kernel_0(numel=8, rnumel=1000):       # for each row x:
+    >>> import torch
+    >>> from toycomp.inductor.lowering import lower
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten, a = torch.ops.aten, torch.randn(8, 1000)
+    >>> gm = torch.fx.symbolic_trace(lambda a: aten._softmax.default(a, -1, False))
+    >>> lowered = lower(decompose(gm, [a]), [a])
+    >>> lowered
+    input a[8, 1000] torch.float32
+    buf0[8] = amax[r<[1000]](load(a, 1000*i0 + r0))
+    buf1[8] = sum[r<[1000]](exp(sub(load(a, 1000*i0 + r0), load(buf0, i0))))
+    buf2[8, 1000] = div(exp(sub(load(a, 1000*i0 + i1), load(buf0, i0))), load(buf1, i0))
+    return TensorArg(buffer='buf2', size=(8, 1000), stride=(1000, 1), offset=0)
+    >>> print(format_scheduled(schedule(lowered)))
+    allocate buf2[8, 1000] torch.float32
+    kernel_0(numel=8, rnumel=1000):  # ('amax', 'broadcast_in_dim', 'sub', 'exp', 'sum_1', ...)
       for r:
-        amax_buf0 = amax(load(arg0, r + 1000*x))
+        amax_buf0 = amax(load(a, r + 1000*x))
       for r:
-        sum_buf1 = sum(exp(sub(load(arg0, r + 1000*x), amax_buf0)))
+        sum_buf1 = sum(exp(sub(load(a, r + 1000*x), amax_buf0)))
       for r:
-        buf2[r + 1000*x] = div(exp(sub(load(arg0, r + 1000*x), amax_buf0)), sum_buf1)
+        buf2[r + 1000*x] = div(exp(sub(load(a, r + 1000*x), amax_buf0)), sum_buf1)
+    return TensorArg(buffer='buf2', size=(8, 1000), stride=(1000, 1), offset=0)
 
 Only ``buf2`` is allocated: ``buf0`` and ``buf1`` live in registers (``Local``s).
-``format_scheduled`` prints a ScheduledGraph this way.
 
 NB: in PyTorch this lives in torch/_inductor/scheduler.py (``Scheduler.fuse_nodes``,
 ``can_fuse``, ``score_fusion``, ``FusedSchedulerNode``) and torch/_inductor/codegen/simd.py

@@ -6,9 +6,16 @@ Input -> output: a ``TensorValue`` (size, dtype, and a loop body computing eleme
 buffer (``as_strided_view``). No data moves: a view is a substitution of index variables.
 Example, the transpose of a contiguous (2, 3) buffer ``buf0``::
 
-    a = strided_load("buf0", (2, 3), (3, 1), float32)    # load(buf0, 3*i0 + i1)
-    t = reindex(a, (3, 2), (i1, i0))                       # load(buf0, i0 + 3*i1)
-    as_strided_view(t) == TensorArg("buf0", (3, 2), (1, 3))
+    >>> from toycomp.inductor.indexing import index_vars
+    >>> i0, i1 = index_vars("i", 2)
+    >>> a = strided_load("buf0", (2, 3), (3, 1), torch.float32)
+    >>> a
+    TensorValue([2, 3], torch.float32, load(buf0, 3*i0 + i1))
+    >>> t = reindex(a, (3, 2), (i1, i0))  # element (i0, i1) of t is element (i1, i0) of a
+    >>> t
+    TensorValue([3, 2], torch.float32, load(buf0, i0 + 3*i1))
+    >>> as_strided_view(t)
+    TensorArg(buffer='buf0', size=(3, 2), stride=(1, 3), offset=0)
 
 NB: in PyTorch this lives in torch/_inductor/ir.py (``TensorBox``, ``StorageBox``, ``View``,
 ``ReinterpretView``, ``View.dynamic_reshape_indexer``).

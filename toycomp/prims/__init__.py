@@ -1,26 +1,54 @@
-"""Stage 3a: toycomp's closed set of primitives.
+"""Stage 3, prims: an ATen graph -> a graph of toycomp's 40 primitives, which this file defines.
 
-Input IR -> output IR: this module defines no pass; it defines the *vocabulary* of the graph that
-``toycomp.decompositions.decompose`` produces from an ATen graph, and that ``toycomp.inductor``
-lowers to loops. Every primitive is a plain Python function with an eager reference, so a graph of
-prims still runs (``gm(*inputs)``) and can be checked against the ATen graph it came from::
+Input IR -> output IR: an ATen-level ``torch.fx.GraphModule`` (targets ``torch.ops.aten.X.Y``, as
+``toycomp.aot`` hands it on) -> a ``GraphModule`` whose targets are the primitives below, the
+extern matmuls of ``decomp_table.EXTERN_OPS``, and visible ATen fallbacks. The forward of
+``f(x) = sin(x)**2 + cos(x)**2`` (``pow`` by 2 becomes ``mul``, as Inductor does it)::
 
-    >>> from toycomp import prims
+    >>> import torch
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten = torch.ops.aten
+    >>> def f(a):  # the ATen graph that toycomp.aot records for sin(a)**2 + cos(a)**2
+    ...     sin, cos = aten.sin.default(a), aten.cos.default(a)
+    ...     return aten.add.Tensor(aten.pow.Tensor_Scalar(sin, 2), aten.pow.Tensor_Scalar(cos, 2))
+    >>> gm = decompose(torch.fx.symbolic_trace(f), [torch.randn(1000)])
+    >>> print(gm.code.strip())
+    def forward(self, a):
+        sin = toycomp_prims_sin(a)
+        cos = toycomp_prims_cos(a);  a = None
+        mul = toycomp_prims_mul(sin, sin);  sin = None
+        mul_1 = toycomp_prims_mul(cos, cos);  cos = None
+        add = toycomp_prims_add(mul, mul_1);  mul = mul_1 = None
+        return add
+
+Every primitive is a plain Python function with an eager reference, so a graph of prims still
+runs (``gm(*inputs)``) and can be checked against the ATen graph it came from::
+
     >>> x = torch.randn(3)
-    >>> prims.add(prims.mul(prims.sin(x), prims.sin(x)), 1.0)   # sin(x)**2 + 1
-    tensor([...])
+    >>> torch.allclose(add(mul(sin(x), sin(x)), mul(cos(x), cos(x))), torch.ones(3))
+    True
 
 The contract that makes lowering simple (PrimTorch's contract too):
 
-* pointwise prims take tensors of the SAME shape and dtype (or Python numbers) - broadcasting and
-  type promotion are explicit (``broadcast_in_dim``, ``convert_element_type``) in the decompositions;
+* pointwise prims take tensors of the SAME shape and dtype (or Python numbers) - broadcasting
+  and type promotion are explicit (``broadcast_in_dim``, ``convert_element_type``);
 * reductions remove the reduced dimensions (no ``keepdim``);
 * views (``broadcast_in_dim``, ``reshape``, ``permute``, ``slice``) never copy in the compiler:
   inductor turns them into index arithmetic;
 * matmul-like ops are not prims: they stay ATen "extern" calls (``aten.mm``, ``aten.bmm``).
 
+Files, in reading order:
+
+* ``__init__.py``: the primitives (``PRIMS``, ``PRIM_INFO``) and ``tracing``, which records
+  prim calls instead of running them;
+* ``decomp_table.py``: the ``DECOMPOSITIONS`` table, ``register``, ``EXTERN_OPS``;
+* ``helpers.py``: explicit type promotion and broadcasting (``elementwise``, ``broadcast_to``);
+* ``pointwise_rules.py``, ``nn_rules.py``, ``view_rules.py``: the decompositions, by kind;
+* ``decompositions.py``: the pass, ``decompose``, with its tracer and ``fallbacks``.
+
 NB: in PyTorch this lives in torch/_prims/__init__.py (about 100 prims, with meta functions and
-nvFuser/ATen implementations) and torch/_refs (the ATen-to-prims "references").
+nvFuser/ATen implementations), torch/_refs (the ATen-to-prims "references"), torch/_decomp
+(the decomposition tables) and torch/_prims_common (type promotion).
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ and Python numbers, and call prims to make promotion and broadcasting explicit. 
     b1 = prims.broadcast_in_dim(b, [32, 10], [1]);  out = prims.add(x, b1)
 
 and ``div.Tensor(i_int64[3], 2)`` to ``prims.div(prims.convert_element_type(i, float32), 2)``.
+The dtypes follow ``torch.result_type``::
+
+    >>> i32, i64 = torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int64)
+    >>> result_type(i32, 2), result_type(i64, 2.5)
+    (torch.int32, torch.float32)
+    >>> elementwise_dtypes(i64, 2, kind=KIND.INT_TO_FLOAT)  # (computation, result), like sin
+    (torch.float32, torch.float32)
 
 NB: in PyTorch this lives in torch/_prims_common/__init__.py (``elementwise_dtypes``,
 ``ELEMENTWISE_TYPE_PROMOTION_KIND``) and torch/_refs/__init__.py (``_maybe_broadcast``,

@@ -1,1 +1,24 @@
-"""TODO stage docstring"""
+"""Stage 4, code generation: one fused ``ir.Kernel`` -> the source text of one kernel.
+
+Input IR -> output: a ``Kernel`` (loops of ``Store`` / ``Reduce`` over the flat variables ``x``
+and ``r``) -> a ``common.GeneratedKernel``: C++ source (an OpenMP loop nest, compiled by
+``cache.py`` and called through ``ctypes``) or a Python module with one ``@triton.jit`` kernel,
+plus the wrapper line that launches it. The body of ``sin(x)**2 + cos(x)**2`` in both::
+
+    float tmp1 = sinf(tmp0);                tmp1 = tl.sin(tmp0)
+    float tmp2 = tmp1 * tmp1;               tmp2 = tmp1 * tmp1
+
+(``cpp.py`` and ``triton.py`` print whole kernels in their docstrings, run as doctests.)
+
+Files, in reading order:
+
+* ``common.py``: what both languages share: ``IndentedBuffer``, the ten-line ``CSE``, the index
+  printer, and ``KernelCodegen``, which walks a kernel into loads / compute / stores sections;
+* ``cpp.py``: the C++ backend and its rule table ``CPP_OPS``;
+* ``triton_helpers.py``: the Triton rule table ``TRITON_OPS`` and its ``tl.*``-only helpers;
+* ``triton.py``: the Triton backend (block sizes, masks, persistent and looped reductions).
+
+NB: in PyTorch this lives in torch/_inductor/codegen/common.py (IndentedBuffer, CSE, Kernel),
+codegen/cpp.py (CppKernel, CppVecKernel), codegen/triton.py (TritonKernel) and
+codegen/simd.py (what the Triton and Halide backends share).
+"""

@@ -5,11 +5,22 @@ through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output ele
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
 loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd`` and float
 ``sin``/``exp``/... call glibc's vector math (see [Note: vectorised libm]). For
-``sin(x)**2 + cos(x)**2`` on 4M floats::
+``sin(x)**2 + cos(x)**2`` on 4M floats (the graph from ``toycomp.inductor``'s docstring)::
 
-    // kernel_0 (FX origins: sin, pow, cos, pow_1, add)
-    #ifdef TOYCOMP_SIMD_sinf
-    extern "C" float sinf(float) __attribute__((__simd__("notinbranch")));
+    >>> import torch
+    >>> from toycomp.inductor.lowering import lower
+    >>> from toycomp.inductor.scheduler import schedule
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten = torch.ops.aten
+    >>> def f(a):
+    ...     sin, cos = aten.sin.default(a), aten.cos.default(a)
+    ...     return aten.add.Tensor(aten.pow.Tensor_Scalar(sin, 2), aten.pow.Tensor_Scalar(cos, 2))
+    >>> x = torch.empty(4194304)
+    >>> kernel = schedule(lower(decompose(torch.fx.symbolic_trace(f), [x]), [x])).steps[0]
+    >>> print(generate(kernel).source.removeprefix(PREAMBLE).strip())
+    // kernel_0 (FX origins: sin, mul, cos, mul_1, add)
+    #ifdef TOYCOMP_SIMD_cosf
+    extern "C" float cosf(float) __attribute__((__simd__("notinbranch")));
     #endif
     ...
     extern "C" void kernel_0(const float* in_ptr0, float* out_ptr0)
@@ -20,7 +31,9 @@ loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd``
             float tmp0 = in_ptr0[xindex];
             float tmp1 = sinf(tmp0);
             float tmp2 = tmp1 * tmp1;
-            ...
+            float tmp3 = cosf(tmp0);
+            float tmp4 = tmp3 * tmp3;
+            float tmp5 = tmp2 + tmp4;
             out_ptr0[xindex] = tmp5;
         }
     }

@@ -1,10 +1,14 @@
 """Triton spellings of toycomp's prims: the ``TRITON_OPS`` rule table and ``tl.*``-only helpers.
 
-Input -> output: a prim name and its arguments' source text -> a Triton expression, e.g.
-``TRITON_OPS["sin"]("tmp0") == "tl.sin(tmp0)"``. ``tl`` has no ``tanh``, ``log1p`` or ``pow``
-and Triton's CPU interpreter cannot run ``libdevice``, so those three are small ``@triton.jit``
-helpers written with ``tl.*`` primitives; ``triton.py`` pastes the ones a kernel uses into its
-module. Everything here exists in Triton 3.6 and 3.9.
+Input -> output: a prim name and its arguments' source text -> a Triton expression::
+
+    >>> TRITON_OPS["sin"]("tmp0"), TRITON_OPS["tanh"]("tmp0"), TRITON_OPS["mul"]("tmp0", "tmp1")
+    ('tl.sin(tmp0)', '_tanh(tmp0)', 'tmp0 * tmp1')
+
+``tl`` has no ``tanh``, ``log1p`` or ``pow`` and Triton's CPU interpreter cannot run
+``libdevice``, so those three are small ``@triton.jit`` helpers written with ``tl.*``
+primitives; ``triton.py`` pastes the ones a kernel uses into its module. Everything here exists
+in Triton 3.6 and 3.9.
 
 NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonOverrides) and
 torch/_inductor/runtime/triton_helpers.py (maximum/minimum with NaN, libdevice wrappers).
