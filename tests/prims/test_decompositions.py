@@ -30,7 +30,7 @@ def close(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
 
 
-# --- the tracer contract ---------------------------------------------------------------------------
+# --- the tracer contract ------------------------------------------------------------------------
 def _proxy(graph, name, shape, dtype=torch.float32):
     node = graph.placeholder(name)
     return Proxy(node, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cpu"))
