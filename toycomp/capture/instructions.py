@@ -525,7 +525,7 @@ def call_op(tx, inst):
 
 @handles("KW_NAMES")
 def kw_names(tx, inst):
-    tx.kw_names = tuple(inst.argval)
+    tx.kw_names = tx.code.co_consts[inst.arg]  # (3.11's dis leaves argval unresolved)
 
 
 @handles("PUSH_NULL")

@@ -87,8 +87,11 @@ class OutputGraph:
                 if is_argument(other_source):
                     self.guards.alias_match(source, other_source, False)
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-        with self.graph.inserting_before(first):
+        if first is None:  # (inserting_before(None) would put it first)
             node = self.graph.placeholder(placeholder_name(source))
+        else:
+            with self.graph.inserting_before(first):
+                node = self.graph.placeholder(placeholder_name(source))
         fake = self.fake_mode.from_tensor(value)
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()

@@ -93,6 +93,16 @@ class GetItemSource(Source):
 
 
 @dataclass(frozen=True)
+class IteratorSeqSource(Source):
+    """The sequence under a list / tuple / range iterator (``__reduce__`` reads it unconsumed)."""
+
+    base: Source
+
+    def render(self, local):
+        return f"{self.base.render(local)}.__reduce__()[1][0]"
+
+
+@dataclass(frozen=True)
 class FunctionSource(Source):
     """The function being compiled itself (``F``): the root of its closure cells' sources."""
 

@@ -28,11 +28,16 @@ from typing import Any
 
 import torch
 
-from toycomp.capture.sources import AttrSource, GetItemSource, Source
+from toycomp.capture.sources import AttrSource, GetItemSource, IteratorSeqSource, Source
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
 from toycomp.capture.variables.builtin import BuiltinVariable
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
-from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
+from toycomp.capture.variables.lists import (
+    DictVariable,
+    ListIteratorVariable,
+    ListVariable,
+    TupleVariable,
+)
 from toycomp.capture.variables.objects import (
     NNModuleVariable,
     PythonModuleVariable,
@@ -45,6 +50,7 @@ from toycomp.capture.variables.torch import TorchVariable
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
                   torch.layout)
+ITERATOR_TYPES = (type(iter(())), type(iter([])), type(iter(range(0))))
 # Modules whose functions are never traced into: calling them is a graph break.
 SKIP_MODULES = ("numpy", "random", "scipy", "pandas", "time", "os", "sys", "logging", "warnings",
                 "copy", "pickle", "threading")
@@ -105,12 +111,26 @@ class VariableBuilder:
             g and g.dict_keys_match(source, list(value))
             return DictVariable({k: self(v, source and GetItemSource(source, k))
                                  for k, v in value.items()}, source)
+        if type(value) in ITERATOR_TYPES:
+            return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
             g and g.type_match(source, value)
             return NNModuleVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_iterator(self, value, source) -> ListIteratorVariable:
+        """A list / tuple / range iterator (a resume function's loop): its remaining items."""
+        _, (seq,), position = value.__reduce__()
+        if source is None:
+            raise Unsupported("an iterator without a source")
+        self.output.guards.type_match(source, value)
+        self.output.guards.add(f"{source.name()}.__reduce__()[2] == {position}")
+        seq_source = IteratorSeqSource(source)
+        self.output.guards.length_match(seq_source, len(seq))
+        return ListIteratorVariable([self(seq[i], GetItemSource(seq_source, i))
+                                     for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
         if isinstance(value, type):

@@ -66,15 +66,17 @@ class BuiltinVariable(VariableTracker):
         rule = RULES.get(self.fn)
         if rule is not None:
             return rule(tx, *args, **kwargs)
-        if any(isinstance(a, TensorVariable) for a in args):
-            if self.fn in TENSOR_OPERATORS:
-                return tx.output.create_call("call_function", self.fn, args, kwargs)
-            raise Unsupported(f"{self.fn.__name__}() on a tensor")
-        if self.fn in CONTAINER_METHODS and not all(a.is_python_constant() for a in args):
+        if self.fn in CONTAINER_METHODS and isinstance(args[0], (BaseListVariable, DictVariable)):
             method = CONTAINER_METHODS[self.fn]
             if method == "__iadd__" and isinstance(args[0], TupleVariable):
                 method = "__add__"
             return args[0].call_method(tx, method, list(args[1:]), {})
+        if any(isinstance(a, TensorVariable) for a in args):
+            if self.fn in TENSOR_OPERATORS:
+                return tx.output.create_call("call_function", self.fn, args, kwargs)
+            raise Unsupported(f"{self.fn.__name__}() on a tensor")
+        if self.fn in CONTAINER_METHODS and not isinstance(args[0], ConstantVariable):
+            return args[0].call_method(tx, CONTAINER_METHODS[self.fn], list(args[1:]), {})
         return fold(self.fn, args, kwargs)
 
     def reconstruct(self, codegen):
