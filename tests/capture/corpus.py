@@ -512,3 +512,15 @@ def _aliased_calls():
 def aliased_arguments(a, c):
     a.add_(1)
     return c * 2
+
+
+@case(three(3), dynamo_differs="Dynamo traces NumPy on tensors (torch._numpy); toycomp breaks")
+def numpy_on_tensor_data_breaks(x):
+    y = x * 2
+    z = np.asarray(y.detach().numpy()).sum()
+    return y + float(z)
+
+
+@case(three(3))
+def generator_expression(x):
+    return sum(x * k for k in range(3)) + max(k * k for k in (1, 2))

@@ -652,6 +652,21 @@ def pop_block(tx, inst):
     tx.block_depth -= 1
 
 
+# ----- generators (a generator expression is run to its end when it is called) -------------
+
+@handles("RETURN_GENERATOR")
+def return_generator(tx, inst):
+    tx.push(ConstantVariable(None))  # what the POP_TOP after it removes
+
+
+@handles("YIELD_VALUE")
+def yield_value(tx, inst):
+    if tx.generated is None:
+        raise Unsupported("yield outside a generator")
+    tx.generated.append(tx.pop())
+    tx.push(ConstantVariable(None))  # the value sent back in
+
+
 @handles("LOAD_ASSERTION_ERROR", "RAISE_VARARGS")
 def raise_(tx, inst):
     raise Unsupported("raising an exception")

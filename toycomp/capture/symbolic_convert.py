@@ -37,11 +37,12 @@ from __future__ import annotations
 import builtins
 import dis
 import inspect
+import operator
 import sys
 import types
 from dataclasses import dataclass, field
 
-from toycomp.capture.instructions import HANDLERS, pop_call_operands
+from toycomp.capture.instructions import BINARY_OPS, COMPARE_OPS, HANDLERS, pop_call_operands
 from toycomp.capture.sources import (
     AttrSource,
     BuiltinSource,
@@ -58,10 +59,11 @@ from toycomp.capture.variables.base import (
     Unsupported,
     VariableTracker,
 )
+from toycomp.capture.variables.builtin import BuiltinVariable
+from toycomp.capture.variables.lists import ListIteratorVariable
 from toycomp.capture.variables.objects import SuperVariable
 
 MAX_INLINE_DEPTH = 32
-GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 class BreakRequest(Exception):
@@ -97,8 +99,10 @@ class InstructionTranslatorBase:
     """Interprets one code object; ``HANDLERS`` (toycomp/capture/instructions.py) do the work."""
 
     def __init__(self, code, f_globals, symbolic_locals, closure, output, fn_source, parent=None):
-        if code.co_flags & GENERATOR_FLAGS:
+        if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or (
+                parent is None and code.co_flags & inspect.CO_GENERATOR):
             raise Unsupported(f"{code.co_name} is a generator or coroutine")
+        self.generated = [] if code.co_flags & inspect.CO_GENERATOR else None
         self.code = code
         self.f_globals = f_globals
         self.symbolic_locals = dict(symbolic_locals)
@@ -228,6 +232,8 @@ class InstructionTranslatorBase:
         child = InstructionTranslatorBase(code, f_globals, bound, closure, self.output,
                                           fn_source, parent=self)
         child.run()
+        if child.generated is not None:  # a generator, run to its end (see YIELD_VALUE)
+            return ListIteratorVariable(child.generated)
         return child.returned
 
     def make_super(self, *args) -> SuperVariable:
@@ -239,6 +245,18 @@ class InstructionTranslatorBase:
         return SuperVariable(cls, obj)
 
 
+JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+JUMPS = {dis.opname[op] for op in JUMPS}
+# Instructions that pop operands and push one result: at a break they run as a Python call.
+STACK_OPS = {
+    "BINARY_SUBSCR": (2, lambda inst: operator.getitem),
+    "BINARY_OP": (2, lambda inst: BINARY_OPS[inst.argrepr]),
+    "COMPARE_OP": (2, lambda inst: COMPARE_OPS[inst.argval.replace("bool(", "").rstrip(")")]),
+    "UNARY_NEGATIVE": (1, lambda inst: operator.neg),
+    "UNARY_INVERT": (1, lambda inst: operator.invert),
+    "UNARY_NOT": (1, lambda inst: operator.not_),
+    "LOAD_ATTR": (1, lambda inst: operator.attrgetter(inst.argval)),
+}
 CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
             "CALL_FUNCTION_EX"}
 
@@ -275,6 +293,11 @@ class InstructionTranslator(InstructionTranslatorBase):
                 self.step()
             except Unsupported as e:
                 raise BreakRequest(self.steps - 1, e.reason, self.output.location) from e
+            except (SkipFrame, BreakRequest):
+                raise
+            except Exception as e:  # a bug in toycomp: break the graph rather than crash
+                reason = f"toycomp internal error: {type(e).__name__}: {e}"
+                raise BreakRequest(self.steps - 1, reason, self.output.location) from e
 
     def do_return(self, value):
         self.plan = Return(value)
@@ -285,12 +308,26 @@ class InstructionTranslator(InstructionTranslatorBase):
         reason, location = self.break_info
         if self.block_depth or any(lo <= inst.offset < hi for lo, hi in self.protected):
             raise SkipFrame(f"graph break inside a try/with block: {reason}")
+        if self.has_backedge():
+            raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
         nxt = self.instructions[self.ip + 1].offset if self.ip + 1 < len(self.instructions) else None
         plan = self.break_plan(inst, nxt, reason, location)
         plan.cells = self.live_cells()
         return plan
 
+    def has_backedge(self) -> bool:
+        """Is the instruction at ``ip`` inside a loop (a later jump goes back before it)?"""
+        here = self.instructions[self.ip].offset
+        return any(i.opname in JUMPS and i.argval < here for i in self.instructions[self.ip:])
+
     def break_plan(self, inst, nxt, reason, location) -> Break:
+        if inst.opname in STACK_OPS and not (inst.opname == "LOAD_ATTR" and inst.arg & 1
+                                             and sys.version_info >= (3, 12)):
+            pops, fn = STACK_OPS[inst.opname]
+            operands = self.popn(pops)
+            call = (BuiltinVariable(fn(inst)), operands, {})
+            return Break(inst, "call", list(self.stack), dict(self.symbolic_locals), reason,
+                         location, call=call, resume_offsets=[nxt])
         if inst.opname in CALL_OPS:
             call = pop_call_operands(self, inst)
             return Break(inst, "call", list(self.stack), dict(self.symbolic_locals), reason,

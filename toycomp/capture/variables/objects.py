@@ -219,5 +219,9 @@ class SkipFunctionVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         module = getattr(self.value, "__module__", None) or type(self.value).__module__
+        if module.split(".")[0] == "numpy" and all(a.is_python_constant() for a in args + list(kwargs.values())):
+            consts = [a.as_python_constant() for a in args]  # numpy on constants: fold it
+            return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
+                                                           for k, v in kwargs.items()}))
         name = getattr(self.value, "__qualname__", repr(self.value))
         raise Unsupported(f"call to {module}.{name}: not traceable")
