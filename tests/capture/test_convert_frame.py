@@ -1,0 +1,180 @@
+"""convert_frame: the cache of guarded entries, recompiles, and the regressions of issue 7's
+"silently wrong" list (each compared with eager after several calls)."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from toycomp.capture.convert_frame import compile_frame, explain
+
+
+def backend(gm, example_inputs):
+    return gm.forward
+
+
+class Holder:
+    pass
+
+
+HOLDER = Holder()
+HOLDER.t = torch.ones(3)
+GLOBAL_LIST = [1.0, 2.0]
+
+
+def test_object_attribute_holding_a_tensor_that_is_replaced():
+    def f(x):
+        return x + HOLDER.t
+
+    cf = compile_frame(f, backend)
+    assert torch.equal(cf(torch.zeros(3)), torch.ones(3))
+    HOLDER.t = torch.full((3,), 5.0)
+    assert torch.equal(cf(torch.zeros(3)), torch.full((3,), 5.0))
+
+
+def test_contents_of_a_global_list_are_guarded():
+    def f(x):
+        return x * GLOBAL_LIST[1]
+
+    cf = compile_frame(f, backend)
+    assert cf(torch.ones(1)).item() == 2.0
+    GLOBAL_LIST[1] = 7.0
+    assert cf(torch.ones(1)).item() == 7.0
+    GLOBAL_LIST[1] = 2.0
+
+
+def test_random_random_is_drawn_on_every_call():
+    def f(x):
+        return x * random.random()
+
+    cf = compile_frame(f, backend)
+    random.seed(0)
+    values = {cf(torch.ones(1)).item() for _ in range(3)}
+    assert len(values) == 3
+
+
+def test_autocast_state_outside_is_guarded():
+    def f(x):
+        return x @ x
+
+    cf = compile_frame(f, backend)
+    x = torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert cf(x).dtype == torch.bfloat16
+    assert cf(x).dtype == torch.float32
+    assert len(cf.entries) == 2
+
+
+def test_grad_mode_outside_is_guarded():
+    def f(x):
+        return x * 2
+
+    cf = compile_frame(f, backend)
+    x = torch.ones(2, requires_grad=True)
+    assert cf(x).requires_grad
+    with torch.no_grad():
+        assert not cf(x).requires_grad
+
+
+def test_recompile_limit_warns_with_the_failing_guard_and_keeps_entries():
+    calls = []
+
+    def counting_backend(gm, example_inputs):
+        calls.append(1)
+        return gm.forward
+
+    def f(x, n):
+        return x * n
+
+    cf = compile_frame(f, counting_backend, recompile_limit=2)
+    x = torch.ones(1)
+    cf(x, 1), cf(x, 2)
+    with pytest.warns(UserWarning, match=r"L\['n'\] == 2"):
+        assert cf(x, 3).item() == 3.0  # eager
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cf(x, 1).item() == 1.0  # the first entry still serves
+    assert len(calls) == 2
+
+
+def test_entries_hold_no_real_tensors():
+    def f(x):
+        return x.sin()
+
+    cf = compile_frame(f, backend)
+    cf(torch.ones(3))
+    entry = cf.entries[0]
+    examples = entry.transformed.example_inputs
+    assert all(type(t).__name__ == "FakeTensor" for t in examples)
+
+
+class CountRealOps(TorchDispatchMode):
+    """Counts the ATen ops that run on real (non-fake) tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [a for a in (*args, out) if isinstance(a, torch.Tensor)]
+        if not any(type(t).__name__ == "FakeTensor" for t in tensors):
+            self.ops.append(str(func))
+        return out
+
+
+def test_compiling_does_no_computation_on_real_tensors():
+    def f(x, w):
+        y = torch.relu(x @ w)
+        return (y * torch.randn(3)).sum()
+
+    compiled_ops, rng_at_run = [], []
+
+    def recording_backend(gm, example_inputs):
+        def run(*args):
+            rng_at_run.append(torch.get_rng_state())
+            compiled_ops.append(len(mode.ops))
+            out = gm.forward(*args)
+            compiled_ops.append(len(mode.ops))
+            return out
+        return run
+
+    cf = compile_frame(f, recording_backend)
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3), torch.randn(3, 3)
+    state = torch.get_rng_state()
+    with CountRealOps() as mode:
+        cf(x, w)
+    before, after = compiled_ops
+    assert before == 0, mode.ops[:before]  # nothing ran on real tensors while compiling
+    assert after == len(mode.ops)  # every later op ran inside the compiled graph
+    assert any("mm" in op for op in mode.ops[before:after])
+    assert torch.equal(rng_at_run[0], state)  # compiling drew no random numbers
+
+
+def test_explain_works_on_meta_tensors():
+    def f(x):
+        y = x.sin()
+        print("shape", y.shape)
+        return y.cos()
+
+    report = explain(f, torch.empty(3, device="meta"))
+    assert (report.graph_count, report.graph_break_count) == (2, 1)
+    assert "print() is a graph break" in report.break_reasons[0]
+    assert "test_convert_frame.py:" in report.break_reasons[0]
+
+
+def test_unsupported_opcode_breaks_with_its_name():
+    def f(x):
+        try:
+            return x + 1
+        except ValueError:
+            return x
+
+    report = explain(f, torch.ones(1))
+    assert report.out.item() == 2.0
+    assert report.graph_count == 1 or "frame skipped" in report.break_reasons[0]
