@@ -30,7 +30,7 @@ from bytecode import Bytecode, Instr, Label
 
 _CACHE: dict[tuple, types.CodeType] = {}
 _ORIGIN: dict[types.CodeType, tuple[types.CodeType, int]] = {}  # resume code -> (original, prefix)
-_FUNCTIONS: dict[tuple, types.FunctionType] = {}
+_FUNCTIONS: dict[tuple, types.FunctionType] = {}  # (cells keyed by id; the function keeps them)
 
 
 def stack_arg_names(nulls: list[bool]) -> list[str]:
@@ -108,7 +108,7 @@ def make_resume_function(fn: types.FunctionType, offset: int, nulls: list[bool],
                          local_names: list[str]) -> types.FunctionType:
     """A function object for the resume code, sharing ``fn``'s globals and closure cells."""
     code = make_resume_code(fn.__code__, offset, nulls, local_names)
-    key = (code, id(fn.__globals__), fn.__closure__)
+    key = (code, id(fn.__globals__), tuple(map(id, fn.__closure__ or ())))
     if key not in _FUNCTIONS:
         _FUNCTIONS[key] = types.FunctionType(code, fn.__globals__, code.co_name, None,
                                              fn.__closure__)

@@ -42,7 +42,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from toycomp.capture.instructions import BINARY_OPS, COMPARE_OPS, HANDLERS, pop_call_operands
+from toycomp.capture.instructions import BINARY_OPS, COMPARE_OPS, HANDLERS
+from toycomp.capture.instructions_flow import pop_call_operands
 from toycomp.capture.sources import (
     AttrSource,
     BuiltinSource,

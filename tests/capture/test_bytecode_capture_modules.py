@@ -1,0 +1,136 @@
+"""Unit tests of the bytecode capture's modules: sources, guards, the interpreter, resume
+functions and the transformed function's text; plus every module's docstring examples."""
+
+from __future__ import annotations
+
+import dis
+import doctest
+import importlib
+import operator
+
+import pytest
+import torch
+
+from toycomp.capture.convert_frame import compile_frame, explain
+from toycomp.capture.guard_builder import GuardBuilder
+from toycomp.capture.output_graph import OutputGraph
+from toycomp.capture.resume_execution import make_resume_function
+from toycomp.capture.sources import AttrSource, GetItemSource, LocalSource
+from toycomp.capture.symbolic_convert import BreakRequest, InstructionTranslator
+
+MODULES = [
+    "toycomp.capture.sources", "toycomp.capture.guard_builder", "toycomp.capture.instructions",
+    "toycomp.capture.instructions_flow",
+    "toycomp.capture.symbolic_convert", "toycomp.capture.output_graph",
+    "toycomp.capture.side_effects_replay", "toycomp.capture.codegen",
+    "toycomp.capture.resume_execution", "toycomp.capture.transformed_code",
+    "toycomp.capture.convert_frame", "toycomp.capture.variables.base",
+    "toycomp.capture.variables.lists", "toycomp.capture.variables.functions",
+    "toycomp.capture.variables.builtin", "toycomp.capture.variables.builder",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testmod(importlib.import_module(name), optionflags=flags, report=False)
+    assert result.failed == 0
+
+
+def test_sources_render_for_guards_and_for_code():
+    s = GetItemSource(AttrSource(LocalSource("m"), "_modules"), "0")
+    assert s.name() == "L['m']._modules['0']"
+    assert s.code() == "m._modules['0']"
+    assert s.read({"m": torch.nn.Sequential(torch.nn.ReLU())}, {}).__class__ is torch.nn.ReLU
+
+
+def test_guards_reject_the_wrong_type_and_name_the_failure():
+    b = GuardBuilder()
+    b.constant_match(LocalSource("flag"), True)
+    b.tensor_match(LocalSource("x"), torch.ones(2))
+    check = b.compile()
+    assert check({"flag": True, "x": torch.zeros(2)}, {})
+    assert not check({"flag": 1, "x": torch.zeros(2)}, {})  # 1 == True, but not the same
+    assert check.failing_guard({"flag": True, "x": torch.zeros(3)}, {}) == "L['x'].shape == (2,)"
+    assert not check({"flag": True}, {})  # a missing argument fails, it does not raise
+
+
+def trace(fn, **frame_locals):
+    out = OutputGraph(fn, fn.__globals__)
+    tx = InstructionTranslator(fn, frame_locals, out)
+    tx.run()
+    return tx, out
+
+
+def test_graph_is_torch_level():
+    def f(x):
+        return torch.sin(x).add(1) * 2
+
+    tx, out = trace(f, x=torch.ones(3))
+    calls = [(n.op, n.target) for n in out.graph.nodes if n.op.startswith("call")]
+    assert calls == [("call_function", torch.sin), ("call_method", "add"),
+                     ("call_function", operator.mul)]
+    assert all(n.meta.get("source_line", "").endswith(f":{f.__code__.co_firstlineno + 1}")
+               for n in out.graph.nodes if n.op.startswith("call"))
+
+
+def test_break_request_names_the_step_and_reason():
+    def f(x):
+        y = x + 1
+        return y.item()
+
+    with pytest.raises(BreakRequest) as info:
+        trace(f, x=torch.ones(()))
+    assert "item" in info.value.reason
+    assert info.value.location[1] == f.__code__.co_firstlineno + 2
+
+
+def test_resume_function_continues_mid_loop():
+    def f(x, n):
+        y = x + 1
+        for i in range(n):
+            y = y * 2 + i
+        return y
+
+    insts = [i for i in dis.get_instructions(f) if i.opname != "EXTENDED_ARG"]
+    store_i = next(i for i in insts if i.opname == "STORE_FAST" and i.argval == "i")
+    # at STORE_FAST i the stack is [iterator, next value]
+    resume = make_resume_function(f, store_i.offset, [False, False], ["x", "n", "y"])
+    assert resume(iter(range(1, 3)), 0, 5, 3, 5) == f(4, 3)
+    assert resume.__code__.co_varnames[:5] == ("__stack0", "__stack1", "x", "n", "y")
+
+
+LOG = []
+
+
+def test_transformed_code_is_readable_python():
+    def f(x):
+        y = x.sin()
+        LOG.append(len(LOG))
+        print("between graphs")
+        return y.cos()
+
+    report = explain(f, torch.ones(2))
+    text = report.transformed_code[0]
+    assert text.startswith("def __transformed_f(x):")
+    for piece in ("__compiled_fn_0(x)", "G['LOG'].append(", "# graph break at",
+                  "__result = __callee(__arg0)", "return __resume_at_"):
+        assert piece in text, text
+    assert report.graph_count == 2
+
+
+def test_break_inside_helper_captures_the_helper_as_its_own_frame():
+    def helper(y):
+        z = y * 3
+        print("in helper")
+        return z + 1
+
+    def f(x):
+        return helper(x.sin()).cos()
+
+    report = explain(f, torch.ones(2))
+    frames = [t.splitlines()[0] for t in report.transformed_code]
+    assert frames[0] == "def __transformed_f(x):"
+    assert "__compile_frame(__callee)" in report.transformed_code[0]
+    assert "def __transformed_helper(y):" in frames
+    assert torch.allclose(report.out, f(torch.ones(2)))
