@@ -64,7 +64,12 @@ class GuardBuilder:
         for name, known in self.env.items():
             if known is value:
                 return name
-        name = f"E{sum(n.startswith('E') for n in self.env)}"
+        if isinstance(value, torch.device):
+            name = f"device_{value.type}{'' if value.index is None else value.index}"
+        else:
+            name = "".join(c if c.isalnum() else "_" for c in getattr(value, "__name__", "E"))
+        while name in self.env or name in ("L", "G", "F"):  # unique, never the check's own names
+            name += "_"
         self.env[name] = value
         return name
 

@@ -80,7 +80,7 @@ class BuiltinVariable(VariableTracker):
         return fold(self.fn, args, kwargs)
 
     def reconstruct(self, codegen):
-        return codegen.constant(self.fn)
+        return codegen.source(self.source) if self.source else codegen.constant(self.fn)
 
     def __repr__(self):
         return f"BuiltinVariable({getattr(self.fn, '__name__', self.fn)})"
