@@ -524,3 +524,23 @@ def numpy_on_tensor_data_breaks(x):
 @case(three(3))
 def generator_expression(x):
     return sum(x * k for k in range(3)) + max(k * k for k in (1, 2))
+
+
+@case(three(3, grad=True), grad=True)
+def break_inside_no_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        z = y * 3
+        print("inside no_grad", z.requires_grad)
+        w = z + 1
+    return y * w, w.requires_grad, torch.is_grad_enabled()
+
+
+@case(three(3))
+def break_inside_try_skips_frame(x):
+    try:
+        y = x.sin()
+        print("in try")
+    except RuntimeError:
+        y = x
+    return y.cos()

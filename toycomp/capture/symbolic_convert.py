@@ -307,8 +307,9 @@ class InstructionTranslator(InstructionTranslatorBase):
         """The state before instruction ``ip``, split into what runs in Python and the rest."""
         inst = self.instructions[self.ip]
         reason, location = self.break_info
-        if self.block_depth or any(lo <= inst.offset < hi for lo, hi in self.protected):
-            raise SkipFrame(f"graph break inside a try/with block: {reason}")
+        if self.block_depth or any(lo <= inst.offset < hi and not is_with
+                                   for lo, hi, is_with in self.protected):
+            raise SkipFrame(f"graph break inside a try block: {reason}")
         if self.has_backedge():
             raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
         nxt = self.instructions[self.ip + 1].offset if self.ip + 1 < len(self.instructions) else None
@@ -347,7 +348,15 @@ class InstructionTranslator(InstructionTranslatorBase):
                 if name in self.code.co_cellvars and cell.contents is not None}
 
 
-def exception_table_ranges(code) -> list[tuple[int, int]]:
-    """[start, end) offsets covered by a try/with handler (3.11+), where breaks are refused."""
+def exception_table_ranges(code) -> list[tuple[int, int, bool]]:
+    """[start, end) offsets covered by an exception handler (3.11+), and whether the handler is
+    a ``with`` block's (a break there is allowed: the resume function leaves the block)."""
     entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
-    return [(e.start, e.end) for e in entries]
+    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    at = {inst.offset: k for k, inst in enumerate(insts)}
+    ranges = []
+    for e in entries:
+        handler = insts[at[e.target]: at[e.target] + 2]
+        is_with = any(i.opname == "WITH_EXCEPT_START" for i in handler)
+        ranges.append((e.start, e.end, is_with))
+    return ranges

@@ -39,6 +39,7 @@ from toycomp.capture.symbolic_convert import Break, Return
 from toycomp.capture.variables.base import NULL, Unsupported
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.objects import NNModuleVariable
+from toycomp.capture.variables.torch import WithExitFunctionVariable
 
 
 @dataclass
@@ -131,7 +132,13 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
         call_expr = callable_expr(cg, callee, emit)
         parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
         parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
-        tail.append(f"__result = {call_expr}({', '.join(parts)})")
+        call = f"__result = {call_expr}({', '.join(parts)})"
+        exits = [name for v, name in zip(plan.stack, stack) if isinstance(v, WithExitFunctionVariable)]
+        if exits:  # if the call raises, leave the `with` blocks it ran inside
+            tail += ["try:", f"    {call}", "except BaseException:"]
+            tail += [f"    {name}(None, None, None)" for name in reversed(exits)] + ["    raise"]
+        else:
+            tail.append(call)
         stack.append("__result")
     live = {n: v for n, v in plan.locals.items() if not n.startswith("__stack")}  # prefix args
     locals_ = {name: emit(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}

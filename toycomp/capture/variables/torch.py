@@ -134,7 +134,11 @@ class AutocastVariable(ContextManagerVariable):
 
 
 class WithExitFunctionVariable(VariableTracker):
-    """The ``__exit__`` that ``BEFORE_WITH`` leaves on the stack; calling it exits the region."""
+    """The ``__exit__`` that ``BEFORE_WITH`` leaves on the stack; calling it exits the region.
+
+    At a graph break inside ``with torch.no_grad():`` the graph has already switched grad mode
+    off; the resume function finds a ``GradModeExit`` on its stack where ``__exit__`` was, and
+    calling it at the end of the block switches grad mode back."""
 
     def __init__(self, ctx: ContextManagerVariable):
         self.ctx = ctx
@@ -143,4 +147,19 @@ class WithExitFunctionVariable(VariableTracker):
         return self.ctx.exit(tx)
 
     def reconstruct(self, codegen):
-        raise Unsupported("a graph break inside a `with` block")
+        if isinstance(self.ctx, GradModeVariable):
+            return codegen.constant(GradModeExit(self.ctx.prev))
+        raise Unsupported("a graph break inside a `with` block other than a grad-mode one")
+
+
+class GradModeExit:
+    """A ``with`` block's ``__exit__`` after a graph break: restores grad mode ``mode``."""
+
+    def __init__(self, mode: bool):
+        self.mode = mode
+
+    def __call__(self, *exc_info):
+        torch._C._set_grad_enabled(self.mode)
+
+    def __repr__(self):
+        return f"GradModeExit({self.mode})"
