@@ -178,3 +178,28 @@ def test_unsupported_opcode_breaks_with_its_name():
     report = explain(f, torch.ones(1))
     assert report.out.item() == 2.0
     assert report.graph_count == 1 or "frame skipped" in report.break_reasons[0]
+
+
+def test_a_break_inside_autocast_leaves_no_autocast_behind():
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x
+            print("inside autocast")
+        return y
+
+    x = torch.randn(3, 3)
+    out = compile_frame(f, backend)(x)
+    assert out.dtype == torch.bfloat16 and not torch.is_autocast_enabled("cpu")
+
+
+def test_module_with_hooks_still_runs_its_hooks():
+    seen = []
+    lin = torch.nn.Linear(2, 2)
+    lin.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+
+    def f(x):
+        return lin(x) * 2
+
+    cf = compile_frame(f, backend)
+    torch.testing.assert_close(cf(torch.ones(1, 2)), f(torch.ones(1, 2)))
+    assert len(seen) == 2

@@ -145,6 +145,8 @@ class CompiledFrame:
             except (Unsupported, SkipFrame) as e:
                 return self.give_up(getattr(e, "reason", str(e)))
             finally:
+                for ctx in reversed(output.entered):  # a trace that stopped inside autocast
+                    ctx.__exit__(None, None, None)
                 restore_global_state(saved)
             return self.build_entry(tx, output)
 

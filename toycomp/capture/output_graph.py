@@ -67,6 +67,7 @@ class OutputGraph:
         self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []  # while tracing only
         self.global_overrides: dict[tuple[int, str], VariableTracker] = {}
         self.keep_alive: list = []  # objects whose id() the builder remembers
+        self.entered: list = []  # autocast contexts entered for real while tracing
         self.location = None  # (filename, lineno, function) of the instruction being traced
         self.output = self  # lets ListVariable.items(tx) be called with this graph as ``tx``
 

@@ -164,7 +164,8 @@ def callable_expr(cg, callee, emit) -> str:
     if isinstance(callee, (UserFunctionVariable, UserMethodVariable)):
         fn = emit(reconstruct_function(cg, callee), "__callee")
         return f"__compile_frame({fn})"
-    if isinstance(callee, NNModuleVariable) and callee.source is not None:
+    if isinstance(callee, NNModuleVariable) and callee.source is not None and not (
+            callee.value._forward_hooks or callee.value._forward_pre_hooks):
         return f"__compile_frame({emit(cg.reconstruct(callee), '__callee')}.forward)"
     return emit(cg.reconstruct(callee), "__callee")
 

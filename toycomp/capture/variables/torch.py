@@ -124,12 +124,14 @@ class AutocastVariable(ContextManagerVariable):
             "call_function", enter, [ConstantVariable(p) for p in params], {}, opaque=True)
         self.real = real
         real.__enter__()
+        tx.output.entered.append(real)  # left for real when the trace ends, whatever happens
         return ConstantVariable(None)
 
     def exit(self, tx):
         exit_fn = torch.amp.autocast_mode._exit_autocast
         tx.output.create_call("call_function", exit_fn, [self.node], {}, opaque=True)
         self.real.__exit__(None, None, None)
+        tx.output.entered.remove(self.real)
         return ConstantVariable(None)
 
 
