@@ -3,9 +3,11 @@
 Eager PyTorch is the oracle for every value and gradient.
 """
 
+import gc
 import subprocess
 import sys
 import warnings
+import weakref
 from importlib.metadata import PackageNotFoundError, distribution, entry_points
 
 import pytest
@@ -254,3 +256,104 @@ def test_dynamo_backend_refuses_parameters_kept_as_attributes():
     gm = torch.fx.symbolic_trace(model)  # keeps weight and bias as get_attr nodes
     with pytest.raises(NotImplementedError, match="requires grad"):
         toycomp.toycomp_backend(gm, [torch.randn(4, 3)])
+
+
+# --- mutations toycomp cannot replay, and ones it can (issue 6, item 8) ---------------------------
+def clamp_weights_then_apply(lin, x):
+    with torch.no_grad():  # legal in eager: a leaf parameter mutated without autograd
+        lin.weight.clamp_(-0.1, 0.1)
+    return lin(x).sum()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_parameter_mutated_under_no_grad_is_replayed(backend):
+    torch.manual_seed(0)
+    lin, ref = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    ref.load_state_dict(lin.state_dict())
+    compiled = toycomp.compile(lambda x: clamp_weights_then_apply(lin, x), backend=backend)
+    for _ in range(2):  # the first call (capture, undo, compiled code) and a cached one
+        x = torch.randn(2, 4)
+        out, out_ref = compiled(x), clamp_weights_then_apply(ref, x)
+        out.backward(), out_ref.backward()
+        assert_close(out, out_ref)
+        for p, p_ref in zip(lin.parameters(), ref.parameters()):
+            assert p.is_leaf and p.grad_fn is None
+            assert_close(p, p_ref)
+            assert_close(p.grad, p_ref.grad)
+        with torch.no_grad():  # so that the next call clamps again
+            lin.weight.mul_(3), ref.weight.mul_(3)
+    assert len(compiled.entries) == 1 and compiled.eager_reason is None
+
+
+def resize_input(x):
+    x.resize_(6)
+    return x * 2
+
+
+def transpose_input(x):
+    x.t_()
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [resize_input, transpose_input])
+def test_metadata_mutation_of_an_input_falls_back_visibly(fn):
+    ex = toycomp.explain(fn, torch.randn(2, 4), backend="cpp")
+    assert ex.eager_reason and ex.fallbacks[0].startswith("whole graph: toycomp.aot")
+    assert "runs eagerly" in ex.summary() and ex.eager_reason in str(ex)
+    compiled = toycomp.compile(fn, backend="cpp")
+    for call in range(2):  # the first call (whose capture run cannot be undone), then eager
+        x, x_ref = torch.arange(8.0).reshape(2, 4), torch.arange(8.0).reshape(2, 4)
+        if call == 0:
+            with pytest.warns(UserWarning, match="eagerly.*toycomp.aot"):
+                out = compiled(x)
+        else:
+            out = compiled(x)
+        out_ref = fn(x_ref)
+        assert x.stride() == x_ref.stride()  # the mutation happened once, as in eager
+        assert_close(x, x_ref)
+        assert_close(out, out_ref)
+    assert compiled.eager_reason is not None and not compiled.entries
+
+
+# --- inference mode (issue 6, item 9) -------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="capture's side_effects.watch reads t._version (_torch_compat.tensor_version), which "
+    "inference tensors do not have; AOT and the runtime handle them (tests/aot)",
+)
+def test_inference_tensors_and_inference_mode():
+    def f(x, w):
+        return (x.sin() * w).sum(0)
+
+    with torch.inference_mode():
+        x_inf = torch.randn(4, 3)
+    w = torch.randn(3, requires_grad=True)
+    compiled = toycomp.compile(f, backend="cpp")
+    out, (grad,) = grads_of(compiled, x_inf, w)
+    out_ref, (grad_ref,) = grads_of(f, x_inf, w)
+    assert_close(out, out_ref)
+    assert_close(grad, grad_ref)
+    with torch.inference_mode():
+        x = torch.randn(4, 3)
+        out = compiled(x, w)
+        assert out.is_inference()
+        assert_close(out, f(x, w))
+
+
+# --- compiled entries keep metadata, not the first call's tensors (issue 6, item 16) --------------
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_compiled_entries_do_not_keep_inputs_alive(backend):
+    def f(x, y, buf):
+        buf.add_(1)
+        return (x.sin() * y).sum() + buf.sum()
+
+    compiled = toycomp.compile(f, backend=backend)
+    tensors = [torch.randn(64, requires_grad=True), torch.randn(64), torch.zeros(3)]
+    out = compiled(*tensors)
+    out.backward()
+    ex = toycomp.explain(f, *tensors, backend=backend)
+    refs = [weakref.ref(t) for t in (*tensors, out)]
+    del tensors, out
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)
+    assert compiled.entries and ex.kernels  # still alive, still compiled

@@ -79,9 +79,16 @@ class Explanation:
         return [k for g in self.entry.graphs for k in g.compiled.kernels]
 
     @property
+    def eager_reason(self) -> str | None:
+        """Why the whole graph runs eagerly (AOT refused a construct, e.g. ``resize_``), or None."""
+        return self.entry.eager_reason
+
+    @property
     def fallbacks(self) -> list[str]:
-        """ATen ops that run eagerly because toycomp cannot decompose them (empty is good)."""
-        return [op for g in self.entry.graphs for op in g.fallbacks]
+        """What runs eagerly because toycomp cannot compile it (empty is good): ATen ops it
+        cannot decompose, or the whole graph, with the reason, when AOT refused it."""
+        whole = [f"whole graph: {self.eager_reason}"] if self.eager_reason else []
+        return whole + [op for g in self.entry.graphs for op in g.fallbacks]
 
     def draw(self, stage: str) -> viz.Drawing:
         """Draw ``"captured"``, ``"joint"``, ``"forward"``, ``"backward"``, ``"forward_prims"``
@@ -106,6 +113,9 @@ class Explanation:
             out.append(("graph break: runs eagerly", str(self.graph_break)))
             return out
         out.append(("guards", "\n".join(str(g) for g in self.guards)))
+        if self.eager_reason is not None:
+            out.append(("runs eagerly", self.eager_reason))
+            return out
         if self.joint is not None:
             out.append(("2. joint graph (ATen)", _code(self.joint)))
         out.append(("2. forward graph (ATen)", _code(self.forward)))
@@ -130,6 +140,8 @@ class Explanation:
         """One paragraph: graphs, kernels, fallbacks."""
         if self.graph_break is not None:
             return f"toycomp.explain: graph break, runs eagerly\n  {self.graph_break}"
+        if self.eager_reason is not None:
+            return f"toycomp.explain: runs eagerly\n  {self.eager_reason}"
         counts = ", ".join(
             f"{g.name}: {len(g.compiled.kernels)} kernel(s)" for g in self.entry.graphs
         )
@@ -176,4 +188,6 @@ def explain(
         An ``Explanation``: print it, or display it in a notebook.
     """
     check_choices(backend, partition)
-    return Explanation(build(fn, example_inputs, kwargs, backend, partition))
+    entry = build(fn, example_inputs, kwargs, backend, partition)
+    entry.take_first_outputs()  # an Explanation keeps no tensors of the call
+    return Explanation(entry)

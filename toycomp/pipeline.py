@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
+from toycomp._torch_compat import tree_flatten
 from toycomp.capture.captured_graph import CapturedGraph
 from toycomp.capture.tracer import capture
 from toycomp.aot.aot_autograd import aot_function
@@ -94,14 +95,26 @@ def inductor_compiler(
 
 @dataclass
 class CompiledEntry:
-    """One compiled version of a function, valid while its guards hold."""
+    """One compiled version of a function, valid while its guards hold.
+
+    ``eager_reason`` says why the graph runs eagerly instead (AOT refused a construct, e.g.
+    ``resize_`` of an input); ``first_outputs`` holds, in a 1-tuple, the capture run's result
+    when that run has to stand for the first call ([Note: the capture run cannot be undone]).
+    """
 
     captured: CapturedGraph
     aot: AOTOutput | None
     graphs: list[GraphArtefacts] = field(default_factory=list)
+    eager_reason: str | None = None
+    first_outputs: tuple | None = field(default=None, repr=False)
 
     def run(self, flat_inputs: list[torch.Tensor]) -> Any:
         return self.captured.unflatten_outputs(self.aot(*flat_inputs))
+
+    def take_first_outputs(self) -> tuple | None:
+        """``first_outputs``, once (then the entry holds no tensors of that call)."""
+        outputs, self.first_outputs = self.first_outputs, None
+        return outputs
 
 
 def check_choices(backend: str | None, partition: str) -> None:
@@ -115,22 +128,50 @@ def check_choices(backend: str | None, partition: str) -> None:
 def build(
     fn: Callable, args: tuple, kwargs: dict, backend: str | None, partition: str = "min_cut"
 ) -> CompiledEntry:
-    """Run every stage once on these example inputs (a graph break stops after capture)."""
+    """Run every stage once on these example inputs (a graph break stops after capture).
+
+    An entry's ``eager_reason`` is set when AOT refuses the graph (NotImplementedError: an
+    unsupported construct); ``first_outputs`` when the capture run stands for this call.
+    """
+    before = {id(t): _undoable_state(t) for t in tree_flatten((args, kwargs))[0]
+              if isinstance(t, torch.Tensor)}  # fmt: skip
     captured = capture(fn, *args, **kwargs)
     if captured.graph_break is not None:
         return CompiledEntry(captured, None)  # capture already undid fn's side effects
-    # Capturing ran fn for real; undo its in-place writes and RNG draws so that the compiled
-    # code, which runs this same call next, applies them exactly once.
-    captured.undo_side_effects()
+    examples, first_outputs = captured.example_inputs, None
+    # [Note: the capture run cannot be undone]
+    # Capturing ran fn for real; we undo its in-place writes and RNG draws so that the compiled
+    # code, which runs this same call next, applies them exactly once. Undo restores values
+    # only. An in-place op under autograd on an input (x.mul_(2) on x = a * 1) also gave it a
+    # new autograd history, and t_ / unsqueeze_ / resize_ changed its shape or storage: none
+    # of that can be put back, and running the compiled code (or fn) again would apply it
+    # twice. Then the capture run *is* this call (it ran eagerly, once): its outputs are
+    # returned, and the compiled code (or fn, eagerly) runs from the next call on.
+    if any(_undoable_state(t) != before[id(t)] for t in examples if id(t) in before):
+        first_outputs, captured.side_effects = (captured.example_outputs,), None
+    else:
+        captured.undo_side_effects()
+    # [Note: entries hold metadata, not tensors] The example tensors belong to the caller:
+    # a cached entry must not keep them (or the first call's outputs) alive.
+    captured.example_inputs, captured.example_outputs = [], None
     graphs: list[GraphArtefacts] = []
-    aot = aot_function(
-        captured.gm,
-        captured.example_inputs,
-        fw_compiler=inductor_compiler(backend, "forward", graphs),
-        bw_compiler=inductor_compiler(backend, "backward", graphs),
-        partition_fn=PARTITIONS[partition],
-    )
-    return CompiledEntry(captured, aot, graphs)
+    try:
+        aot = aot_function(
+            captured.gm,
+            examples,
+            fw_compiler=inductor_compiler(backend, "forward", graphs),
+            bw_compiler=inductor_compiler(backend, "backward", graphs),
+            partition_fn=PARTITIONS[partition],
+        )
+    except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
+        return CompiledEntry(captured, None, eager_reason=str(e), first_outputs=first_outputs)
+    return CompiledEntry(captured, aot, graphs, first_outputs=first_outputs)
+
+
+def _undoable_state(t: torch.Tensor) -> tuple:
+    """What undoing the capture run cannot restore: autograd history, metadata, storage."""
+    storage = t.untyped_storage().data_ptr()
+    return t.grad_fn, t.shape, t.stride(), t.storage_offset(), storage
 
 
 class OptimizedFunction:
@@ -168,13 +209,23 @@ class OptimizedFunction:
         entry = build(self.fn, args, kwargs, self.backend, self.partition)
         if entry.captured.graph_break is not None:
             return self._give_up(f"graph break: {entry.captured.graph_break}", args, kwargs)
+        first_outputs = entry.take_first_outputs()
+        if entry.eager_reason is not None:
+            return self._give_up(entry.eager_reason, args, kwargs, first_outputs)
         self.entries.append(entry)
+        if first_outputs is not None:
+            return first_outputs[0]
         return entry.run(entry.captured.flatten_inputs(*args, **kwargs))
 
-    def _give_up(self, reason: str, args: tuple, kwargs: dict) -> Any:
+    def _give_up(
+        self, reason: str, args: tuple, kwargs: dict, first_outputs: tuple | None = None
+    ) -> Any:
+        """Run ``fn`` eagerly from now on (this call too, unless capture already ran it)."""
         self.eager_reason = reason
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
         warnings.warn(f"toycomp: running {name} eagerly ({reason})", stacklevel=3)
+        if first_outputs is not None:
+            return first_outputs[0]
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:

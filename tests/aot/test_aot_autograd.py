@@ -11,7 +11,7 @@ from torch import nn
 
 import toycomp
 from toycomp.aot import aot_autograd as aot
-from toycomp.aot.partitioners import default_partition
+from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 
 aten = torch.ops.aten
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -308,13 +308,84 @@ def test_copy_and_out_variants():
     assert {aten._to_copy, aten.expand} <= packets(out.joint)
 
 
-def test_mutating_an_input_into_a_value_that_requires_grad_is_refused():
+# -- mutations that autograd records (issue 6, item 7) ---------------------------------------------
+def check_autograd_mutation(fn, make_inputs, compiled):
+    """Eager and ``compiled`` agree on outputs, the mutated inputs' values and histories (a loss
+    reading them after the call), and the gradients of the leaves they came from."""
+    results = []
+    for run in (fn, compiled):
+        torch.manual_seed(0)
+        leaves, inputs = make_inputs()
+        outs = as_tuple(run(*inputs))
+        loss = sum((o * (k + 1)).sum() for k, o in enumerate(outs) if o.requires_grad)
+        loss = loss + sum((x.sin() * 3).sum() for x in inputs if x.requires_grad)
+        loss.backward()
+        results.append((outs, [x.detach() for x in inputs], [leaf.grad for leaf in leaves]))
+    (outs, values, grads), (ref_outs, ref_values, ref_grads) = results[1], results[0]
+    for a, b in zip([*outs, *values, *grads], [*ref_outs, *ref_values, *ref_grads]):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_inplace_on_a_non_leaf_input_that_requires_grad():
+    def g(x):
+        x.mul_(2)
+        return (x * x).sum()
+
+    def make_inputs():
+        a = torch.randn(4, requires_grad=True)
+        return [a], [a * 1]  # not a leaf: eager lets g mutate it, and records it
+
+    compiled = aot.aot_function(g, make_inputs()[1])
+    assert compiled.mutated_inputs == [0] and compiled.diff_outputs == [0, 1]
+    check_autograd_mutation(g, make_inputs, lambda x: compiled(x)[0])
+    check_autograd_mutation(g, make_inputs, toycomp.compile(g, backend="cpp"))  # first call
+    compiled_g = toycomp.compile(g, backend="cpp")
+    compiled_g(make_inputs()[1][0])
+    check_autograd_mutation(g, make_inputs, compiled_g)  # the compiled code, not the capture run
+    assert len(compiled_g.entries) == 1 and compiled_g.eager_reason is None
+
+
+def test_mutating_an_input_into_a_value_that_requires_grad():
     def f(x, buf):
-        buf.copy_(x * 2)
+        buf.copy_(x * 2)  # buf did not require grad; now it has x's history, as in eager
         return buf + 1
 
-    with pytest.raises(NotImplementedError, match="input 1 is mutated"):
-        aot.aot_function(f, [torch.randn(3, requires_grad=True), torch.randn(3)])
+    def make_inputs():
+        x = torch.randn(3, requires_grad=True)
+        return [x], [x, torch.randn(3)]
+
+    compiled = aot.aot_function(f, make_inputs()[1])
+    check_autograd_mutation(f, make_inputs, lambda *args: compiled(*args)[0])
+
+
+def test_mutating_a_leaf_that_requires_grad_fails_as_in_eager():
+    def g(x):
+        x.mul_(2)
+        return x.sum()
+
+    a = torch.randn(3, requires_grad=True)
+    compiled = aot.aot_function(g, [(a * 1)])
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        g(a)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        compiled(a)
+
+
+def test_saved_inputs_are_not_overwritten_by_the_epilogue():
+    def f(x):
+        y = x.unsqueeze(1).expand(4, 64).exp()  # min-cut saves the small old x, not exp
+        x.mul_(2)
+        return y
+
+    def make_inputs():
+        a = torch.randn(4, requires_grad=True)
+        return [a], [a * 1]
+
+    compiled = aot.aot_function(
+        f, make_inputs()[1], partition_fn=min_cut_rematerialization_partition
+    )
+    assert compiled.saved_values == ["primals_1"]
+    check_autograd_mutation(f, make_inputs, lambda x: compiled(x)[0])
 
 
 def test_dtype_promotion_in_inplace_op():
@@ -931,3 +1002,25 @@ def test_first_order_backward_is_unaffected_by_the_double_backward_guard():
     g, = torch.autograd.grad(compiled(x)[0].sum(), x)
     assert g.grad_fn is None and not g.requires_grad
     torch.testing.assert_close(g, (x.exp() * (x + 1)).detach(), **TOL)
+
+
+# -- inference mode (issue 6, item 9) --------------------------------------------------------------
+def test_inference_tensors_as_inputs_and_calls_under_inference_mode():
+    def f(x, w, buf):
+        buf.add_(1)
+        return (x.sin() * w).sum(0) + buf
+
+    with torch.inference_mode():
+        x_inf, buf_inf = torch.randn(4, 3), torch.zeros(3)
+    w = torch.randn(3, requires_grad=True)
+    compiled = aot.aot_function(f, [x_inf, w, torch.zeros(3)])
+    check_against_eager(f, [x_inf, w, torch.zeros(3)], compiled=compiled)
+    with torch.inference_mode():  # inference tensors, in place, under inference mode
+        out, = compiled(x_inf, w, buf_inf)
+        torch.testing.assert_close(out, f(x_inf, w, torch.zeros(3)), **TOL)
+        torch.testing.assert_close(buf_inf, torch.ones(3))
+    with torch.inference_mode():  # traced under inference mode
+        traced = aot.aot_function(f, [x_inf, w, buf_inf])
+        out, = traced(torch.randn(4, 3), w, buf_inf)
+    assert traced.backward is None and out.is_inference()
+    torch.testing.assert_close(buf_inf, torch.full((3,), 2.0))  # tracing mutates copies

@@ -73,23 +73,49 @@ def _clone_input(x: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
 
 
-def _input_mutations(tracker: TensorTracker, primals: list, inputs: Sequence) -> list:
-    """(input index, final value node) for every input the traced function mutated."""
+def _as_passed(primal: torch.Tensor) -> torch.Tensor:
+    """What ``fn`` sees for a primal: the leaf itself, or a non-leaf copy if it requires grad.
+
+    [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
+    leaf (``a * 1``) is recorded by autograd, and the caller's tensor gets a new history. We
+    differentiate with respect to leaf primals, which autograd refuses to mutate, so ``fn``
+    gets ``primal.clone()`` (made before recording starts: nothing enters the graph, and its
+    backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
+    (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
+    """
+    return primal.clone() if primal.requires_grad else primal
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mutation:
+    """An input that ``fn`` mutated: the node of its new value, and whether autograd saw it."""
+
+    index: int
+    node: fx.Node
+    requires_grad: bool  # recorded by autograd (not under no_grad): the new value has a tangent
+
+
+def _input_mutations(tracker: TensorTracker, passed: list, grad_fns: list, inputs: Sequence):
+    """A ``_Mutation`` for every input the traced function mutated.
+
+    ``grad_fns`` holds each passed tensor's ``grad_fn`` before ``fn`` ran: a mutation that
+    autograd recorded replaced it; one under ``torch.no_grad()`` (clamping a parameter) did not.
+    """
     mutations = []
-    for i, (p, placeholder) in enumerate(zip(primals, tracker.placeholders)):
+    for i, (p, placeholder) in enumerate(zip(passed, tracker.placeholders)):
         node = tracker.read(p, f"the input-mutation epilogue (input {i})")
         if node is placeholder:
             continue
-        if p.requires_grad or p.shape != inputs[i].shape:
+        if p.shape != inputs[i].shape or p.stride() != inputs[i].stride():
             raise NotImplementedError(
-                f"toycomp.aot: input {i} is mutated in a way toycomp cannot replay (the new "
-                "value requires grad, or its shape changed)"
+                f"toycomp.aot: input {i} changes its shape or strides in place (resize_, t_, "
+                "unsqueeze_...); toycomp replays only mutations of an input's values"
             )
         key = storage_key(inputs[i])
         for j, other in enumerate(inputs):
             if j != i and key is not None and storage_key(other) == key:
                 raise NotImplementedError(f"toycomp.aot: mutated input {i} aliases input {j}")
-        mutations.append((i, node))
+        mutations.append(_Mutation(i, node, p.requires_grad and p.grad_fn is not grad_fns[i]))
     return mutations
 
 
@@ -118,8 +144,9 @@ def _trace_backward(
 ) -> list:
     """Record the backward: a gradient node (or None) per primal.
 
-    [Note: the joint function] Like PyTorch's create_joint: grads of the outputs that require
-    grad w.r.t. the primals that require grad, with one tangent per such output.
+    [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
+    require grad (user outputs, and new values of inputs that autograd saw being mutated)
+    w.r.t. the primals that require grad, with one tangent per such output.
     """
     tangents = [torch.ones(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device)
                 for i in diff]  # fmt: skip
@@ -139,29 +166,33 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
     tracker = TensorTracker()
     recorder = FunctionalRecorder(tracker)
     primals = [_clone_input(x, joint and x.requires_grad) for x in inputs]
-    for i, p in enumerate(primals):
-        tracker.placeholder(f"primals_{i + 1}", p)
     with torch.enable_grad() if joint else torch.no_grad():
+        passed = [_as_passed(p) for p in primals]  # [Note: mutated inputs that require grad]
+        grad_fns = [p.grad_fn for p in passed]
+        for i, p in enumerate(passed):
+            tracker.placeholder(f"primals_{i + 1}", p)
         with recorder:
-            outs = _as_tuple(fn(*primals))
+            outs = _as_tuple(fn(*passed))
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
-        mutations = _input_mutations(tracker, primals, inputs)
+        mutations = _input_mutations(tracker, passed, grad_fns, inputs)
+        fwd_values = [*outs, *[passed[m.index] for m in mutations]]
         diff_outputs = [i for i, o in enumerate(outs) if joint and o.requires_grad]
-        grad_nodes = _trace_backward(recorder, primals, outs, diff_outputs) if joint else []
-        if joint and _input_mutations(tracker, primals, inputs) != mutations:
+        diff_outputs += [len(outs) + k for k, m in enumerate(mutations) if m.requires_grad]
+        grad_nodes = _trace_backward(recorder, primals, fwd_values, diff_outputs) if joint else []
+        if joint and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
-    tracker.graph.output((*out_nodes, *[n for _, n in mutations], *grad_nodes))
+    tracker.graph.output((*out_nodes, *[m.node for m in mutations], *grad_nodes))
     tracker.graph.eliminate_dead_code()
     tracker.graph.lint()
     gm = fx.GraphModule(tracker.constants, tracker.graph)
     gm.meta.update(
         num_fwd_outputs=len(outs) + len(mutations),
         num_user_outputs=len(outs),
-        mutated_inputs=[i for i, _ in mutations],
+        mutated_inputs=[m.index for m in mutations],
         diff_outputs=diff_outputs,
         requires_grad=[p.requires_grad for p in primals],
         grad_inputs=[i for i, g in enumerate(grad_nodes) if g is not None],
-        output_alias_info=output_alias_info(outs, primals),
+        output_alias_info=output_alias_info(outs, passed),
     )
     return _Trace(gm, {node.name: value for node, value in tracker.values.items()})
 

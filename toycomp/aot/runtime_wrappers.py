@@ -89,7 +89,7 @@ class CompiledFunction(torch.autograd.Function):
     def forward(ctx, aot: AOTOutput, *args: torch.Tensor):  # type: ignore[override]
         outs = list(aot.compiled_forward(list(args)))
         fwd = aot.unalias_outputs(outs[: aot.num_fwd_outputs], args)
-        saved = outs[aot.num_fwd_outputs :]  # not user outputs: never copied
+        saved = aot.unshare_mutated(outs[aot.num_fwd_outputs :], args)
         is_tensor = [isinstance(s, torch.Tensor) for s in saved]
         ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
         ctx.non_tensors = [s for s, t in zip(saved, is_tensor) if not t]
@@ -168,7 +168,7 @@ class AOTOutput:
     num_user_outputs: int
     mutated_inputs: list[int]
     requires_grad: list[bool]  # per input, as traced
-    diff_outputs: list[int]  # user outputs that have a tangent
+    diff_outputs: list[int]  # forward outputs that have a tangent (user outputs, mutated inputs)
     grad_inputs: list[int]  # the input each backward output is the gradient of
     compiled_forward: Callable[[list], Sequence]
     compiled_backward: Callable[[list], Sequence] | None
@@ -189,11 +189,27 @@ class AOTOutput:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
                 outs = self.unalias_outputs(outs, inputs)
-        if self.mutated_inputs:
-            with torch.no_grad():  # the input-mutation epilogue, as in AOTAutograd
-                for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
-                    args[index].copy_(value)
+        # The input-mutation epilogue, as in AOTAutograd. A new value that requires grad came
+        # from a mutation autograd recorded ([Note: mutated inputs that require grad] in
+        # aot_autograd.py): copying it with grad on gives the caller's tensor eager's history
+        # (and, for a leaf, eager's error). Other mutations (buffers, a parameter clamped
+        # under no_grad) are copied without autograd seeing them, as they happened in eager.
+        for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
+            with torch.set_grad_enabled(value.requires_grad and torch.is_grad_enabled()):
+                args[index].copy_(value)
         return tuple(outs[: self.num_user_outputs])
+
+    def unshare_mutated(self, saved: Sequence, args: Sequence) -> list:
+        """Saved values, with copies of those sharing memory with an input about to be mutated.
+
+        The backward may need an input's old value (``primals_1``) that the epilogue then
+        overwrites; saving the input itself would fail autograd's version check, or worse.
+        """
+        keys = {storage_key(args[i]) for i in self.mutated_inputs} - {None}
+        if not keys:
+            return list(saved)
+        return [s.clone() if isinstance(s, torch.Tensor) and storage_key(s) in keys else s
+                for s in saved]  # fmt: skip
 
     def _check_requires_grad(self, args: Sequence[torch.Tensor]) -> None:
         if self.backward is None:
