@@ -544,3 +544,11 @@ def break_inside_try_skips_frame(x):
     except RuntimeError:
         y = x
     return y.cos()
+
+
+@case(lambda: [(t(3), None), (t(3, seed=1), t(3, seed=2)), (t(3, seed=3), None)])
+def optional_argument_and_identity(x, bias):
+    if bias is None:
+        bias = x
+    same = bias is x
+    return x * 2 + bias, same

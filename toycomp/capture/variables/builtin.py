@@ -102,6 +102,8 @@ def is_same(a: VariableTracker, b: VariableTracker) -> bool:
     """``a is b`` while tracing: same tracker, same constant, or the same real object."""
     if a is b:
         return True
+    if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+        return getattr(a, "proxy", None) is getattr(b, "proxy", 0)  # one node: one tensor
     if a.is_python_constant() and b.is_python_constant() and not isinstance(a, BaseListVariable):
         return a.as_python_constant() is b.as_python_constant()
     if hasattr(a, "value") and hasattr(b, "value") and not isinstance(a, ConstantVariable):
