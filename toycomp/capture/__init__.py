@@ -24,6 +24,20 @@ Files, in reading order:
     guard_compiler.py  a graph's guards compiled into one Python function
     captured_graph.py  ``CapturedGraph``: check the guards, flatten a call, rebuild the outputs
 
+The bytecode interpreter that replaces ``tracer.py`` (a small Dynamo; tested, not yet used by
+``toycomp.compile``), in reading order:
+
+    convert_frame.py       ``compile_frame``: the per-function cache of guarded entries
+    symbolic_convert.py    ``InstructionTranslator``: a value stack and locals of variable trackers
+    instructions.py        the opcode table (Python 3.10-3.13); instructions_flow.py: calls, jumps
+    variables/             the variable trackers (tensors, constants, lists, modules, functions...)
+    sources.py             where each value came from; guard_builder.py: guards from the sources
+    output_graph.py        the FX graph, built on fake tensors
+    side_effects_replay.py Python mutations recorded while tracing, replayed after the graph
+    codegen.py             traced values back into Python expressions
+    resume_execution.py    resume functions: the rest of a frame after a graph break
+    transformed_code.py    the function that runs instead of fn, as readable Python text
+
 NB: in PyTorch this lives in torch/_dynamo/ (symbolic_convert.py interprets the bytecode,
 output_graph.py builds the graph, guards.py and torch/_guards.py the guards, side_effects.py
 replays Python side effects, trace_rules.py and variables/ decide what is traced).
