@@ -56,13 +56,21 @@ from toycomp._triton_compat import interpreted_function, interpreting_device_cal
 from toycomp.inductor import cache, indexing, ir
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
+    LOW_PRECISION,
     GeneratedKernel,
     IndentedBuffer,
     KernelCodegen,
     compute_dtype,
     operand_dtype,
 )
-from toycomp.inductor.codegen.triton_helpers import HELPERS, TRITON_OPS, triton_convert, triton_type
+from toycomp.inductor.codegen.triton_helpers import (
+    HELPERS,
+    TRITON_OPS,
+    triton_convert,
+    triton_narrow,
+    triton_type,
+    triton_widen,
+)
 
 # [Note: Triton block sizes]
 # No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
@@ -158,9 +166,8 @@ class TritonKernelCodegen(KernelCodegen):
         other = ""
         if "rmask" in mask:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
-        code = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
-        if compute_dtype(self.dtypes[buffer]) != self.dtypes[buffer]:
-            code += ".to(tl.float32)"
+        load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
+        code = triton_widen(load, self.dtypes[buffer])
         return self.cse.generate(self.loads, code, self.dtypes[buffer])
 
     def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
@@ -170,7 +177,7 @@ class TritonKernelCodegen(KernelCodegen):
         if dtype == torch.bool and expr.dtype != torch.bool:
             value = f"{value} != 0"
         elif dtype != compute_dtype(expr.dtype):
-            value = f"{value}.to({triton_type(dtype)})"
+            value = triton_narrow(value, dtype, compute_dtype(expr.dtype))
         mask = "rmask & xmask" if self.in_r_loop else "xmask"
         self.stores.writeline(f"tl.store({self.pointer(buffer, index)}, {value}, {mask})")
 
@@ -220,14 +227,17 @@ class TritonKernelCodegen(KernelCodegen):
     def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
         index = sympy.sympify(index)
         text = self.print_index(index)
-        if not index.free_symbols:
-            code = f"tl.full({self.shape(self.in_r_loop)}, {text}, {triton_type(dtype)})"
+        if not index.free_symbols:  # a number: a block of it, in an exact dtype
+            exact = torch.int64 if dtype in LOW_PRECISION else dtype
+            code = f"tl.full({self.shape(self.in_r_loop)}, {text}, {triton_type(exact)})"
+            if exact != dtype:
+                code = triton_convert(code, dtype, exact)
         else:
             code = triton_convert(f"({text})", dtype)
         return self.cse.generate(self.compute, code, dtype)
 
     def cast(self, value: str, src: torch.dtype, dst: torch.dtype) -> str:
-        return triton_convert(value, dst)
+        return triton_convert(value, dst, compute_dtype(src))
 
     def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
         return f"{name} = {expr}"
@@ -239,6 +249,8 @@ class TritonKernelCodegen(KernelCodegen):
                 args[i] = self.materialize(args[i], operand_dtype(expr, i))
         if expr.name == "pow" and not expr.dtype.is_floating_point:
             raise NotImplementedError("Triton backend: pow on integer tensors")
+        if expr.name == "convert_element_type":  # the source dtype picks the rounding path
+            return triton_convert(args[0], expr.dtype, compute_dtype(expr.args[0].dtype))
         return super().op(expr, args)
 
     # --- layout ---------------------------------------------------------------------------------

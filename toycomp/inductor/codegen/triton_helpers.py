@@ -7,7 +7,8 @@ Input -> output: a prim name and its arguments' source text -> a Triton expressi
 
 ``tl`` has no ``tanh``, ``log1p`` or ``pow`` and Triton's CPU interpreter cannot run
 ``libdevice``, so those three are small ``@triton.jit`` helpers written with ``tl.*``
-primitives; ``triton.py`` pastes the ones a kernel uses into its module. Everything here exists
+primitives, as are the bf16 <-> fp32 conversions (see [Note: fp16 and bf16 conversions]);
+``triton.py`` pastes the ones a kernel uses into its module. Everything here exists
 in Triton 3.6 and 3.9.
 
 NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonOverrides) and
@@ -20,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from toycomp.inductor.codegen.common import infix_rules
+from toycomp.inductor.codegen.common import LOW_PRECISION, infix_rules
 
 TRITON_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -35,13 +36,43 @@ def triton_type(dtype: torch.dtype) -> str:
     return TRITON_TYPES[dtype]
 
 
-def triton_convert(value: str, dtype: torch.dtype) -> str:
-    """``convert_element_type``: to bool is ``!= 0``; fp16/bf16 round, then compute in fp32."""
+# [Note: fp16 and bf16 conversions]
+# Eager PyTorch converts anything to fp16/bf16 through fp32 (c10::Half and c10::BFloat16 are
+# built from a float): fp64 -> fp32 -> bf16 rounds twice, and we must round the same way, so
+# every narrowing goes through fp32 first. bf16 <-> fp32 is then written with integer ops on
+# the bits (bf16 is the top half of an fp32), as c10::BFloat16 does it, rather than with
+# `.to(tl.bfloat16)`: Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding to
+# nearest even, flushes subnormals wrongly both ways and turns fp64/int -> bf16 into garbage
+# bits (`astype(uint16)`). The bit version is exact on a GPU too, so one source serves both.
+def triton_convert(value: str, dtype: torch.dtype, src: torch.dtype | None = None) -> str:
+    """``convert_element_type`` of ``value`` (computed in ``src``; None: unknown) to ``dtype``:
+    to bool is ``!= 0``; fp16/bf16 round (see the Note), then compute in fp32."""
     if dtype == torch.bool:
         return f"{value} != 0"
-    if dtype in (torch.float16, torch.bfloat16):
-        return f"{value}.to({triton_type(dtype)}).to(tl.float32)"
+    if dtype in LOW_PRECISION:
+        return triton_widen(triton_narrow(value, dtype, src), dtype)
     return f"{value}.to({triton_type(dtype)})"
+
+
+def triton_narrow(value: str, dtype: torch.dtype, src: torch.dtype | None = None) -> str:
+    """``value`` (computed in ``src``) as a tensor of storage dtype ``dtype``, rounded like eager
+    (fp16/bf16 through fp32: see [Note: fp16 and bf16 conversions])."""
+    if dtype not in LOW_PRECISION:
+        return f"{value}.to({triton_type(dtype)})"
+    if src != torch.float32:
+        value = f"{value}.to(tl.float32)"
+    if dtype == torch.bfloat16:
+        return f"_fp32_to_bf16({value})"
+    return f"{value}.to(tl.float16)"
+
+
+def triton_widen(value: str, dtype: torch.dtype) -> str:
+    """A loaded ``dtype`` value in its compute dtype: fp16/bf16 -> fp32 (exact), else as is."""
+    if dtype == torch.bfloat16:
+        return f"_bf16_to_fp32({value})"
+    if dtype == torch.float16:
+        return f"{value}.to(tl.float32)"
+    return value
 
 
 # [Note: maximum and NaN]
@@ -91,6 +122,19 @@ def _log1p(x):
     d = tl.where(u == 1.0, 1.0, u - 1.0)
     y = tl.log(u) * (x / d)
     return tl.where(u == 1.0, x, tl.where(u == float("inf"), u, y))
+''',
+    "_fp32_to_bf16": '''@triton.jit
+def _fp32_to_bf16(x):
+    # Round to nearest even on the bits, as c10::BFloat16 does; every NaN becomes 0x7fc0.
+    u = x.to(tl.uint32, bitcast=True)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    bits = tl.where(x != x, 0x7FC0, rounded)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+''',
+    "_bf16_to_fp32": '''@triton.jit
+def _bf16_to_fp32(x):
+    # A bf16 is the top half of an fp32: exact, subnormals included.
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 ''',
     "_pow": '''@triton.jit
 def _pow(a, b):
