@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+import toycomp
 import toycomp.prims as prims
-from toycomp.inductor.runtime import check_extern, check_input, resolve_extern
+from toycomp.inductor.runtime import check_extern, check_input, resolve_extern, restride
 
 CPU = torch.device("cpu")
 
@@ -34,3 +35,68 @@ def test_resolve_extern():
     assert resolve_extern("toycomp.prims.sin") is prims.PRIM_INFO[prims.sin].ref
     with pytest.raises(RuntimeError, match="not found"):
         resolve_extern("aten.no_such_op.default")
+
+
+# --- results laid out like eager's, overlapping ones included (issue 6 item 5) ------------------
+def _layouts():
+    base = torch.arange(12.0).reshape(3, 4)
+    return {
+        "expanded": torch.arange(3.0).expand(4, 3),  # stride (0, 1)
+        "expanded scalar": torch.tensor(2.0).expand(3, 4),  # stride (0, 0)
+        "expanded column": torch.arange(3.0)[:, None].expand(3, 5),  # stride (1, 0)
+        "overlapping windows": torch.arange(7.0).unfold(0, 3, 2),  # stride (2, 1)
+        "windows of an expand": base[:, None].expand(3, 2, 4).unfold(2, 2, 1),
+        "with gaps": base[:, :2],  # stride (4, 1): a chunk of a bigger tensor
+        "empty": torch.empty(0, 3).expand(0, 3),
+    }
+
+
+@pytest.mark.parametrize("name", list(_layouts()))
+def test_restride_gives_eager_layout_in_fresh_storage(name):
+    eager = _layouts()[name]
+    out = restride(eager.contiguous(), eager.stride())
+    assert out.shape == eager.shape and out.stride() == eager.stride()
+    assert torch.equal(out, eager)
+    if eager.numel():
+        assert out.untyped_storage().data_ptr() != eager.untyped_storage().data_ptr()
+    moved = check_extern(eager.contiguous(), tuple(eager.shape), eager.stride(), eager.dtype, "b")
+    assert moved.stride() == eager.stride() and torch.equal(moved, eager)
+
+
+def _grads(fn, inputs):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out.sum(), inputs)
+
+
+STRIDE_ZERO_PROGRAMS = {  # the backward of a sum is an expand: eager returns stride-0 gradients
+    "sum0_mul": (lambda x, w: x.sum(0) * w, [(3, 4), (4,)]),
+    "tanh_sum": (lambda x: torch.tanh(x.sum()), [(3, 4)]),
+    "sum_sigmoid": (lambda x: x.sum(-1).sigmoid(), [(3, 4)]),
+    "sum_exp_sum": (lambda x: x.sum(1).exp().sum(), [(3, 4)]),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", list(STRIDE_ZERO_PROGRAMS))
+def test_stride_zero_gradients(backend, name):
+    fn, shapes = STRIDE_ZERO_PROGRAMS[name]
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=gen) for s in shapes]
+    out, grads = _grads(toycomp.compile(fn, backend=backend), inputs)
+    want_out, want_grads = _grads(fn, inputs)
+    torch.testing.assert_close(out, want_out)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+        assert g.shape == w.shape
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_expanded_output_is_an_expanded_view_of_fresh_storage(backend):
+    x = torch.randn(1, 3)
+    x_before = x.clone()
+    out = toycomp.compile(lambda x: (x * 2).expand(4, 3), backend=backend)(x)
+    want = (x * 2).expand(4, 3)
+    assert torch.equal(out, want) and out.stride() == want.stride()
+    out[0].add_(1)  # every row sees it, as in eager's expanded result; the input is untouched
+    assert torch.equal(out, want + 1) and torch.equal(x, x_before)

@@ -53,9 +53,44 @@ def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int)
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+# [Note: results laid out like eager's, overlapping ones included]
+# An output (or an extern's result) is copied into the strides eager gives it. Those may leave
+# gaps (a chunk of a bigger tensor) or make elements share memory: eager returns expanded views
+# (the backward of `x.sum()` is `grad.expand(x.shape)`, stride 0) and overlapping windows
+# (`unfold`). `empty_strided(size, stride).copy_(t)` refuses the latter ("more than one element
+# of the written-to tensor refers to a single memory location"). Elements that share a location
+# hold the same value in eager's result, so we write each location once: a stride-0 dimension is
+# narrowed to its first index, what is left is copied when its strides cannot overlap, else
+# scattered through the storage positions of its elements. The result is fresh storage viewed
+# with eager's strides: its values, shape and strides are eager's, it aliases nothing else, and
+# writing into it is refused where eager refuses it too.
 def restride(t: torch.Tensor, stride: tuple) -> torch.Tensor:
-    """A copy of ``t`` with ``stride`` (which may leave gaps, like a chunk of a bigger tensor)."""
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+    """A copy of ``t`` laid out with ``stride`` (see the Note: gaps and overlaps allowed)."""
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    if out.numel() == 0:
+        return out
+    core, core_out = t, out
+    for dim, (n, step) in enumerate(zip(t.shape, stride)):
+        if step == 0 and n > 1:
+            core, core_out = core.narrow(dim, 0, 1), core_out.narrow(dim, 0, 1)
+    if not _may_overlap(core_out):
+        core_out.copy_(core)
+        return out
+    footprint = 1 + sum((n - 1) * s for n, s in zip(core_out.shape, core_out.stride()))
+    storage = out.as_strided((footprint,), (1,), out.storage_offset())
+    positions = torch.arange(footprint, device=t.device).as_strided(core.shape, core_out.stride())
+    storage[positions.reshape(-1)] = core.reshape(-1)
+    return out
+
+
+def _may_overlap(t: torch.Tensor) -> bool:
+    """True unless each dimension, by increasing stride, steps past all the smaller ones."""
+    span = 1  # elements reached by the dimensions seen so far
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if s < span:
+            return True
+        span += (n - 1) * s
+    return False
 
 
 def check_input(
@@ -80,4 +115,4 @@ def check_extern(t: Any, size: tuple, stride: tuple, dtype: torch.dtype, name: s
         raise RuntimeError(f"extern kernel for {name}: expected {tuple(size)} {dtype}, got {got}")
     if same_strides((size, stride), t):
         return t
-    return torch.empty_strided(size, stride, dtype=dtype, device=t.device).copy_(t)
+    return restride(t, stride)
