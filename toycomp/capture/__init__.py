@@ -29,7 +29,9 @@ The bytecode interpreter that replaces ``tracer.py`` (a small Dynamo; tested, no
 
     convert_frame.py       ``compile_frame``: the per-function cache of guarded entries
     symbolic_convert.py    ``InstructionTranslator``: a value stack and locals of variable trackers
-    instructions.py        the opcode table (Python 3.10-3.13); instructions_flow.py: calls, jumps
+    instructions.py        the opcode table (Python 3.10-3.13): locals, the stack, operators
+    instructions_containers.py  subscripts, containers, attributes, f-strings
+    instructions_flow.py   calls, functions, jumps, loops, ``with``, generators
     variables/             the variable trackers (tensors, constants, lists, modules, functions...)
     sources.py             where each value came from; guard_builder.py: guards from the sources
     output_graph.py        the FX graph, built on fake tensors

@@ -3,8 +3,9 @@
 Each handler takes the translator ``tx`` and one ``dis.Instruction`` and moves variable trackers
 between ``tx.stack`` and ``tx.symbolic_locals``, exactly as CPython's ``ceval`` moves real values.
 An opcode missing from ``HANDLERS`` is a graph break whose reason names it. This module has the
-data instructions (locals, stack, operators, containers, attributes, f-strings);
-toycomp/capture/instructions_flow.py registers calls, jumps, loops, ``with`` and generators.
+table itself and the instructions on locals, globals, cells, the stack and operators;
+toycomp/capture/instructions_containers.py registers subscripts, containers, attributes and
+f-strings, and toycomp/capture/instructions_flow.py calls, jumps, loops, ``with`` and generators.
 
 >>> import dis
 >>> sorted(op for op in HANDLERS if op.startswith("LOAD_F"))[:3]
@@ -60,8 +61,7 @@ import sys
 
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.builtin import BuiltinVariable
-from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
-from toycomp.capture.variables.objects import SuperVariable
+from toycomp.capture.variables.lists import TupleVariable
 from toycomp.capture.variables.tensor import TensorVariable
 
 PY = sys.version_info[:2]
@@ -88,11 +88,9 @@ def handles(*names):
     return register
 
 
-def call(tx, fn, args, kwargs=None):
-    return fn.call_function(tx, list(args), kwargs or {})
-
-
 def builtin(tx, fn, *args):
+    """``fn(*args)`` on trackers, through the builtin's rule (``operator.add`` on two tensors
+    adds a graph node; on two constants it folds)."""
     return BuiltinVariable(fn).call_function(tx, list(args), {})
 
 
@@ -300,177 +298,3 @@ def call_intrinsic_1(tx, inst):
         tx.push(builtin(tx, operator.pos, tx.pop()))
     else:
         raise Unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
-
-
-# ----- containers and attributes ------------------------------------------------------------
-
-@handles("BINARY_SUBSCR")
-def binary_subscr(tx, inst):
-    key, obj = tx.pop(), tx.pop()
-    tx.push(builtin(tx, operator.getitem, obj, key))
-
-
-@handles("BINARY_SLICE")
-def binary_slice(tx, inst):
-    end, start, obj = tx.pop(), tx.pop(), tx.pop()
-    key = ConstantVariable(slice(start.as_python_constant(), end.as_python_constant()))
-    tx.push(builtin(tx, operator.getitem, obj, key))
-
-
-@handles("STORE_SUBSCR")
-def store_subscr(tx, inst):
-    key, obj, value = tx.pop(), tx.pop(), tx.pop()
-    builtin(tx, operator.setitem, obj, key, value)
-
-
-@handles("STORE_SLICE")
-def store_slice(tx, inst):
-    end, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
-    key = ConstantVariable(slice(start.as_python_constant(), end.as_python_constant()))
-    builtin(tx, operator.setitem, obj, key, value)
-
-
-@handles("DELETE_SUBSCR")
-def delete_subscr(tx, inst):
-    key, obj = tx.pop(), tx.pop()
-    builtin(tx, operator.delitem, obj, key)
-
-
-@handles("BUILD_TUPLE", "BUILD_LIST")
-def build_sequence(tx, inst):
-    items = tx.popn(inst.arg)
-    tx.push((TupleVariable if inst.opname == "BUILD_TUPLE" else ListVariable)(items))
-
-
-@handles("BUILD_MAP")
-def build_map(tx, inst):
-    flat = tx.popn(2 * inst.arg)
-    tx.push(DictVariable({k.as_python_constant(): v for k, v in zip(flat[::2], flat[1::2])}))
-
-
-@handles("BUILD_CONST_KEY_MAP")
-def build_const_key_map(tx, inst):
-    keys = tx.pop().as_python_constant()
-    tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
-
-
-@handles("BUILD_SLICE")
-def build_slice(tx, inst):
-    parts = [v.as_python_constant() for v in tx.popn(inst.arg)]
-    tx.push(ConstantVariable(slice(*parts)))
-
-
-@handles("LIST_APPEND")
-def list_append(tx, inst):
-    value = tx.pop()
-    tx.stack[-inst.arg].call_method(tx, "append", [value], {})
-
-
-@handles("LIST_EXTEND")
-def list_extend(tx, inst):
-    value = tx.pop()
-    tx.stack[-inst.arg].call_method(tx, "extend", [value], {})
-
-
-@handles("MAP_ADD")
-def map_add(tx, inst):
-    value, key = tx.pop(), tx.pop()
-    tx.stack[-inst.arg].call_method(tx, "__setitem__", [key, value], {})
-
-
-@handles("DICT_UPDATE", "DICT_MERGE")
-def dict_update(tx, inst):
-    value = tx.pop()
-    tx.stack[-inst.arg].call_method(tx, "update", [value], {})
-
-
-@handles("LIST_TO_TUPLE")
-def list_to_tuple(tx, inst):
-    tx.push(TupleVariable(tx.pop().unpack_var_sequence(tx)))
-
-
-@handles("UNPACK_SEQUENCE")
-def unpack_sequence(tx, inst):
-    items = tx.pop().unpack_var_sequence(tx)
-    if len(items) != inst.arg:
-        raise Unsupported(f"unpacking {len(items)} values into {inst.arg}")
-    tx.stack += reversed(items)
-
-
-@handles("UNPACK_EX")
-def unpack_ex(tx, inst):
-    before, after = inst.arg & 0xFF, inst.arg >> 8
-    items = tx.pop().unpack_var_sequence(tx)
-    middle = ListVariable(items[before:len(items) - after])
-    tx.stack += reversed([*items[:before], middle, *items[len(items) - after:]])
-
-
-@handles("LOAD_ATTR")
-def load_attr(tx, inst):
-    obj = tx.pop()
-    attr = obj.var_getattr(tx, inst.argval)
-    if PY >= (3, 12) and inst.arg & 1:  # a method load: (NULL, bound) / 3.13 (bound, NULL)
-        tx.stack += [attr, NULL] if PY >= (3, 13) else [NULL, attr]
-    else:
-        tx.push(attr)
-
-
-@handles("LOAD_METHOD")
-def load_method(tx, inst):
-    obj = tx.pop()
-    tx.stack += [NULL, obj.var_getattr(tx, inst.argval)]
-
-
-@handles("LOAD_SUPER_ATTR")
-def load_super_attr(tx, inst):
-    self_var, cls, _super = tx.pop(), tx.pop(), tx.pop()
-    attr = SuperVariable(cls.as_python_constant(), self_var).var_getattr(tx, inst.argval)
-    if inst.arg & 1:
-        tx.stack += [attr, NULL] if PY >= (3, 13) else [NULL, attr]
-    else:
-        tx.push(attr)
-
-
-@handles("STORE_ATTR")
-def store_attr(tx, inst):
-    obj, value = tx.pop(), tx.pop()
-    if not hasattr(obj, "setattr"):
-        raise Unsupported(f"attribute store on {obj}")
-    obj.setattr(tx, inst.argval, value)
-
-
-# ----- f-strings ------------------------------------------------------------------------------
-
-def _format(tx, value, conversion, spec):
-    if isinstance(value, TensorVariable):
-        raise Unsupported("formatting a tensor reads its data")
-    text = {None: lambda v: v, "s": str, "r": repr, "a": ascii}[conversion](value.as_python_constant())
-    return ConstantVariable(format(text, spec))
-
-
-@handles("FORMAT_VALUE")
-def format_value(tx, inst):
-    spec = tx.pop().as_python_constant() if inst.arg & 0x04 else ""
-    conversion = {0: None, 1: "s", 2: "r", 3: "a"}[inst.arg & 0x03]
-    tx.push(_format(tx, tx.pop(), conversion, spec))
-
-
-@handles("FORMAT_SIMPLE")
-def format_simple(tx, inst):
-    tx.push(_format(tx, tx.pop(), None, ""))
-
-
-@handles("FORMAT_WITH_SPEC")
-def format_with_spec(tx, inst):
-    spec = tx.pop().as_python_constant()
-    tx.push(_format(tx, tx.pop(), None, spec))
-
-
-@handles("CONVERT_VALUE")
-def convert_value(tx, inst):
-    tx.push(_format(tx, tx.pop(), {1: "s", 2: "r", 3: "a"}[inst.arg], ""))
-
-
-@handles("BUILD_STRING")
-def build_string(tx, inst):
-    tx.push(ConstantVariable("".join(v.as_python_constant() for v in tx.popn(inst.arg))))

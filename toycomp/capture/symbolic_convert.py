@@ -42,6 +42,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+from toycomp.capture import instructions_containers  # noqa: F401 (registers its HANDLERS)
 from toycomp.capture.instructions import BINARY_OPS, COMPARE_OPS, HANDLERS
 from toycomp.capture.instructions_flow import pop_call_operands
 from toycomp.capture.sources import (
