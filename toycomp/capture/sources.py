@@ -15,8 +15,8 @@ inputs back through the same sources on every call. A source renders two ways:
 >>> cell_source(GlobalSource("helper"), 1).name()
 "G['helper'].__closure__[1].cell_contents"
 
-NB: in PyTorch this lives in torch/_dynamo/source.py (LocalSource, GlobalSource, AttrSource,
-GetItemSource, ...; ``Source.name()`` is the guard expression).
+NB: in PyTorch this lives in torch/_dynamo/source.py (LocalSource, GlobalSource, ChainedSource,
+AttrSource, GetItemSource, ...; ``Source.name()`` is the guard expression).
 """
 
 from __future__ import annotations
@@ -75,31 +75,40 @@ class BuiltinSource(Source):
 
 
 @dataclass(frozen=True)
-class AttrSource(Source):
+class ChainedSource(Source):
+    """A source reached from another one, ``base``: the base's text and then ``suffix()``."""
+
     base: Source
+
+    def render(self, local):
+        return self.base.render(local) + self.suffix()
+
+    def suffix(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AttrSource(ChainedSource):
     member: str
 
-    def render(self, local):
-        return f"{self.base.render(local)}.{self.member}"
+    def suffix(self):
+        return f".{self.member}"
 
 
 @dataclass(frozen=True)
-class GetItemSource(Source):
-    base: Source
+class GetItemSource(ChainedSource):
     index: Any  # an int, a str or another constant key
 
-    def render(self, local):
-        return f"{self.base.render(local)}[{self.index!r}]"
+    def suffix(self):
+        return f"[{self.index!r}]"
 
 
 @dataclass(frozen=True)
-class IteratorSeqSource(Source):
+class IteratorSeqSource(ChainedSource):
     """The sequence under a list / tuple / range iterator (``__reduce__`` reads it unconsumed)."""
 
-    base: Source
-
-    def render(self, local):
-        return f"{self.base.render(local)}.__reduce__()[1][0]"
+    def suffix(self):
+        return ".__reduce__()[1][0]"
 
 
 @dataclass(frozen=True)
