@@ -1,4 +1,5 @@
-"""The base variable tracker, Python constants, and the exception that means "graph break".
+"""The base variable tracker, trackers of real Python values and constants, and the exception
+that means "graph break".
 
 A variable tracker stands for one Python value while the bytecode interpreter runs: it knows
 what the interpreter may do with the value (call it, read an attribute, iterate it) and, when the
@@ -92,8 +93,9 @@ class VariableTracker:
         return f"{type(self).__name__}()"
 
 
-class ConstantVariable(VariableTracker):
-    """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
+class ValueVariable(VariableTracker):
+    """A tracker that holds the real Python object, ``value``, as its own Python constant: a
+    constant, or an object from outside the trace such as a torch function, class or module."""
 
     def __init__(self, value: Any, source: Source | None = None):
         self.value = value
@@ -104,6 +106,10 @@ class ConstantVariable(VariableTracker):
 
     def as_python_constant(self) -> Any:
         return self.value
+
+
+class ConstantVariable(ValueVariable):
+    """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
         return ConstantVariable(getattr(self.value, name))

@@ -21,7 +21,12 @@ import types
 import torch
 
 from toycomp.capture.sources import AttrSource, GetItemSource
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    Unsupported,
+    ValueVariable,
+    VariableTracker,
+)
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
 
@@ -141,18 +146,8 @@ class NNModuleVariable(UserDefinedObjectVariable):
         return self.call_method(tx, "__iter__", [], {}).unpack_var_sequence(tx)
 
 
-class UserDefinedClassVariable(VariableTracker):
+class UserDefinedClassVariable(ValueVariable):
     """A class (guarded by identity): usable in isinstance and attribute reads, not called."""
-
-    def __init__(self, value, source=None):
-        self.value = value
-        self.source = source
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def var_getattr(self, tx, name):
         attr = inspect.getattr_static(self.value, name)
@@ -185,18 +180,11 @@ class SuperVariable(VariableTracker):
         raise Unsupported(f"super() has no attribute {name!r}")
 
 
-class PythonModuleVariable(VariableTracker):
+class PythonModuleVariable(ValueVariable):
     """A Python module such as ``torch``, ``math`` or ``numpy`` (not guarded)."""
-
-    def __init__(self, value: types.ModuleType, source=None):
-        self.value = value
-        self.source = source
 
     def python_type(self):
         return types.ModuleType
-
-    def as_python_constant(self):
-        return self.value
 
     def var_getattr(self, tx, name):
         if not hasattr(self.value, name):

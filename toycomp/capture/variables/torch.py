@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    Unsupported,
+    ValueVariable,
+    VariableTracker,
+)
 from toycomp.capture.variables.tensor import TensorVariable
 
 CONSTANT_FUNCTIONS = {torch.is_grad_enabled, torch.get_default_dtype, torch.is_autocast_enabled,
@@ -35,18 +40,8 @@ UNSUPPORTED = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.sav
 AUTOCAST = {torch.autocast, torch.amp.autocast}
 
 
-class TorchVariable(VariableTracker):
+class TorchVariable(ValueVariable):
     """A torch function or class; calling it adds a graph node (or a context manager)."""
-
-    def __init__(self, value, source=None):
-        self.value = value
-        self.source = source
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def var_getattr(self, tx, name):
         return tx.output.wrap(getattr(self.value, name), None, guard=False)
