@@ -27,6 +27,26 @@ from toycomp.capture.sources import Source
 _LITERALS = (int, float, str, bool, type(None), bytes)
 
 
+def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> str | None:
+    """``value`` as text without binding a new name, or None: a literal of one of ``scalars``
+    (never nan / inf, which have none), a torch dtype, or the name ``env`` already binds it to.
+    Shared by the transformed function's code and the guards' text.
+
+    >>> known_text(3, {}, (int,)), known_text(torch.float16, {}, ()), known_text(len, {"n": len}, ())
+    ('3', 'torch.float16', 'n')
+    >>> known_text(float("nan"), {}, (float,)) is None
+    True
+    """
+    if isinstance(value, scalars) and repr(value) not in ("nan", "inf", "-inf"):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    for name, known in env.items():
+        if known is value:
+            return name
+    return None
+
+
 class PyCodegen:
     """Collects statements (``lines``), globals for them (``env``) and the graph's outputs."""
 
@@ -43,15 +63,12 @@ class PyCodegen:
         return source.code()
 
     def constant(self, value: Any) -> str:
-        if isinstance(value, _LITERALS) and repr(value) not in ("nan", "inf", "-inf"):
-            return repr(value)
-        if isinstance(value, torch.dtype):
-            return str(value)
+        """``value`` as a literal, or as a name bound to it in ``env`` (``__sin_3``)."""
+        text = known_text(value, self.env, _LITERALS)
+        if text is not None:
+            return text
         if isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
             return repr(value)
-        for name, known in self.env.items():
-            if known is value:
-                return name
         name = getattr(value, "__name__", type(value).__name__)
         name = f"__{''.join(c if c.isalnum() else '_' for c in name)}_{len(self.env)}"
         self.env[name] = value

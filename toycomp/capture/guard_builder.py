@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from toycomp.capture.codegen import known_text
 from toycomp.capture.sources import Source, _BUILTINS
 
 _LITERAL_TYPES = (int, float, str, bool, type(None))
@@ -55,15 +56,11 @@ class GuardBuilder:
 
     def constant(self, value: Any) -> str:
         """``value`` as text: a literal, a torch dtype, or a name bound in the guard's globals."""
-        if isinstance(value, _LITERAL_TYPES) and repr(value) not in ("nan", "inf", "-inf"):
-            return repr(value)
-        if isinstance(value, torch.dtype):
-            return str(value)
+        text = known_text(value, self.env, _LITERAL_TYPES)
+        if text is not None:
+            return text
         if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-            return repr(tuple(value))
-        for name, known in self.env.items():
-            if known is value:
-                return name
+            return repr(tuple(value))  # a torch.Size too
         if isinstance(value, torch.device):
             name = f"device_{value.type}{'' if value.index is None else value.index}"
         else:
