@@ -29,6 +29,13 @@ from typing import Any
 
 from toycomp.capture.sources import Source
 
+# Methods replayed as a statement rather than a call ({0}, {1}: the arguments).
+STATEMENTS = {
+    "__setitem__": "{target}[{0}] = {1}",
+    "__delitem__": "del {target}[{0}]",
+    "__iadd__": "{target}.extend({0})",
+}
+
 
 @dataclass
 class MethodCall:
@@ -43,13 +50,11 @@ class MethodCall:
         target = cg.reconstruct(self.target)
         parts = [cg.reconstruct(a) for a in self.args]
         parts += [f"{k}={cg.reconstruct(v)}" for k, v in self.kwargs.items()]
-        if self.method == "__setitem__":
-            return f"{target}[{parts[0]}] = {parts[1]}"
-        if self.method == "__delitem__":
-            return f"del {target}[{parts[0]}]"
-        if self.method == "__iadd__":
-            return f"{target}.extend({parts[0]})"
+        statement = STATEMENTS.get(self.method)
+        if statement is not None:
+            return statement.format(*parts, target=target)
         return f"{target}.{self.method}({', '.join(parts)})"
+
 
 
 @dataclass
