@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from dataclasses import dataclass
 
 from toycomp.capture.sources import AttrSource, GetItemSource
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
@@ -115,17 +116,17 @@ class UserMethodVariable(UserFunctionVariable):
         return super().call_function(tx, [self.obj, *args], kwargs)
 
 
+@dataclass(eq=False)  # trackers compare by identity
 class NestedUserFunctionVariable(VariableTracker):
     """A function made by the traced code itself (``MAKE_FUNCTION``): lambdas, inner functions,
     comprehensions before 3.12. Its closure holds ``CellVariable``s of the enclosing frame."""
 
-    def __init__(self, code, f_globals, defaults, kwdefaults, closure, qualname):
-        self.code = code
-        self.f_globals = f_globals
-        self.defaults = defaults
-        self.kwdefaults = kwdefaults
-        self.closure = closure
-        self.qualname = qualname
+    code: types.CodeType
+    f_globals: dict
+    defaults: list
+    kwdefaults: dict
+    closure: list
+    qualname: str
 
     def python_type(self):
         return types.FunctionType
