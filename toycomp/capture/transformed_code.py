@@ -96,17 +96,7 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
         body.extend(cg.lines)
         cg.lines.clear()
         body.append(line)
-    head, gm, examples = [], None, []
-    if output.count_calls():
-        gm = output.graph_module(cg.outputs)
-        examples = output.example_inputs()
-        compiled = compile_graph(gm, examples)
-        name = f"__compiled_fn_{graph_index}"
-        cg.env[name] = compiled
-        inputs = ", ".join(s.code() for s in output.input_sources())
-        head = [f"{'__graph_out = ' if cg.outputs else ''}{name}({inputs})"]
-    elif cg.outputs:
-        raise Unsupported("graph outputs without graph operations")
+    head, gm, examples = call_graph(output, cg, compile_graph, graph_index)
     name = f"__transformed_{fn.__code__.co_name}"
     lines = [f"def {name}({signature_text(fn.__code__)}):"]
     lines += ["    " + line for line in head + body + tail]
@@ -119,6 +109,23 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
     return TransformedCode(new_fn, source, gm, examples, resume)
 
 
+def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], Any, list]:
+    """The line that calls the compiled graph on its inputs (none when no torch op was traced),
+    the GraphModule and its example inputs. Call it after everything that reads ``__graph_out``
+    has been written: ``cg.outputs`` are the graph's outputs."""
+    if not output.count_calls():
+        if cg.outputs:
+            raise Unsupported("graph outputs without graph operations")
+        return [], None, []
+    gm = output.graph_module(cg.outputs)
+    examples = output.example_inputs()
+    compiled = compile_graph(gm, examples)
+    name = f"__compiled_fn_{graph_index}"
+    cg.env[name] = compiled
+    inputs = ", ".join(s.code() for s in output.input_sources())
+    return [f"{'__graph_out = ' if cg.outputs else ''}{name}({inputs})"], gm, examples
+
+
 def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     """The transformed function's last lines, and the resume functions they call."""
     if isinstance(plan, Return):
@@ -128,17 +135,7 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     tail = [f"# graph break at {plan.location[0]}:{plan.location[1]}: {plan.reason}"
             if plan.location else f"# graph break: {plan.reason}"]
     if plan.kind == "call":
-        callee, args, kwargs = plan.call
-        call_expr = callable_expr(cg, callee, emit)
-        parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
-        parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
-        call = f"__result = {call_expr}({', '.join(parts)})"
-        exits = [name for v, name in zip(plan.stack, stack) if isinstance(v, WithExitFunctionVariable)]
-        if exits:  # if the call raises, leave the `with` blocks it ran inside
-            tail += ["try:", f"    {call}", "except BaseException:"]
-            tail += [f"    {name}(None, None, None)" for name in reversed(exits)] + ["    raise"]
-        else:
-            tail.append(call)
+        tail += call_at_break(plan, cg, emit, stack)
         stack.append("__result")
     live = {n: v for n, v in plan.locals.items() if not n.startswith("__stack")}  # prefix args
     locals_ = {name: emit(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}
@@ -157,6 +154,22 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     else:
         tail.append(f"return {names[0]}({args})")
     return tail, resume
+
+
+def call_at_break(plan, cg, emit, stack: list) -> list[str]:
+    """Lines that make the call that broke the graph, in plain Python: ``__result = f(...)``.
+    ``stack`` holds the rebuilt stack's names (NULL where a NULL was)."""
+    callee, args, kwargs = plan.call
+    call_expr = callable_expr(cg, callee, emit)
+    parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
+    parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
+    call = f"__result = {call_expr}({', '.join(parts)})"
+    exits = [name for v, name in zip(plan.stack, stack) if isinstance(v, WithExitFunctionVariable)]
+    if not exits:
+        return [call]
+    # if the call raises, leave the `with` blocks it ran inside
+    return (["try:", f"    {call}", "except BaseException:"]
+            + [f"    {name}(None, None, None)" for name in reversed(exits)] + ["    raise"])
 
 
 def callable_expr(cg, callee, emit) -> str:
