@@ -371,6 +371,45 @@ def test_bfloat16_gradient_of_a_mixed_precision_product(backend):
         torch.testing.assert_close(g, w)
 
 
+# --- signed zeros and NaN, bit for bit (see [Note: maximum, minimum, NaN and signed zero]) -------
+_NAN, _INF = float("nan"), float("inf")
+SPECIAL_VALUES = torch.tensor([-0.0, 0.0, _NAN, _INF, -_INF, 1.5, -2.0, 0.5, -0.5, 1.0, -1.0])
+SIGNED_ZERO_CASES = {  # eager keeps x itself when it equals a bound: relu(-0.0) is -0.0
+    "relu": torch.relu,
+    "clamp_min": lambda x: x.clamp_min(0),
+    "clamp_max": lambda x: x.clamp_max(0),
+    "clamp": lambda x: x.clamp(0, 1),
+    "clamp_negative": lambda x: x.clamp(-1, 0),
+    "clamp_nan_bound": lambda x: x.clamp(min=_NAN),
+    "hardtanh": torch.nn.functional.hardtanh,
+    "relu6": torch.nn.functional.relu6,
+    "leaky_relu": torch.nn.functional.leaky_relu,
+    "where": lambda x: torch.where(x > 0, x, 0.0),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(SIGNED_ZERO_CASES))
+def test_signed_zeros_and_nan_like_eager(backend, name):
+    fn = SIGNED_ZERO_CASES[name]
+    x = SPECIAL_VALUES.repeat(8).requires_grad_()
+    out = toycomp.compile(fn, backend=backend)(x)
+    assert_same_values(out, fn(x))
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert_same_values(grad, torch.autograd.grad(fn(x).sum(), x)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_maximum_minimum_kernels_follow_the_prims_rule(backend):
+    """NaN from either side wins; a -0.0/0.0 tie gives b (eager's own answer there depends on
+    the length: see the Note), in both codegens and in the reference alike."""
+    a = torch.tensor([-0.0, 0.0, _NAN, 1.0, _NAN, 2.0, 0.0, -0.0])
+    b = torch.tensor([0.0, -0.0, 1.0, _NAN, _NAN, -3.0, 0.0, -0.0])
+    got = toycomp.compile(lambda a, b: (torch.maximum(a, b), torch.minimum(a, b)), backend=backend)
+    for out, prim in zip(got(a, b), (prims.maximum, prims.minimum)):
+        assert_same_values(out, prim(a, b))
+
+
 # --- C++ compilation cache and errors ------------------------------------------------------------
 def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))

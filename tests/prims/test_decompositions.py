@@ -381,6 +381,42 @@ def test_direct_overloads(name):
     close(out, expected)
 
 
+
+# --- signed zeros and NaN, bit for bit ------------------------------------------------------------
+_nan, _inf = float("nan"), float("inf")
+SPECIAL_VALUES = torch.tensor([-0.0, 0.0, _nan, _inf, -_inf, 1.5, -2.0, 0.5, -0.5, 1.0, -1.0])
+SIGNED_ZERO_CASES = {  # eager keeps x itself when it equals a bound: relu(-0.0) is -0.0
+    "relu": torch.relu,
+    "clamp_min": lambda x: x.clamp_min(0),
+    "clamp_max": lambda x: x.clamp_max(0),
+    "clamp": lambda x: x.clamp(0, 1),
+    "clamp_negative": lambda x: x.clamp(-1, 0),
+    "clamp_nan_bound": lambda x: x.clamp(min=_nan),
+    "hardtanh": lambda x: F.hardtanh(x),
+    "relu6": lambda x: F.relu6(x),
+    "leaky_relu": lambda x: F.leaky_relu(x),
+    "where": lambda x: torch.where(x > 0, x, 0.0),
+    "relu_backward": lambda x: torch.autograd.grad(torch.relu(x).sum(), x)[0],
+}
+
+
+def same_bits(got, want):
+    """Equal values, NaN where eager has NaN, and the same sign on every zero."""
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    g, w = got.nan_to_num(0.0), want.nan_to_num(0.0)
+    assert torch.equal(g, w) and torch.equal(g.signbit(), w.signbit()), (got, want)
+
+
+@pytest.mark.parametrize("name", list(SIGNED_ZERO_CASES))
+def test_signed_zeros_and_nan_like_eager(name):
+    fn = SIGNED_ZERO_CASES[name]
+    x = SPECIAL_VALUES.repeat(8)  # long enough for ATen's vectorised loops
+    if name.endswith("_backward"):
+        x.requires_grad_()
+    dgm = decompose(make_fx(fn)(x), [x])
+    assert fallbacks(dgm) == []
+    same_bits(dgm(x.detach()), fn(x))
+
 # --- low precision: compute in float32, round once (like ATen) ------------------------------------
 def _ulp_mismatches(got, want):
     """(elements that differ, elements that differ by more than one step of the dtype)."""

@@ -83,3 +83,18 @@ def test_each_prim_is_defined_under_its_name():
     """``prims.sin`` is the prim named "sin": every prim can be found by grepping its name."""
     for name, prim in prims.PRIMS.items():
         assert getattr(prims, name) is prim and prims.PRIM_INFO[prim].name == name
+
+
+@pytest.mark.parametrize("n", [1, 7, 100])  # ATen's scalar loop, and its vectorised one
+def test_maximum_minimum_keep_nan_and_give_b_on_a_signed_zero_tie(n):
+    """[Note: maximum, minimum, NaN and signed zero]: one rule at every length (torch.maximum
+    returns a on a -0.0/0.0 tie in its scalar loop and b in its vectorised one)."""
+    nan = float("nan")
+    a = torch.tensor([-0.0, 0.0, nan, 1.0, nan, 2.0]).repeat(n)
+    b = torch.tensor([0.0, -0.0, 1.0, nan, nan, -3.0]).repeat(n)
+    for prim, want in ((prims.maximum, 2.0), (prims.minimum, -3.0)):
+        out = prim(a, b)
+        assert torch.equal(out.isnan(), a.isnan() | b.isnan())
+        assert torch.equal(out[0::6].signbit(), b[0::6].signbit())  # the ties: b's zero
+        assert torch.equal(out[1::6].signbit(), b[1::6].signbit())
+        assert (out[5::6] == want).all()

@@ -180,8 +180,21 @@ sub = _binary("sub", torch.sub)
 mul = _binary("mul", torch.mul)
 div = _binary("div", torch.div)
 pow = _binary("pow", torch.pow)  # noqa: A001
-maximum = _binary("maximum", torch.maximum)
-minimum = _binary("minimum", torch.minimum)
+# [Note: maximum, minimum, NaN and signed zero]
+# maximum(a, b) is NaN where a or b is NaN (as torch.maximum; C's fmax would drop the NaN), else
+# a where a > b, else b; minimum likewise with <. Only -0.0 and +0.0 compare equal yet differ,
+# and on them this returns b. ATen's CPU kernel has no one rule there: its vectorised loop
+# returns b and its scalar loop (short tensors, the tail of long ones) returns a, so eager's
+# torch.maximum(x, zeros) of a -0.0 depends on x's length. The prims keep one rule, the one of
+# Inductor's max_propagate_nan and triton_helpers.maximum, spelled the same by both codegens;
+# the references below spell it out rather than call torch.maximum, so that a prim graph gives
+# the same bits as the kernels. Ops that do have one eager answer on a tie put the value that
+# wins it second: relu and clamp return x itself when it equals the bound (relu(-0.0) = -0.0),
+# so they decompose to maximum(bound, x), as Inductor writes relu. (These are CPU eager's
+# answers, the oracle in CI. CUDA eager differs on zeros only: its maximum and clamp order -0.0
+# below +0.0, so relu(-0.0) is +0.0 there, and its clamp ignores a NaN bound.)
+maximum = _binary("maximum", lambda a, b: torch.where((a > b) | (a != a), a, b))
+minimum = _binary("minimum", lambda a, b: torch.where((a < b) | (a != a), a, b))
 eq = _binary("eq", torch.eq)
 ne = _binary("ne", torch.ne)
 lt = _binary("lt", torch.lt)

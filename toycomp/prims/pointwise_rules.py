@@ -196,10 +196,13 @@ def clamp(a: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 (ATen'
     computation, _ = elementwise_dtypes(a, *bounds, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(*(v.shape for v in (a, *bounds) if not is_number(v)))
     out, min, max = (broadcast_to(convert(v, computation), shape) for v in (a, min, max))
+    # The bound first: on a tie (-0.0 vs 0.0) the prim returns its second argument, x, as
+    # eager's clamp does; a NaN x or bound still wins (see [Note: maximum, minimum, NaN and
+    # signed zero] in prims/__init__.py).
     if min is not None:
-        out = prims.maximum(out, min)
+        out = prims.maximum(min, out)
     if max is not None:
-        out = prims.minimum(out, max)
+        out = prims.minimum(max, out)
     return out
 
 
@@ -221,7 +224,7 @@ def hardtanh(a: Any, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
 # --- activations and their backwards -----------------------------------------------------------
 @register(aten.relu.default)
 def relu(a: Any) -> Any:
-    return prims.maximum(a, 0)  # maximum propagates NaN, as relu does
+    return prims.maximum(0, a)  # NaN stays NaN, and relu(-0.0) is -0.0 (see clamp)
 
 
 @register(aten.threshold_backward.default)

@@ -77,7 +77,9 @@ def triton_widen(value: str, dtype: torch.dtype) -> str:
 
 # [Note: maximum and NaN]
 # torch.maximum / torch.amax propagate NaN; tl.maximum's default does not (on a GPU it is
-# fmaxf). `where((a > b) | (a != a), a, b)` is NaN when either side is NaN, for every dtype.
+# fmaxf). `where((a > b) | (a != a), a, b)` is NaN when either side is NaN, for every dtype, and
+# b on a -0.0/0.0 tie, as C++'s max_propagate_nan (see [Note: maximum, minimum, NaN and signed
+# zero] in toycomp/prims/__init__.py).
 TRITON_OPS: dict[str, Callable[..., str]] = {
     **infix_rules(),  # add, sub, mul, div and the comparisons
     "neg": lambda a: f"-{a}",
