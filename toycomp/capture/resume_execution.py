@@ -14,6 +14,9 @@ Its bytecode is made with the ``bytecode`` package, which keeps labels, exceptio
 line numbers right when instructions are inserted. Resume functions are cached by (code,
 offset, stack layout, argument names), so a recompile reuses them.
 
+>>> stack_arg_names([False, True, False])  # the stack at the break held a NULL in the middle
+['__stack0', '__stack2']
+
 NB: in PyTorch this lives in torch/_dynamo/resume_execution.py (ContinueExecutionCache,
 ``generate`` / ``ResumeFunctionMetadata``); Dynamo also re-enters ``with`` blocks, toycomp refuses
 breaks inside them.

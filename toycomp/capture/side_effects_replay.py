@@ -13,6 +13,17 @@ whole, in its final state, wherever it escapes. A mutation whose target or value
 written as Python (e.g. a lambda made inside the trace) raises ``Unsupported`` when recorded, so
 the instruction becomes a graph break and runs for real: a side effect is never dropped.
 
+>>> from toycomp.capture.codegen import PyCodegen
+>>> from toycomp.capture.sources import GlobalSource
+>>> from toycomp.capture.variables.base import ConstantVariable as C
+>>> from toycomp.capture.variables.lists import ListVariable
+>>> log = ListVariable([], source=GlobalSource("LOG"))
+>>> effects = SideEffects(check=lambda record: None)
+>>> effects.record_method_call(log, "append", [C(1)])
+>>> effects.record_method_call(log, "__setitem__", [C(0), C(7)])
+>>> effects.codegen(PyCodegen())
+["G['LOG'].append(1)", "G['LOG'][0] = 7"]
+
 [Note: why replaying after the graph is enough]
 The graph reads no Python state and the replayed lines read no tensor the graph has not already
 produced, so moving every Python mutation after the graph keeps each one's value; and replaying

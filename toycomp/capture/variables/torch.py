@@ -13,6 +13,9 @@ Example: ``with torch.no_grad(): y = x * 2`` traces to::
     mul = x * 2
     _set_grad_enabled_1 = torch._C._set_grad_enabled(True)
 
+>>> TorchVariable(torch.Size).call_function(None, [ConstantVariable((2, 3))], {})
+ConstantVariable(torch.Size([2, 3]))
+
 NB: in PyTorch this lives in torch/_dynamo/variables/torch.py (TorchInGraphFunctionVariable) and
 torch/_dynamo/variables/ctx_manager.py (GradModeVariable, AutocastModeVariable).
 """
