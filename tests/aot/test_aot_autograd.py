@@ -1024,3 +1024,92 @@ def test_inference_tensors_as_inputs_and_calls_under_inference_mode():
         out, = traced(torch.randn(4, 3), w, buf_inf)
     assert traced.backward is None and out.is_inference()
     torch.testing.assert_close(buf_inf, torch.full((3,), 2.0))  # tracing mutates copies
+
+
+# -- extern outputs on another device (issue 6, item 10) -------------------------------------------
+# On CUDA, aten._scaled_dot_product_efficient_attention returns its RNG seed and offset as CPU
+# scalars, saved for the backward. This op does the same on a CPU-only machine: a result on
+# its input's device, and an int64 scalar on another (the meta device, the only other one).
+_SEED_LIB = torch.library.Library("toycomp_tests", "DEF")
+_SEED_LIB.define("scale_with_seed(Tensor x) -> (Tensor, Tensor)")
+_SEED_LIB.define("scale_with_seed_backward(Tensor grad, Tensor seed) -> Tensor")
+
+
+def _scale_with_seed(x):
+    return x * 2, torch.empty((), dtype=torch.int64, device="meta")
+
+
+def _scale_with_seed_backward(grad, seed):
+    assert seed.device.type == "meta", f"the seed arrived on {seed.device}"
+    return grad * 2
+
+
+_SEED_LIB.impl("scale_with_seed", _scale_with_seed, "CPU")
+_SEED_LIB.impl("scale_with_seed", lambda x: (torch.empty_like(x), _scale_with_seed(x)[1]), "Meta")
+for _key in ("CPU", "Meta"):  # a meta argument makes the dispatcher pick the Meta kernel
+    _SEED_LIB.impl("scale_with_seed_backward", _scale_with_seed_backward, _key)
+torch.library.register_autograd(
+    "toycomp_tests::scale_with_seed",
+    lambda ctx, grad, _: torch.ops.toycomp_tests.scale_with_seed_backward(grad, ctx.seed),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "seed", output[1]),
+)
+
+
+def scaled_sin_with_seed(x):
+    y, _ = torch.ops.toycomp_tests.scale_with_seed(x.sin())
+    return y.sum()
+
+
+def test_backward_gets_extern_outputs_on_the_device_the_real_op_made_them():
+    seen = {}
+
+    def recording(name):
+        def compiler(gm, example_inputs):
+            seen[name] = {n.name: t.device.type for n, t in zip(gm.graph.nodes, example_inputs)}
+            return lambda args: gm(*args)
+
+        return compiler
+
+    x = torch.randn(4, requires_grad=True)
+    compiled = aot.aot_function(scaled_sin_with_seed, [x], recording("fw"), recording("bw"))
+    assert seen["bw"] == {"primals_1": "cpu", "getitem_1": "meta", "tangents_1": "cpu"}
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    for gm in (compiled.joint, compiled.forward, compiled.backward):  # [Note: a node's device]
+        devices = {n.name: n.meta["device"] for n in gm.graph.nodes if n.op != "output"}
+        assert devices.pop("getitem_1") == meta, gm.code
+        assert devices.pop("scale_with_seed", (cpu, meta)) == (cpu, meta)
+        assert set(devices.values()) == {cpu}, devices
+    check_against_eager(scaled_sin_with_seed, [x], compiled=compiled)
+
+
+def test_every_node_records_its_device():
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def f(x):
+        y = x * 1
+        y[0].add_(1)  # as_strided_scatter, regenerated views
+        return y.t().contiguous(), torch.tensor([1.0, 2.0]) * x[:, :2]
+
+    def g(x, buf, m, v):
+        buf.copy_(x.detach().double().sum(0))  # _to_copy and expand of a value it writes
+        return F.batch_norm(x, m, v, training=True) * 2  # a functionalised multi-output op
+
+    stats = [torch.zeros(4).double(), torch.zeros(4), torch.ones(4)]
+    for fn, inputs in [(f, [x]), (g, [x, *stats])]:
+        joint = aot.trace_joint(fn, inputs)
+        for node in joint.graph.nodes:
+            if node.op != "output":
+                devices = node.meta["device"]
+                devices = devices if isinstance(devices, tuple) else (devices,)
+                assert set(devices) - {None} == {torch.device("cpu")}, node.name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="stage 4 gives every graph input the graph's one device (lowering._graph_device, the "
+    "wrapper's check_input(..., device, ...)); it must use each input's own device",
+)
+def test_toycomp_compile_with_an_extern_output_on_another_device():
+    x = torch.randn(4, requires_grad=True)
+    compiled = toycomp.compile(scaled_sin_with_seed, backend="cpp")
+    check_against_eager(scaled_sin_with_seed, [x], compiled=lambda x: (compiled(x),))

@@ -172,7 +172,7 @@ class FunctionalRecorder(TorchDispatchMode):
         if root is not entry:
             base = self._relayout(root.node, root.tensor, force=not _is_fresh(root.node))
             args = (base, node, *geometry(t, root.tensor))
-            base = tracker.emit(aten.as_strided_scatter.default, args, {}, to_meta(root.tensor))
+            base = tracker.emit(aten.as_strided_scatter.default, args, {}, root.tensor)
             if not same_strides(node.meta["val"], t):
                 regenerate += [entry, *same]
         tracker.retrack(root, base)
@@ -275,7 +275,7 @@ class FunctionalRecorder(TorchDispatchMode):
             val = to_meta(mutated[0][1])
         else:
             val = self._functional_result(functional, real, defaults, drop, op)
-        node = self.tracker.emit(functional, nargs, nkwargs, val)
+        node = self.tracker.emit(functional, nargs, nkwargs, val, _devices_like(val, mutated))
         results = self.tracker.emit_results(node, val)
         for (_, t), index in zip(mutated, result_of):
             self._replace(t, self._convert(results[index], t), op, view_op)
@@ -316,10 +316,11 @@ class FunctionalRecorder(TorchDispatchMode):
             if src_t.device != dst.device:
                 kwargs["device"] = dst.device
             val = torch.empty_strided(val.shape, val.stride(), dtype=dst.dtype, device="meta")
-            node = self.tracker.emit(aten._to_copy.default, (node,), kwargs, val)
+            node = self.tracker.emit(aten._to_copy.default, (node,), kwargs, val, dst.device)
         if tuple(src_t.shape) != tuple(dst.shape):
             val = to_meta(val).expand(dst.shape)
-            node = self.tracker.emit(aten.expand.default, (node, list(dst.shape)), {}, val)
+            node = self.tracker.emit(aten.expand.default, (node, list(dst.shape)), {}, val,
+                                     dst.device)  # fmt: skip
         return node
 
 
@@ -340,6 +341,15 @@ def _needs_relayout(root: Tracked) -> bool:
     """
     node, fresh = root.node, _is_fresh(root.node) or root.node.op == "placeholder"
     return not fresh or not same_strides(node.meta["val"], root.tensor)
+
+
+def _devices_like(val: Any, mutated: list) -> Any:
+    """Where a functionalised op's results (meta ``val``) live: on the mutated tensor's device
+    (an in-place op writes where its ``self`` lives, and makes its other results there)."""
+    device = mutated[0][1].device
+    if isinstance(val, (tuple, list)):
+        return tuple(None if v is None else device for v in val)
+    return device
 
 
 def _as_list(value: Any) -> list:

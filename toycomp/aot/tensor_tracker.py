@@ -18,6 +18,13 @@ decides which nodes to add for each op and records them through a tracker:
     >>> tracker.read(y, "output"), tracker.read(w, "output")  # w became a (copied) constant
     (add, _tensor_constant0)
 
+[Note: a node's device] ``meta["val"]`` is a meta tensor (shape, dtype, strides: no device),
+so every node that holds a real tensor's value also records that tensor's device in
+``meta["device"]``, as the real op made it. Most results live where their inputs do, but not
+all: on CUDA, ``aten._scaled_dot_product_efficient_attention`` returns its RNG seed and offset
+as CPU scalars, which the backward then takes as inputs. Later stages read the device here
+rather than assume one device per graph.
+
 NB: in PyTorch this lives in torch/fx/experimental/proxy_tensor.py (``PythonKeyTracer``, its
 ``tensor_tracker`` and ``set_proxy_slot`` / ``get_proxy_slot``): make_fx's
 ``ProxyTorchDispatchMode(tracer)`` records into such a tracer as our recorder does.
@@ -89,11 +96,16 @@ class TensorTracker:
         self.track(t, node)
         return node
 
-    def emit(self, op: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
-        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph."""
+    def emit(self, op: Any, args: tuple, kwargs: dict, val: Any, device: Any = None) -> fx.Node:
+        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph.
+
+        ``val`` is the real result (or a tensor laid out like it); when it is only a meta
+        description, ``device`` says where the real result lives ([Note: a node's device]).
+        """
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         node.meta["val"] = to_meta_value(val)
+        node.meta["device"] = _devices(val) if device is None else device
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
@@ -102,11 +114,14 @@ class TensorTracker:
             return [node]
         if not isinstance(val, (tuple, list)):
             raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
+        devices = node.meta["device"]
         nodes: list[fx.Node | None] = []
         for i, item in enumerate(val):
             if item is not None and not isinstance(item, torch.Tensor):
                 raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {item!r}")
-            getitem = None if item is None else self.emit(operator.getitem, (node, i), {}, item)
+            device = devices[i] if isinstance(devices, tuple) else devices
+            getitem = None if item is None else self.emit(operator.getitem, (node, i), {}, item,
+                                                          device)  # fmt: skip
             nodes.append(getitem)
         return nodes
 
@@ -116,6 +131,7 @@ class TensorTracker:
         entry = Tracked(t, node, constant=constant)
         self._tracked[id(t)] = entry
         self.values.setdefault(node, t)
+        node.meta.setdefault("device", t.device)  # placeholders and constants
         key = storage_key(t)
         if key is not None:
             self._by_storage[key][id(t)] = entry
@@ -196,3 +212,12 @@ class TensorTracker:
         if shape != list(t.shape):
             node = self.emit(aten.expand.default, (node, list(t.shape)), {}, t)
         return self.track(t, node, constant=True)
+
+
+def _devices(val: Any) -> Any:
+    """The device of a tensor, or a tuple of them for a tuple of results (None for None)."""
+    if isinstance(val, torch.Tensor):
+        return val.device
+    if isinstance(val, (tuple, list)):
+        return tuple(_devices(v) for v in val)
+    return None
