@@ -4,6 +4,7 @@ Eager PyTorch is the oracle: the loss and every parameter gradient (fp32: rtol 1
 Sizes stay small because the Triton backend runs in Triton's CPU interpreter here.
 """
 
+import copy
 import math
 
 import pytest
@@ -129,3 +130,133 @@ def test_low_precision_scalar_multiply_is_exact():
     x = torch.randn(1000).to(torch.bfloat16)
     got = toycomp.compile(lambda x: x * 0.1, backend="cpp")(x)
     assert torch.equal(got, x * 0.1)
+
+
+# --- real models: torchvision-style training steps (issue 6) --------------------------------------
+# Small versions of torchvision's ResNet, MobileNetV2 and ViT, built here. Each is compiled on
+# its own copy of the weights; loss, every parameter gradient and every buffer (BatchNorm's
+# running statistics) must equal eager's after two training steps (the second one reuses the
+# compiled entry).
+class BasicBlock(nn.Module):
+    """torchvision.models.resnet.BasicBlock."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity, inplace=True)
+
+
+def small_resnet(num_classes: int = 10) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        BasicBlock(8, 8), BasicBlock(8, 16, stride=2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes),
+    )  # fmt: skip
+
+
+class InvertedResidual(nn.Module):
+    """torchvision.models.mobilenetv2.InvertedResidual: expand, depthwise, project."""
+
+    def __init__(self, channels: int, expand: int = 4) -> None:
+        super().__init__()
+        hidden = channels * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(True),
+            nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden), nn.ReLU6(True),
+            nn.Conv2d(hidden, channels, 1, bias=False), nn.BatchNorm2d(channels),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+def small_mobilenet(num_classes: int = 10) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True),
+        InvertedResidual(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes),
+    )  # fmt: skip
+
+
+class EncoderBlock(nn.Module):
+    """torchvision.models.vision_transformer.EncoderBlock, attention through sdpa."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(self.ln_1(x)).reshape(b, n, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        attn = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.ln_2(x))
+
+
+class SmallViT(nn.Module):
+    """torchvision.models.VisionTransformer, small: patches, class token, encoder, head."""
+
+    def __init__(self, image: int = 16, patch: int = 4, dim: int = 16, num_classes: int = 10):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, dim, patch, patch)
+        self.class_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embedding = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+        self.layers = nn.Sequential(EncoderBlock(dim, 2), EncoderBlock(dim, 2))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.layers(x + self.pos_embedding)
+        return self.head(self.ln(x)[:, 0])
+
+
+REAL_MODELS = {"resnet": small_resnet, "mobilenet": small_mobilenet, "vit": SmallViT}
+
+
+def _train_step(model: nn.Module, step, x: torch.Tensor, target: torch.Tensor):
+    model.zero_grad(set_to_none=True)
+    loss = step(x, target)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+REAL_MODEL_CASES = [(name, "cpp") for name in sorted(REAL_MODELS)]
+REAL_MODEL_CASES += [("mobilenet", "triton"), ("vit", "triton")]  # interpreted: the small ones
+
+
+@pytest.mark.parametrize("name, backend", REAL_MODEL_CASES)
+def test_real_model_training_step(name, backend):
+    torch.manual_seed(0)
+    model = REAL_MODELS[name]().train()
+    ref = copy.deepcopy(model)
+    loss_fn = lambda m: lambda x, t: F.cross_entropy(m(x), t)  # noqa: E731
+    compiled = toycomp.compile(loss_fn(model), backend=backend)
+    for _ in range(2):
+        x, target = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+        loss, grads = _train_step(model, compiled, x, target)
+        loss_ref, grads_ref = _train_step(ref, loss_fn(ref), x, target)
+        torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+        assert grads.keys() == grads_ref.keys()
+        for key, grad in grads.items():
+            torch.testing.assert_close(grad, grads_ref[key], rtol=RTOL, atol=ATOL, msg=key)
+        for (key, buf), buf_ref in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(buf, buf_ref, rtol=RTOL, atol=ATOL, msg=key)
+    assert len(compiled.entries) == 1 and compiled.eager_reason is None, compiled
