@@ -32,8 +32,10 @@ def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> st
     (never nan / inf, which have none), a torch dtype, or the name ``env`` already binds it to.
     Shared by the transformed function's code and the guards' text.
 
-    >>> known_text(3, {}, (int,)), known_text(torch.float16, {}, ()), known_text(len, {"n": len}, ())
-    ('3', 'torch.float16', 'n')
+    >>> known_text(3, {}, (int,)), known_text(torch.float16, {}, ())
+    ('3', 'torch.float16')
+    >>> known_text(len, {"n": len}, ())
+    'n'
     >>> known_text(float("nan"), {}, (float,)) is None
     True
     """

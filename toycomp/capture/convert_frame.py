@@ -214,6 +214,6 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
     reasons = [f"{r.break_reason} ({r.break_location[0]}:{r.break_location[1]})"
                if r.break_location else r.break_reason for r in context.log if r.break_reason]
     breaks = sum(r.break_location is not None and bool(r.break_location) for r in context.log)
-    return ExplainOutput(len(graphs), breaks, reasons, graphs,
-                         [r.transformed.source for r in context.log], [r.guards for r in context.log],
-                         out)
+    sources = [r.transformed.source for r in context.log]
+    return ExplainOutput(len(graphs), breaks, reasons, graphs, sources,
+                         [r.guards for r in context.log], out)

@@ -89,7 +89,8 @@ class GuardBuilder:
         if value is None or isinstance(value, bool):
             self.add(f"{v} is {value!r}")
             return
-        cls = type(value).__name__ if type(value) in (int, float, str) else self.constant(type(value))
+        plain = type(value) in (int, float, str)
+        cls = type(value).__name__ if plain else self.constant(type(value))
         self.add(f"type({v}) is {cls}")
         self.add(f"{v} == {self.constant(value)}")
 
@@ -118,7 +119,8 @@ class GuardBuilder:
             on = torch.is_autocast_enabled(device)
             self.add(f"torch.is_autocast_enabled({device!r}) is {on}")
             if on:
-                self.add(f"torch.get_autocast_dtype({device!r}) == {torch.get_autocast_dtype(device)}")
+                dtype = torch.get_autocast_dtype(device)
+                self.add(f"torch.get_autocast_dtype({device!r}) == {dtype}")
         self.add(f"torch.get_default_dtype() == {torch.get_default_dtype()}")
 
     def compile(self) -> Callable[[dict, dict], bool]:

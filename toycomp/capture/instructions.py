@@ -71,7 +71,9 @@ BINARY_OPS = {
     "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_, "|": operator.or_,
     "^": operator.xor,
 }
-BINARY_OPS |= {k + "=": getattr(operator, "i" + v.__name__.rstrip("_")) for k, v in BINARY_OPS.items()}
+BINARY_OPS |= {
+    k + "=": getattr(operator, "i" + v.__name__.rstrip("_")) for k, v in BINARY_OPS.items()
+}
 NAMES_310 = {"ADD": "+", "SUBTRACT": "-", "MULTIPLY": "*", "TRUE_DIVIDE": "/",
              "FLOOR_DIVIDE": "//", "MODULO": "%", "POWER": "**", "MATRIX_MULTIPLY": "@",
              "LSHIFT": "<<", "RSHIFT": ">>", "AND": "&", "OR": "|", "XOR": "^"}

@@ -170,7 +170,8 @@ def store_attr(tx, inst):
 def _format(tx, value, conversion, spec):
     if isinstance(value, TensorVariable):
         raise Unsupported("formatting a tensor reads its data")
-    text = {None: lambda v: v, "s": str, "r": repr, "a": ascii}[conversion](value.as_python_constant())
+    convert = {None: lambda v: v, "s": str, "r": repr, "a": ascii}[conversion]
+    text = convert(value.as_python_constant())
     return ConstantVariable(format(text, spec))
 
 

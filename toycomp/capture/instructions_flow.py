@@ -83,8 +83,9 @@ def make_function(tx, inst):
         tx.pop()  # annotations
     kwdefaults = tx.pop().items if flags & 0x02 else {}
     defaults = tx.pop().unpack_var_sequence(tx) if flags & 0x01 else []
+    qualname = code.co_qualname if PY >= (3, 11) else code.co_name
     tx.push(NestedUserFunctionVariable(code, tx.f_globals, list(defaults), dict(kwdefaults),
-                                       list(closure), code.co_qualname if PY >= (3, 11) else code.co_name))
+                                       list(closure), qualname))
 
 
 @handles("SET_FUNCTION_ATTRIBUTE")

@@ -93,7 +93,8 @@ def _generate(code, offset, nulls, local_names):
     prefix.append(Instr("JUMP_FORWARD", label))
     start = 0
     if sys.version_info >= (3, 11):  # after MAKE_CELL / COPY_FREE_VARS / RESUME
-        start = next(k for k, i in enumerate(instrs) if isinstance(i, Instr) and i.name == "RESUME") + 1
+        start = 1 + next(k for k, i in enumerate(instrs)
+                         if isinstance(i, Instr) and i.name == "RESUME")
     bc.clear()
     bc.extend(instrs[:start] + prefix + instrs[start:])
     bc.argnames = stack_arg_names(nulls) + list(local_names)

@@ -125,7 +125,8 @@ def cell_source(fn_source: Source, index: int) -> Source:
 
 
 def placeholder_name(source: Source) -> str:
-    """A graph input's name, spelled like Dynamo's: ``L['self'].fc.weight`` -> ``l_self_fc_weight``."""
+    """A graph input's name, spelled like Dynamo's: ``L['self'].fc.weight`` ->
+    ``l_self_fc_weight``."""
     text = source.name().lower()
     out = "".join(ch if ch.isalnum() else "_" for ch in text)
     while "__" in out:

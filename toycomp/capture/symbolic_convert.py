@@ -313,7 +313,8 @@ class InstructionTranslator(InstructionTranslatorBase):
             raise SkipFrame(f"graph break inside a try block: {reason}")
         if self.has_backedge():
             raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
-        nxt = self.instructions[self.ip + 1].offset if self.ip + 1 < len(self.instructions) else None
+        last = self.ip + 1 >= len(self.instructions)
+        nxt = None if last else self.instructions[self.ip + 1].offset
         plan = self.break_plan(inst, nxt, reason, location)
         plan.cells = self.live_cells()
         return plan

@@ -3,8 +3,8 @@
 ``helper(x)`` in the traced code does not run ``helper``: the interpreter binds the argument
 trackers to ``helper``'s parameters and interprets ``helper.__code__`` in a child translator whose
 result is the call's result. Globals and closure cells it reads get sources rooted at the
-function itself (``G['helper'].__globals__['SCALE']``, ``G['helper'].__closure__[0].cell_contents``),
-so they are guarded like the caller's own.
+function itself (``G['helper'].__globals__['SCALE']``,
+``G['helper'].__closure__[0].cell_contents``), so they are guarded like the caller's own.
 
 >>> import types
 >>> from toycomp.capture.variables.base import ConstantVariable as C
@@ -85,8 +85,10 @@ class UserFunctionVariable(VariableTracker):
             tx.output.wrap(v, src and GetItemSource(AttrSource(src, "__defaults__"), i))
             for i, v in enumerate(self.fn.__defaults__ or ())
         ]
-        kwdefaults = {k: tx.output.wrap(v, src and GetItemSource(AttrSource(src, "__kwdefaults__"), k))
-                      for k, v in (self.fn.__kwdefaults__ or {}).items()}
+        kwdefaults = {
+            k: tx.output.wrap(v, src and GetItemSource(AttrSource(src, "__kwdefaults__"), k))
+            for k, v in (self.fn.__kwdefaults__ or {}).items()
+        }
         return defaults, kwdefaults
 
     def call_function(self, tx, args, kwargs):

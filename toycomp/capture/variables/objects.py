@@ -77,7 +77,8 @@ class UserDefinedObjectVariable(VariableTracker):
             return UserMethodVariable(attr, self, fn_source)
         if callable(attr) and not isinstance(attr, type):
             raise Unsupported(f"method {cls.__name__}.{name} is not Python code")
-        return tx.output.wrap(getattr(self.value, name), self.source and AttrSource(self.source, name))
+        source = self.source and AttrSource(self.source, name)
+        return tx.output.wrap(getattr(self.value, name), source)
 
     def setattr(self, tx, name, value):
         if self.source is None:
@@ -130,14 +131,15 @@ class NNModuleVariable(UserDefinedObjectVariable):
             if isinstance(index, slice):
                 raise Unsupported("slicing a ModuleList")
             return subs[keys.index(index) if isinstance(m, torch.nn.ModuleDict) else index]
-        if name in ("children", "values") and isinstance(m, (torch.nn.ModuleList,
-                                                             torch.nn.Sequential, torch.nn.ModuleDict)):
+        if name in ("children", "values") and isinstance(
+                m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
             return TupleVariable(self.submodules(tx))
         if name in ("keys", "items") and isinstance(m, torch.nn.ModuleDict):
             subs = self.submodules(tx)
             if name == "keys":
                 return TupleVariable([ConstantVariable(k) for k in keys])
-            return TupleVariable([TupleVariable([ConstantVariable(k), s]) for k, s in zip(keys, subs)])
+            pairs = [TupleVariable([ConstantVariable(k), s]) for k, s in zip(keys, subs)]
+            return TupleVariable(pairs)
         if name in ("train", "eval", "register_buffer", "register_parameter", "apply", "to"):
             raise Unsupported(f"nn.Module.{name}() inside the compiled function")
         return super().call_method(tx, name, args, kwargs)
@@ -207,7 +209,8 @@ class SkipFunctionVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         module = getattr(self.value, "__module__", None) or type(self.value).__module__
-        if module.split(".")[0] == "numpy" and all(a.is_python_constant() for a in args + list(kwargs.values())):
+        operands = args + list(kwargs.values())
+        if module.split(".")[0] == "numpy" and all(a.is_python_constant() for a in operands):
             consts = [a.as_python_constant() for a in args]  # numpy on constants: fold it
             return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
                                                            for k, v in kwargs.items()}))

@@ -60,7 +60,8 @@ class TensorVariable(VariableTracker):
             value = getattr(self.example, name)
             return ConstantVariable(value)
         if name in GRAPH_ATTRS:
-            return tx.output.create_call("call_function", getattr, [self, ConstantVariable(name)], {})
+            return tx.output.create_call("call_function", getattr,
+                                         [self, ConstantVariable(name)], {})
         if name in ("grad", "data", "_base", "grad_fn"):
             raise Unsupported(f"Tensor.{name} read while tracing")
         if callable(getattr(torch.Tensor, name, None)):
@@ -88,7 +89,8 @@ class TensorVariable(VariableTracker):
         if self.example.dim() == 0:
             raise Unsupported("iterating over a 0-d tensor")
         return [
-            tx.output.create_call("call_function", operator.getitem, [self, ConstantVariable(i)], {})
+            tx.output.create_call("call_function", operator.getitem,
+                                  [self, ConstantVariable(i)], {})
             for i in range(self.example.shape[0])
         ]
 

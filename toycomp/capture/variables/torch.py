@@ -57,7 +57,8 @@ class TorchVariable(ValueVariable):
             return ConstantVariable(isinstance(args[0], TensorVariable))
         if fn in CONSTANT_FUNCTIONS:
             consts = [a.as_python_constant() for a in args]
-            return ConstantVariable(fn(*consts, **{k: v.as_python_constant() for k, v in kwargs.items()}))
+            kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            return ConstantVariable(fn(*consts, **kw))
         if fn in (torch.no_grad, torch.enable_grad):
             return GradModeVariable(fn is torch.enable_grad)
         if fn is torch.set_grad_enabled:
