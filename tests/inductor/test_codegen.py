@@ -630,6 +630,29 @@ def test_cuda_ops_and_mm():
     check(relu, torch.relu(a @ b.T))
 
 
+@CUDA
+@pytest.mark.parametrize("src,dst", CONVERSIONS, ids=str)
+def test_cuda_low_precision_conversions_round_like_eager(src, dst):
+    a = conversion_input(src, dst, device="cuda")
+    got = toycomp.compile(lambda t: t.to(dst), backend="triton")(a)
+    assert got.is_cuda
+    assert_same_values(got, a.to(dst))
+
+
+@CUDA
+def test_cuda_bfloat16_arithmetic_and_mixed_precision_gradient():
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(1000, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    for g, w in zip(toycomp.compile(lambda a, b: (a * b, a / 3.0))(a, b), (a * b, a / 3.0)):
+        assert_same_values(g, w)
+    a = a[:64].requires_grad_()
+    d = torch.randn(64, generator=gen, dtype=torch.float64).cuda().requires_grad_()
+    fn = lambda a, d: (a * d).sin()  # noqa: E731
+    got = torch.autograd.grad(toycomp.compile(fn)(a, d).sum(), (a, d))
+    for g, w in zip(got, torch.autograd.grad(fn(a, d).sum(), (a, d))):
+        torch.testing.assert_close(g, w)
+
+
 @pytest.mark.parametrize("printer", [codegen.IndexPrinter(), cpp.CppPrinter()])
 def test_index_printer_keeps_floordiv_operands_together(printer):
     """Printed indices evaluate like the sympy expression (C++ '/' on non-negative ints is '//')."""
