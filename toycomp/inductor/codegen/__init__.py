@@ -5,7 +5,7 @@ and ``r``) -> a ``common.GeneratedKernel``: C++ source (an OpenMP loop nest, com
 ``cache.py`` and called through ``ctypes``) or a Python module with one ``@triton.jit`` kernel,
 plus the wrapper line that launches it. The body of ``sin(x)**2 + cos(x)**2`` in both::
 
-    float tmp1 = sinf(tmp0);                tmp1 = tl.sin(tmp0)
+    float tmp1 = toycomp_sinf(tmp0);        tmp1 = tl.sin(tmp0)
     float tmp2 = tmp1 * tmp1;               tmp2 = tmp1 * tmp1
 
 (``cpp.py`` and ``triton.py`` print whole kernels in their docstrings, run as doctests.)
@@ -14,6 +14,7 @@ Files, in reading order:
 
 * ``common.py``: what both languages share: ``IndentedBuffer``, the ten-line ``CSE``, the index
   printer, and ``KernelCodegen``, which walks a kernel into loads / compute / stores sections;
+* ``cpp_prefix.py``: the C++ text every C++ kernel starts with (helpers, vector libm macros);
 * ``cpp.py``: the C++ backend and its rule table ``CPP_OPS``;
 * ``triton_helpers.py``: the Triton rule table ``TRITON_OPS`` and its ``tl.*``-only helpers;
 * ``triton.py``: the Triton backend (block sizes, masks, persistent and looped reductions).

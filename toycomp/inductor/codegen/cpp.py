@@ -4,7 +4,8 @@ Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cp
 through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
 loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd`` and float
-``sin``/``exp``/... call glibc's vector math (see [Note: vectorised libm]). For
+``sin``/``exp``/... call glibc's vector math, one implementation for every element of every
+kernel (see [Note: vectorised libm]). For
 ``sin(x)**2 + cos(x)**2`` on 4M floats (the graph from ``toycomp.inductor``'s docstring)::
 
     >>> import torch
@@ -19,8 +20,10 @@ loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd``
     >>> kernel = schedule(lower(decompose(torch.fx.symbolic_trace(f), [x]), [x])).steps[0]
     >>> print(generate(kernel).source.removeprefix(PREAMBLE).strip())
     // kernel_0 (FX origins: sin, mul, cos, mul_1, add)
-    #ifdef TOYCOMP_SIMD_cosf
-    extern "C" float cosf(float) __attribute__((__simd__("notinbranch")));
+    #if defined(TOYCOMP_SIMD_cosf) && defined(TOYCOMP_SAME_LIBM_1)
+    TOYCOMP_SAME_LIBM_1(cosf)
+    #else
+    inline float toycomp_cosf(float a) { return cosf(a); }
     #endif
     ...
     extern "C" void kernel_0(const float* in_ptr0, float* out_ptr0)
@@ -29,9 +32,9 @@ loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd``
         for (int64_t xindex = 0; xindex < 4194304; xindex++)
         {
             float tmp0 = in_ptr0[xindex];
-            float tmp1 = sinf(tmp0);
+            float tmp1 = toycomp_sinf(tmp0);
             float tmp2 = tmp1 * tmp1;
-            float tmp3 = cosf(tmp0);
+            float tmp3 = toycomp_cosf(tmp0);
             float tmp4 = tmp3 * tmp3;
             float tmp5 = tmp2 + tmp4;
             out_ptr0[xindex] = tmp5;
@@ -67,6 +70,7 @@ from toycomp.inductor.codegen.common import (
     compute_dtype,
     infix_rules,
 )
+from toycomp.inductor.codegen.cpp_prefix import PREAMBLE
 
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
@@ -85,46 +89,49 @@ PARALLEL_MIN_ELEMENTS = 16384
 # scalar sinf runs one element at a time, and it dominates a loop like sin(x)**2 + cos(x)**2
 # (about 9x slower than the vector version on 4M floats). glibc ships SIMD versions of these
 # functions in libmvec (_ZGVeN16v_sinf: 16 floats per call with AVX-512), within 4 ulp, with the
-# same NaN / inf / large-argument behaviour. GCC calls them when
-#   1. the function is declared with `__attribute__((__simd__("notinbranch")))` (the kernel's
-#      `#ifdef TOYCOMP_SIMD_sinf` block),
-#   2. the call is a plain `sinf(x)`, not `std::sin`, in a loop marked `#pragma omp simd`, and
-#   3. `-fno-builtin-sinf` keeps GCC from merging sinf and cosf into one scalar sincosf call;
-#      the library is linked with `-lmvec`.
+# same NaN / inf / large-argument behaviour. GCC calls a vector version of a function `f` when
+#   1. `f` is declared with `__attribute__((__simd__("notinbranch")))`: then GCC assumes that
+#      "SIMD clones" _ZGV<isa>N<lanes>v_f exist for every x86 ISA (b: SSE, c: AVX, d: AVX2,
+#      e: AVX-512) and calls the one that suits each vectorised loop, and
+#   2. the call is in a loop marked `#pragma omp simd`; the library is linked with `-lmvec`.
+# But the scalar sinf, _ZGVdN8v_sinf and _ZGVeN16v_sinf are three different implementations:
+# with glibc 2.36 they disagree in the last bit for 20-60% of all inputs (sinf, expf, erff). And one
+# loop uses several: the vector body runs the 16-lane version, its tail the 8-lane one and then
+# the scalar one, and a loop that GCC does not vectorise runs the scalar one only. So exp(x),
+# computed in the forward's reduction and again for the value the backward compares it with
+# (amax's gradient is `mask = amax == exp(x)`, and `grad / mask.sum()`), did not compare equal:
+# an empty mask, a NaN gradient. Values that must compare equal must be computed identically.
+# Hence: ONE implementation per function for every element of every kernel. A kernel calls
+# `toycomp_sinf`, defined by `TOYCOMP_SAME_LIBM_1(sinf)` in PREAMBLE: it is declared SIMD, and
+# the scalar function and every clone GCC may call are defined to run glibc's widest vector sinf
+# for this CPU (`TOYCOMP_LIBMVEC`), a partial vector padded with zeros. A lane's result depends
+# only on its input, so a value has the same bits in a vector body, in a scalar tail, in any
+# kernel, forward or backward; and the whole vector body still runs at full width.
 # libmvec exists only on Linux/glibc (x86_64; aarch64 in newer releases) and which functions it
 # has depends on the version (sin, cos, exp, log, pow since 2.22; tanh, erf, log1p since 2.35).
 # So the generated source is the same everywhere, and cache.py decides at compile time: it
 # probes once which functions this machine's libmvec provides (a tiny library, compiled and
-# checked against Python's math) and defines TOYCOMP_SIMD_<name> only for those. Without the
-# macro the same source calls the scalar sinf, exactly what std::sin(float) calls. If a
-# vectorised kernel fails to compile or load, `load` compiles it again without the macros.
-# Only float (fp32, and fp16/bf16 computed in float) uses it: double keeps std::sin.
+# checked against Python's math) and defines TOYCOMP_SIMD_<name> only for those (with
+# `-fno-builtin-sinf`, which keeps GCC from rewriting the calls). Without the macro, or off
+# x86_64, `toycomp_sinf` is the scalar sinf, for every kernel alike. If a vectorised kernel fails
+# to compile or load, `load` compiles it again with scalar calls and warns: that kernel's values
+# may then differ in the last bit from the others'.
+# Only float (fp32, and fp16/bf16 computed in float) uses it: double keeps std::sin, scalar.
+# The C++ side (the `TOYCOMP_SAME_LIBM_1` macro) is in cpp_prefix.py.
 # NB: Inductor does the same with its own vector types (at::vec::Vectorized, Sleef) in
-# torch/_inductor/codegen/cpp.py (CppVecKernel).
+# torch/_inductor/codegen/cpp.py (CppVecKernel); recent versions also run a loop's tail through
+# the same vector code, on a masked partial vector.
+#
+# [Note: one rounding per op]
+# `tmp2 = tmp0 * tmp1; tmp3 = tmp2 + tmp0` may become one fused multiply-add (one rounding
+# instead of two), and GCC fuses it only where `tmp2` has no other use: the same expression
+# rounded once in one kernel and twice in another, so again values that must compare equal did
+# not. PREAMBLE turns contraction off (`fp-contract=off`): every op rounds once, in every kernel,
+# as eager PyTorch does, where each op is its own kernel.
 VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
     "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "sin": ("sinf", 1),
     "cos": ("cosf", 1), "tanh": ("tanhf", 1), "erf": ("erff", 1), "pow": ("powf", 2),
 }  # fmt: skip
-
-PREAMBLE = r"""#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-
-// max/min that propagate NaN like torch.maximum / torch.amax (std::max would drop it).
-template <typename T> inline T max_propagate_nan(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> inline T min_propagate_nan(T a, T b) { return (a < b || a != a) ? a : b; }
-// bfloat16 is stored as the top 16 bits of a float (round to nearest even on the way back).
-inline float bf16_to_float(uint16_t bits) {
-    uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
-}
-inline uint16_t float_to_bf16(float f) {
-    uint32_t u; std::memcpy(&u, &f, 4);
-    if (f != f) return 0x7fc0;
-    return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-"""
-
 
 def cpp_type(dtype: torch.dtype) -> str:
     if dtype not in CPP_TYPES:
@@ -192,11 +199,12 @@ class CppKernelCodegen(KernelCodegen):
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
-        """float ``sin``/``exp``/... call ``sinf``/``expf`` (see [Note: vectorised libm])."""
+        """float ``sin``/``exp``/... call ``toycomp_sinf``/``toycomp_expf``: one implementation
+        for every element of every kernel (see [Note: vectorised libm])."""
         if expr.name in VECTOR_MATH and compute_dtype(expr.dtype) == torch.float32:
             fn, arity = VECTOR_MATH[expr.name]
             self.vector_math[fn] = arity
-            return f"{fn}({', '.join(args)})"
+            return f"toycomp_{fn}({', '.join(args)})"
         return super().op(expr, args)
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
@@ -327,10 +335,17 @@ def _declare_reduction(clause: str, dtype: torch.dtype, cg: CppKernelCodegen) ->
 
 
 def _declare_vector_math(fn: str, arity: int) -> list[str]:
-    """``sinf`` -> its SIMD declaration, used where cache.py defines ``TOYCOMP_SIMD_sinf``."""
-    params = ", ".join(["float"] * arity)
-    attribute = '__attribute__((__simd__("notinbranch")))'
-    return [f"#ifdef TOYCOMP_SIMD_{fn}", f'extern "C" float {fn}({params}) {attribute};', "#endif"]
+    """``sinf`` -> ``toycomp_sinf``: glibc's vector sinf where cache.py defines
+    ``TOYCOMP_SIMD_sinf`` (and PREAMBLE can use it), else the scalar sinf."""
+    params = ", ".join(f"float {a}" for a in "ab"[:arity])
+    same = f"TOYCOMP_SAME_LIBM_{arity}"
+    return [
+        f"#if defined(TOYCOMP_SIMD_{fn}) && defined({same})",
+        f"{same}({fn})",
+        "#else",
+        f"inline float toycomp_{fn}({params}) {{ return {fn}({', '.join('ab'[:arity])}); }}",
+        "#endif",
+    ]
 
 
 def _independent_iterations(loop: ir.Loop) -> bool:
@@ -368,7 +383,7 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     The kernel is compiled with the vector math this machine has (see [Note: vectorised libm]);
     should that fail to compile or load, it is compiled again with scalar calls, with a warning.
     """
-    wanted = re.findall(r"^#ifdef TOYCOMP_SIMD_(\w+)$", generated.source, re.MULTILINE)
+    wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
     flags = cache.vector_math_flags(wanted)
     try:
         lib = cache.load_cpp_library(generated.source, flags)
