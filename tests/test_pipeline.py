@@ -316,11 +316,6 @@ def test_metadata_mutation_of_an_input_falls_back_visibly(fn):
 
 
 # --- inference mode (issue 6, item 9) -------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture's side_effects.watch reads t._version (_torch_compat.tensor_version), which "
-    "inference tensors do not have; AOT and the runtime handle them (tests/aot)",
-)
 def test_inference_tensors_and_inference_mode():
     def f(x, w):
         return (x.sin() * w).sum(0)

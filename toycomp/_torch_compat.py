@@ -35,8 +35,10 @@ def written_tensor_args(func, args, kwargs):  # capture.py: which tensors does a
     return written
 
 
-def tensor_version(t):  # capture.py: a tensor's in-place version counter
-    return t._version
+def tensor_version(t):  # capture/side_effects.py: a tensor's in-place version counter
+    """``t._version``, or None for an inference tensor (made under ``torch.inference_mode()``):
+    those have no version counter, so only writes announced by an op's schema are seen."""
+    return None if t.is_inference() else t._version
 
 
 @contextlib.contextmanager
