@@ -92,3 +92,32 @@ def test_docstring_examples_run(name):
     result = doctest.testmod(module, optionflags=flags, report=False)
     failed = f"{result.failed} of {result.attempted} doctest examples failed in {name}"
     assert result.failed == 0, failed
+
+
+def readme_layout_rows() -> dict[str, str]:
+    """The README's layout table: first cell (a path) -> the rest of the row."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    table = text[text.index("## Layout") :]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 2:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def test_readme_layout_table_names_every_module():
+    """The README's layout table names every module: a top-level module anywhere in the table, a
+    stage module in its package's row (a sub-package, like ``variables/``, by its folder)."""
+    rows = readme_layout_rows()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent)
+        if relative.parent == Path("toycomp"):
+            assert any(path.name in f"{p} {h}" for p, h in rows.items()), f"{relative} unlisted"
+            continue
+        # the nearest package with a row of its own: toycomp/capture/variables/x.py -> capture/
+        package, name = relative.parent, path.name
+        while f"`{package.as_posix()}/`" not in rows:
+            package, name = package.parent, f"{package.name}/"
+        if name != "__init__.py":
+            assert name in rows[f"`{package.as_posix()}/`"], f"{relative} unlisted in the README"
