@@ -34,7 +34,8 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-CLASSES = ("ok", "fallback", "clear error", "unclear error", "wrong", "crash", "timeout", "invalid")
+CLASSES = ("ok", "signed zero", "fallback", "clear error", "unclear error", "wrong", "crash",
+           "timeout", "invalid")
 FAILURES = ("wrong", "unclear error", "crash", "timeout", "invalid")
 
 
@@ -235,7 +236,7 @@ def _run_checks(pool: Pool, seeds: list[int], backends: list[str], timeout: floa
     for n, (task, result) in enumerate(pool.run(tasks, lambda t: timeout), 1):
         _, backend, seed = task
         results[(backend, seed)] = r = _as_outcome(result, timeout)
-        if r["cls"] not in ("ok", "fallback"):
+        if r["cls"] in FAILURES or r["cls"] == "clear error":
             print(f"[{n}/{len(tasks)}] {backend} seed {seed}: {r['cls']}: {r['signature']}",
                   flush=True)
         elif n % 50 == 0:
@@ -300,10 +301,11 @@ def _report(results: dict, groups: dict, minimised: dict, backends: list[str], s
         if missing:
             print(f"-- not minimised (over --max-minimize, or no longer failing): {_list(missing)}")
 
-    print("\n== clear errors (unsupported op or construct named; not failures) ==")
+    print("\n== not failures: clear errors (the unsupported op or construct named), fallbacks "
+          "(ran eagerly), signed zeros ==")
     clear: dict = collections.defaultdict(list)
     for (backend, seed), r in sorted(results.items()):
-        if r["cls"] in ("clear error", "fallback"):
+        if r["cls"] in ("clear error", "fallback", "signed zero"):
             clear[(backend, r["cls"], r["signature"])].append(seed)
     for (backend, cls, sig), found in sorted(clear.items(), key=lambda kv: -len(kv[1])):
         print(f"[{backend}] {cls}: {sig}  ({len(found)}: seeds {_list(found)})")

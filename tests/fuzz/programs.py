@@ -50,6 +50,8 @@ gradients); PyTorch's own compiler tests sweep OpInfos instead
 # log near 0) where eager's own fp32 result is that far from the exact one: toycomp may not be
 # held closer to eager than eager is to the truth. Programs without reductions whose eager fp32
 # result is accurate get exactly the design's fp32 tolerance (rtol 1e-4, atol 1e-5).
+# assert_close ignores the sign of zero; a zero of the other sign is reported as "signed zero",
+# not as a failure: rewriting a gradient formula legitimately turns 0.0 into -0.0.
 # The checker prints the per-result (rtol, atol) pairs as literals into the reproducer.
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ class Program:
     ops: tuple[Op, ...]
     outputs: tuple[str, ...]
     loss: str = "weighted"  # "weighted": sum((out * w).sum()), w random in [-1, 1]; "sum"
+    # A third call with other sizes: every input size `old` becomes `new`. Same fn, so toycomp
+    # recompiles, and its sizes become symbols (automatic dynamic shapes).
+    resize: tuple[int, int] | None = None
 
     def kinds(self) -> list[str]:
         return [op.kind for op in self.ops]
@@ -152,11 +157,13 @@ KINDS: dict[str, tuple[str, str]] = {
     "minimum": ("torch.minimum({a}, {b})", "pointwise"),
     "where": ("torch.where({b} > 0, {a}, {b})", "pointwise"),
     "pow": ("torch.pow({a}.abs() + 0.5, torch.tanh({b}))", "pointwise"),
+    "mask": ("{a} * ({b} > 0)", "pointwise"),
     # reductions
     "sum": ("{a}.sum({dims}, keepdim={keepdim})", "reduce"),
     "mean": ("{a}.mean({dims}, keepdim={keepdim})", "reduce"),
     "amax": ("{a}.amax({dims}, keepdim={keepdim})", "max"),
     "amin": ("{a}.amin({dims}, keepdim={keepdim})", "max"),
+    "var": ("{a}.var({dims}, keepdim={keepdim})", "reduce"),
     "sum_all": ("{a}.sum()", "reduce"),
     "mean_all": ("{a}.mean()", "reduce"),
     "amax_all": ("{a}.amax()", "max"),
@@ -235,10 +242,9 @@ def render(program: Program, backend: str | None = None) -> str:
     lines.append(f"def fn({', '.join(i.name for i in p.inputs)}):")
     lines += [f"    {op.out} = {render_op(op)}" for op in p.ops]
     lines.append(f"    return {', '.join(p.outputs)}")
-    lines += ["", "", "def make_inputs():", f"    g = torch.Generator().manual_seed({p.seed})"]
-    lines += ["    " + render_input(i) for i in p.inputs]
-    names = ", ".join(i.name + (".requires_grad_()" if i.grad else "") for i in p.inputs)
-    lines += [f"    return [{names}]", "", ""]
+    lines += ["", ""] + _render_make_inputs("make_inputs", p)
+    if p.resize is not None:
+        lines += _render_make_inputs("make_inputs_2", resized(p))
     lines.append("def loss(outs):")
     if p.loss == "sum":
         lines.append("    return sum(o.sum() for o in outs)")
@@ -249,7 +255,7 @@ def render(program: Program, backend: str | None = None) -> str:
         )
     lines += [
         "", "",
-        "def run(f):",
+        "def run(f, make_inputs=make_inputs):",
         "    inputs = make_inputs()",
         "    outs = f(*inputs)",
         "    outs = outs if isinstance(outs, tuple) else (outs,)",
@@ -262,22 +268,50 @@ def render(program: Program, backend: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _render_check(program: Program, backend: str) -> list[str]:
+def _render_make_inputs(name: str, p: Program) -> list[str]:
+    lines = [f"def {name}():", f"    g = torch.Generator().manual_seed({p.seed})"]
+    lines += ["    " + render_input(i) for i in p.inputs]
+    names = ", ".join(i.name + (".requires_grad_()" if i.grad else "") for i in p.inputs)
+    return lines + [f"    return [{names}]", "", ""]
+
+
+def _tolerance_literal(program: Program) -> str:
     ref = reference(program)
-    tols = [] if ref is None else [(round(r, 8), float(f"{a:.3g}")) for r, a in ref[1]]
-    return [
+    return repr([] if ref is None else [(round(r, 8), float(f"{a:.3g}")) for r, a in ref[1]])
+
+
+def _render_check(program: Program, backend: str) -> list[str]:
+    lines = [
         "", "",
-        "expected = run(fn)",
-        f"compiled = toycomp.compile(fn, backend={backend!r})",
-        "# (rtol, atol) per result, outputs then input grads (rule: tests/fuzz/programs.py)",
-        f"tolerances = {tols!r}",
-        "for call in (1, 2):  # the second call runs the cached compiled code",
-        "    actual = run(compiled)",
+        "def check(actual, expected, tolerances, call):",
         "    for i, (a, e, (rtol, atol)) in enumerate(zip(actual, expected, tolerances)):",
         "        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True,",
         "                                   msg=lambda m: f'call {call}, result {i}: {m}')",
-        "print('ok')",
+        "", "",
+        f"compiled = toycomp.compile(fn, backend={backend!r})",
+        "# (rtol, atol) per result, outputs then input grads (rule: tests/fuzz/programs.py)",
+        f"tolerances = {_tolerance_literal(program)}",
+        "expected = run(fn)",
+        "check(run(compiled), expected, tolerances, 1)",
+        "check(run(compiled), expected, tolerances, 2)  # the cached compiled code",
     ]
+    if program.resize is not None:
+        lines += [
+            f"# other sizes ({program.resize[0]} -> {program.resize[1]}): toycomp recompiles",
+            f"tolerances = {_tolerance_literal(resized(program))}",
+            "check(run(compiled, make_inputs_2), run(fn, make_inputs_2), tolerances, 3)",
+        ]
+    return lines + ["print('ok')"]
+
+
+def resized(program: Program) -> Program:
+    """The program of the third call: its input sizes changed by ``program.resize``."""
+    assert program.resize is not None
+    old, new = program.resize
+    inputs = tuple(
+        replace(i, shape=tuple(new if s == old else s for s in i.shape)) for i in program.inputs
+    )
+    return replace(program, inputs=inputs, resize=None)
 
 
 # --- analysis: shapes on meta tensors, the accumulation length L -------------------------------
@@ -368,7 +402,24 @@ class _Generator:
         if others and rng.random() < 0.3:
             outputs.insert(0, rng.choice(others))
         loss = "sum" if rng.random() < 0.3 else "weighted"
-        return Program(self.seed, tuple(self.inputs), tuple(self.ops), tuple(outputs), loss)
+        program = Program(self.seed, tuple(self.inputs), tuple(self.ops), tuple(outputs), loss)
+        return self.with_resize(program) if rng.random() < 0.5 else program
+
+    def with_resize(self, program: Program) -> Program:
+        """Add a third call with one input size changed, if the ops allow it (not 0 or 1:
+        toycomp, like Dynamo, may specialise those)."""
+        sizes = sorted({s for i in program.inputs for s in i.shape if s >= 2})
+        self.rng.shuffle(sizes)
+        for old in sizes[:3]:
+            new = old + self.rng.choice([1, 2]) if old < 3 or self.rng.random() < 0.6 else old - 1
+            candidate = replace(program, resize=(old, new))
+            try:
+                shapes, _ = analyze(resized(candidate))
+            except Exception:  # noqa: BLE001 - the ops fix this size; try another
+                continue
+            if all(0 < _numel(s) <= MAX_NUMEL for s in shapes.values()):
+                return candidate
+        return program
 
     # inputs
     def first_shape(self) -> tuple[int, ...]:
@@ -456,10 +507,12 @@ class _Generator:
             self.add(kind, (a,), bound, c=c)
 
     def gen_binary(self, a: str) -> None:
-        kind = self.rng.choice(["add", "sub", "mul", "div", "maximum", "minimum", "where", "pow"])
+        kind = self.rng.choice(
+            ["add", "sub", "mul", "div", "maximum", "minimum", "where", "pow", "mask"]
+        )
         b = self.partner(a)
         ba, bb = self.bounds[a], self.bounds[b]
-        bound = {"add": ba + bb, "sub": ba + bb, "mul": ba * bb, "div": ba,
+        bound = {"add": ba + bb, "sub": ba + bb, "mul": ba * bb, "div": ba, "mask": ba,
                  "pow": max(ba + 0.5, 2.0)}.get(kind, max(ba, bb))
         self.add(kind, (a, b), bound)
 
@@ -495,7 +548,7 @@ class _Generator:
     def gen_reduce(self, a: str) -> None:
         rng, shape, b = self.rng, self.shapes[a], self.bounds[a]
         rank = len(shape)
-        kind = rng.choice(["sum", "mean", "amax", "amin", "all", "softmax", "log_softmax",
+        kind = rng.choice(["sum", "mean", "amax", "amin", "var", "all", "softmax", "log_softmax",
                            "layer_norm"])
         if kind == "all" or rank == 0:
             kind = rng.choice(["sum_all", "mean_all", "amax_all"])
@@ -516,8 +569,11 @@ class _Generator:
         else:
             dims = rng.sample(range(rank), rng.randint(1, rank))
             dims = tuple(d - rank if rng.random() < 0.3 else d for d in sorted(dims))
-            factor = _numel([shape[d] for d in dims]) if kind == "sum" else 1
-            self.add(kind, (a,), b * factor, dims=dims, keepdim=rng.random() < 0.5)
+            n = _numel([shape[d] for d in dims])
+            if kind == "var" and n < 2:
+                return  # the variance of one element is NaN (0 / 0 with Bessel's correction)
+            bound = {"sum": b * n, "var": b * b}.get(kind, b)
+            self.add(kind, (a,), bound, dims=dims, keepdim=rng.random() < 0.5)
 
     def dim(self, rank: int) -> int:
         d = self.rng.randrange(rank)
@@ -640,6 +696,8 @@ class Outcome:
     """What happened when one program ran through toycomp on one backend.
 
     cls: "ok"; "fallback" (toycomp ran fn eagerly after a graph break: reported, not a failure);
+    "signed zero" (all close, but some zero has the other sign than eager's: assert_close
+    ignores it, and legitimate reorderings of a formula produce it; reported, not a failure);
     "clear error" (an exception that says which op or construct is unsupported: counted, not a
     failure); "unclear error" (any other exception); "wrong" (values or gradients differ from
     eager, NaN positions included: the worst); "crash" / "timeout" (the process died or hung);
@@ -718,19 +776,41 @@ def check(program: Program, backend: str) -> Outcome:
     compiled = toycomp.compile(ns["fn"], backend=backend)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        notes = []
         for call in ("", " (2nd call)"):  # the second call runs the cached compiled code
             phase = ["forward"]
             try:
                 actual, n_outs = _run_compiled(ns, compiled, phase)
             except Exception as e:  # noqa: BLE001 - classified
                 return classify_error(e, phase[0] + call.replace(" (", ", ").rstrip(")"))
-            wrong = compare(actual, expected, n_outs, tolerances)
-            if wrong is not None:
-                return replace(wrong, signature=wrong.signature + call)
+            outcome = compare(actual, expected, n_outs, tolerances)
+            if outcome is not None and outcome.cls == "wrong":
+                return replace(outcome, signature=outcome.signature + call)
+            notes.append(outcome)
+        if program.resize is not None:
+            outcome = _check_resized(program, compiled)
+            if outcome is not None and outcome.cls != "signed zero":
+                return outcome
+            notes.append(outcome)
     eager = [str(w.message) for w in caught if "eagerly" in str(w.message)]
     if eager:
         return Outcome("fallback", "fallback: " + normalize(eager[0]), eager[0])
-    return Outcome("ok", "ok")
+    return next((n for n in notes if n is not None), Outcome("ok", "ok"))
+
+
+def _check_resized(program: Program, compiled: Callable) -> Outcome | None:
+    """The third call, with other sizes: None when it matches eager."""
+    other = resized(program)
+    ref = reference(other)
+    if ref is None:
+        return Outcome("invalid", "invalid: eager fails or overflows (resized)", render(other))
+    phase = ["forward"]
+    try:
+        actual, n_outs = _run_compiled(load(other), compiled, phase)
+    except Exception as e:  # noqa: BLE001 - classified
+        return classify_error(e, phase[0] + ", resized call")
+    wrong = compare(actual, ref[0], n_outs, ref[1])
+    return None if wrong is None else replace(wrong, signature=wrong.signature + " (resized call)")
 
 
 def _run_compiled(ns: dict[str, Any], compiled: Callable, phase: list[str]) -> tuple[list, int]:
@@ -745,9 +825,11 @@ def _run_compiled(ns: dict[str, Any], compiled: Callable, phase: list[str]) -> t
 
 
 def compare(actual: list, expected: list, n_outputs: int, tolerances: list) -> Outcome | None:
-    """None when every output and gradient is close (the tolerance rule); else a "wrong" Outcome."""
+    """None when every output and gradient is close (the tolerance rule); else a "wrong" Outcome,
+    or a "signed zero" one (not a failure) when they are close but a zero has the other sign."""
     if len(actual) != len(expected):
         return Outcome("wrong", "wrong values (output count)", f"{len(actual)} != {len(expected)}")
+    note = None
     for i, (a, e, (rtol, atol)) in enumerate(zip(actual, expected, tolerances)):
         what = "values" if i < n_outputs else "grads"
         label = f"output {i}" if i < n_outputs else f"grad of input {i - n_outputs}"
@@ -763,7 +845,16 @@ def compare(actual: list, expected: list, n_outputs: int, tolerances: list) -> O
             )
             sig = f"wrong {what}" + (" (NaN)" if nan else "")
             return Outcome("wrong", sig, f"{label} (rtol {rtol:.3g}, atol {atol:.3g}): {err}")
-    return None
+        if note is None and a.is_floating_point() and a.shape == e.shape:
+            flipped = (a == 0) & (e == 0) & (torch.signbit(a) != torch.signbit(e))
+            if flipped.any():
+                where = tuple(flipped.nonzero()[0].tolist())
+                note = Outcome(
+                    "signed zero", f"signed zero in {what}",
+                    f"{label}: {int(flipped.sum())} zeros of the other sign, first at {where}: "
+                    f"{a[where].item()} instead of {e[where].item()}",
+                )
+    return note
 
 
 # [Note: clear and unclear errors]
@@ -840,13 +931,17 @@ def minimize(
 
 
 def _valid(program: Program) -> bool:
-    try:
-        shapes, _ = analyze(program)
-    except Exception:  # noqa: BLE001 - not shape-correct
-        return False
-    if not program.ops or any(_numel(s) == 0 or _numel(s) > MAX_NUMEL for s in shapes.values()):
-        return False
-    return reference(program) is not None
+    variants = [program] + ([resized(program)] if program.resize is not None else [])
+    for p in variants:
+        try:
+            shapes, _ = analyze(p)
+        except Exception:  # noqa: BLE001 - not shape-correct
+            return False
+        if not p.ops or any(_numel(s) == 0 or _numel(s) > MAX_NUMEL for s in shapes.values()):
+            return False
+        if reference(p) is None:
+            return False
+    return True
 
 
 def prune(program: Program) -> Program:
@@ -886,6 +981,8 @@ def _substitute(p: Program, old: str, new: str) -> Program:
 
 
 def _try_simplify_inputs(p: Program, fails: Callable[[Program], bool]) -> bool:
+    if p.resize is not None and fails(replace(p, resize=None)):
+        return True
     if p.loss != "sum" and fails(replace(p, loss="sum")):
         return True
     if any(i.grad for i in p.inputs):
@@ -918,7 +1015,10 @@ def _resize(p: Program, old: int, new: int) -> Program:
         replace(op, params=tuple((k, sub(v) if k in SIZE_PARAMS else v) for k, v in op.params))
         for op in p.ops
     )
-    return replace(p, inputs=inputs, ops=ops)
+    resize = p.resize
+    if resize is not None and old in resize:
+        resize = None if new in resize else tuple(new if s == old else s for s in resize)
+    return replace(p, inputs=inputs, ops=ops, resize=resize)
 
 
 def rename(p: Program) -> Program:
@@ -937,6 +1037,7 @@ def rename(p: Program) -> Program:
 FAMILIES = {
     "amax": "amax/amin", "amin": "amax/amin", "amax_all": "amax/amin",
     "sum": "sum/mean", "mean": "sum/mean", "sum_all": "sum/mean", "mean_all": "sum/mean",
+    "var": "var",
     "softmax": "softmax", "log_softmax": "softmax",
     "layer_norm": "layer_norm", "layer_norm_affine": "layer_norm",
     "transpose": "permute", "permute": "permute", "contiguous": "contiguous",
@@ -956,4 +1057,5 @@ def describe(program: Program) -> str:
     """A short name for a minimised program: its op families and its unusual input layouts."""
     notes = sorted({f"{i.layout} input" for i in program.inputs if i.layout != "contiguous"})
     notes += [] if any(i.grad for i in program.inputs) else ["no grad"]
+    notes += [] if program.resize is None else ["resized call"]
     return " -> ".join(families(program)) + (f" [{', '.join(notes)}]" if notes else "")
