@@ -1,0 +1,362 @@
+"""OpInfo sweep: every ATen op toycomp decomposes goes through ``toycomp.compile`` on PyTorch's
+own sample inputs (``op_db``), forward and backward, compared with eager.
+
+Input -> output: ``DECOMPOSITIONS`` (the ATen overloads toycomp decomposes) -> the OpInfo
+entries that reach them (by name, aten name, alias, or ``EXTRA_OPINFOS`` for backward-only and
+renamed ops) -> for each, up to ``MAX_SAMPLES`` fp32 samples run through a function that calls
+``info.op`` -> values and input gradients against eager by the fuzzer's tolerance rule. The C++
+backend runs every entry; the Triton interpreter a representative subset (``TRITON_OPINFOS``).
+
+An error is acceptable only when it names the unsupported op or construct (the fuzzer's
+classification, tests/fuzz/programs.py); it is reported as a warning, as are samples where a
+decomposition refused the case (its ATen op ran eagerly, visibly) and zeros of the other sign.
+A failure prints a reproducer. Known failures are strict xfails in ``KNOWN_FAILURES``: a fix
+makes them fail.
+
+NB: PyTorch's equivalent is test/inductor/test_torchinductor_opinfo.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import math
+import pkgutil
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import toycomp
+from tests.fuzz import programs
+
+pytest.importorskip("expecttest")
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+MAX_SAMPLES = 3
+TRITON_SAMPLES = 2
+# OpInfo ids (name, or name.variant) that also run on Triton's interpreter.
+TRITON_OPINFOS = (
+    "sin", "exp", "add", "mul", "div.no_rounding_mode", "where", "pow", "clamp", "sum", "mean",
+    "amax", "softmax", "log_softmax", "native_layer_norm", "nn.functional.gelu", "transpose",
+    "expand", "var",
+)
+
+# (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+}
+
+# ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
+EXTRA_OPINFOS: dict[str, list[str]] = {
+    "_log_softmax_backward_data": ["log_softmax"],
+    "_softmax_backward_data": ["softmax"],
+    "_to_copy": ["to", "double"],
+    "_unsafe_view": ["reshape"],
+    "alias": ["alias_copy"],
+    "gelu_backward": ["nn.functional.gelu"],
+    "mse_loss_backward": ["nn.functional.mse_loss"],
+    "native_layer_norm": ["nn.functional.layer_norm"],
+    "native_layer_norm_backward": ["native_layer_norm", "nn.functional.layer_norm"],
+    "nll_loss_forward": ["nn.functional.nll_loss"],
+    "nll_loss_backward": ["nn.functional.nll_loss"],
+    "sigmoid_backward": ["sigmoid"],
+    "tanh_backward": ["tanh"],
+    "threshold_backward": ["nn.functional.relu"],
+}
+# Decomposed ATen ops with no OpInfo of their own; every compiled graph reaches most of them
+# (detach in each backward, the _copy variants through functionalisation).
+NO_OPINFO = {
+    "copy", "detach", "detach_copy", "lift_fresh_copy", "select_copy", "slice_copy", "split_copy",
+}
+# Ops whose result is uninitialised memory: compare shape, dtype and strides only.
+UNINITIALISED = {"empty", "empty_like", "new_empty"}
+
+
+def decompositions() -> dict:
+    """toycomp's DECOMPOSITIONS table, wherever in toycomp.prims it lives now."""
+    try:
+        return importlib.import_module("toycomp.prims.decompositions").DECOMPOSITIONS
+    except (ImportError, AttributeError):
+        pass
+    import toycomp.prims  # noqa: PLC0415
+
+    found = None
+    for module in pkgutil.iter_modules(toycomp.prims.__path__):  # import all: rules register
+        table = getattr(
+            importlib.import_module(f"toycomp.prims.{module.name}"), "DECOMPOSITIONS", None
+        )
+        found = found if found is not None or table is None else table
+    if found is None:
+        raise ImportError("no toycomp.prims module defines DECOMPOSITIONS")
+    return found
+
+
+def _opinfo_id(info: Any) -> str:
+    return info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+
+
+@functools.lru_cache(maxsize=None)
+def decomposed_op_names() -> frozenset[str]:
+    """Names of the ATen ops with a decomposition ("sin", "_softmax", ...)."""
+    table = decompositions()
+    return frozenset(op.overloadpacket.__name__ for op in table if hasattr(op, "overloadpacket"))
+
+
+def opinfos_by_aten_name() -> dict[str, list[Any]]:
+    """ATen op name -> the OpInfo entries that reach it."""
+    index: dict[str, list[Any]] = {}
+    for info in op_db:
+        for key in {info.name, info.aten_name, *(a.name for a in info.aliases)}:
+            index.setdefault(key, []).append(info)
+    found = {}
+    for name in sorted(decomposed_op_names()):
+        keys = [name, "nn.functional." + name, name.lstrip("_"), *EXTRA_OPINFOS.get(name, [])]
+        infos = {_opinfo_id(i): i for k in keys for i in index.get(k, [])}
+        if infos:
+            found[name] = list(infos.values())
+    return found
+
+
+def _cases() -> list:
+    infos = {_opinfo_id(i): i for group in opinfos_by_aten_name().values() for i in group}
+    cases = []
+    for backend in ("cpp", "triton"):
+        for key in sorted(infos):
+            if backend == "triton" and key not in TRITON_OPINFOS:
+                continue
+            reason = KNOWN_FAILURES.get((backend, key))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            cases.append(pytest.param(backend, infos[key], marks=marks, id=f"{backend}-{key}"))
+    return cases
+
+
+# --- one sample as a function of its tensors ---------------------------------------------------
+class SampleFunction:
+    """``fn(t0, t1, ...) = info.op(<sample's input, args, kwargs with tensors as t0, t1...>)``.
+
+    Built from source text (tensors become parameters, everything else a named constant), so
+    toycomp traces a plain call and the failure message can print that same text.
+    """
+
+    def __init__(self, info: Any, sample: Any) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.constants: dict[str, Any] = {"op": info.op}
+        args = [self._expr(sample.input)] + [self._expr(a) for a in sample.args]
+        args += [f"{k}={self._expr(v)}" for k, v in sample.kwargs.items()]
+        params = ", ".join(f"t{i}" for i in range(len(self.tensors)))
+        self.source = f"def fn({params}):\n    return op({', '.join(args)})\n"
+        namespace = dict(self.constants)
+        exec(compile(self.source, f"<opinfo {_opinfo_id(info)}>", "exec"), namespace)  # noqa: S102
+        self.fn: Callable = namespace["fn"]
+
+    def _expr(self, value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            self.tensors.append(value)
+            return f"t{len(self.tensors) - 1}"
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            items = ", ".join(self._expr(v) for v in value)
+            return f"[{items}]" if isinstance(value, list) else f"({items},)"
+        name = f"c{len(self.constants) - 1}"
+        self.constants[name] = value
+        return name
+
+    def describe(self) -> str:
+        tensors = [f"t{i}: {tuple(t.shape)} {t.dtype} strides {t.stride()}"
+                   f"{' requires_grad' if t.requires_grad else ''}"
+                   for i, t in enumerate(self.tensors)]
+        consts = [f"{k} = {v!r}" for k, v in self.constants.items() if k != "op"]
+        return "\n".join(tensors + consts) + "\n" + self.source
+
+
+def _flat(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _run(fn: Callable, tensors: list[torch.Tensor], phase: list[str]) -> tuple[list, list]:
+    """(outputs, gradients of sum((out * w).sum()) wrt the inputs that require grad)."""
+    phase[0] = "forward"
+    outs = _flat(fn(*tensors))
+    diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    wrt = [t for t in tensors if t.requires_grad]
+    grads: list = []
+    if diff and wrt:
+        phase[0] = "backward"
+        g = torch.Generator().manual_seed(0)
+        loss = sum((o * (torch.rand(o.shape, generator=g) * 2 - 1).to(o.dtype)).sum() for o in diff)
+        grads = list(torch.autograd.grad(loss, wrt, allow_unused=True))
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], grads
+
+
+def _tolerances(results: list, exact: list | None, tensors: list) -> list:
+    """The fuzzer's rule; L = largest / smallest numel among the sample's tensors."""
+    sizes = [max(1, t.numel()) for t in tensors + results if isinstance(t, torch.Tensor)]
+    accumulation = max(sizes) // min(sizes) if sizes else 1
+    s = programs.tolerance_scale(accumulation)
+    tols = []
+    for k, e in enumerate(results):
+        if not isinstance(e, torch.Tensor) or not e.is_floating_point() or e.numel() == 0:
+            tols.append((programs.RTOL * s, programs.ATOL * s))
+            continue
+        m = max(1.0, e.abs().nan_to_num(0, 0, 0).max().item()) if accumulation > 1 else 1.0
+        atol = programs.ATOL * s * m
+        e64 = exact[k] if exact is not None and k < len(exact) else None
+        if isinstance(e64, torch.Tensor) and e64.shape == e.shape:
+            err = (e.double() - e64.double()).abs().nan_to_num(0, 0, 0).max().item()
+            atol = max(atol, 4 * err)
+        tols.append((programs.RTOL * s, atol))
+    return tols
+
+
+def _in_fp64(fn: Callable, tensors: list[torch.Tensor]) -> list | None:
+    doubled = [
+        t.detach().double().requires_grad_(t.requires_grad) if t.dtype == torch.float32 else t
+        for t in tensors
+    ]
+    try:
+        return sum(_run(fn, doubled, ["fp64"]), [])
+    except Exception:  # noqa: BLE001 - the fp64 run is only a hint for the tolerance
+        return None
+
+
+def check_sample(info: Any, sample: Any, backend: str) -> programs.Outcome:
+    """Compile one sample's call, compare outputs and gradients with eager, classify."""
+    f = SampleFunction(info, sample)
+    outs, grads = _run(f.fn, f.tensors, ["eager"])
+    expected = outs + grads
+    tolerances = _tolerances(expected, _in_fp64(f.fn, f.tensors), f.tensors)
+    phase = ["forward"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = toycomp.compile(f.fn, backend=backend)
+        try:
+            actual = sum(_run(compiled, f.tensors, phase), [])
+        except Exception as e:  # noqa: BLE001 - classified
+            return programs.classify_error(e, phase[0])
+    if info.name in UNINITIALISED:
+        same = [(a.shape, a.dtype, a.stride()) == (e.shape, e.dtype, e.stride())
+                for a, e in zip(actual, expected)]
+        return programs.Outcome("ok" if all(same) else "wrong", "wrong metadata")
+    wrong = _compare(actual, expected, len(outs), tolerances)
+    if wrong is not None:
+        return wrong
+    eager = [str(w.message) for w in caught if "eagerly" in str(w.message)]
+    if eager:
+        return programs.Outcome("fallback", "fallback: " + programs.normalize(eager[0]))
+    decomposed = {str(op) for op in decompositions()}
+    refused = [f for f in aten_fallbacks(compiled) if f in decomposed]
+    if refused:  # correct, but the decomposition refused this case and eager ran the op
+        return programs.Outcome("fallback", f"decomposition refused: {', '.join(refused)}")
+    return programs.Outcome("ok", "ok")
+
+
+def aten_fallbacks(compiled: Any) -> list[str]:
+    """ATen ops a compiled function left to eager (read defensively: not a public API)."""
+    found = []
+    for entry in getattr(compiled, "entries", []):
+        for graph in getattr(entry, "graphs", []):
+            found += [str(f) for f in getattr(graph, "fallbacks", [])]
+    return sorted(set(found))
+
+
+def _compare(
+    actual: list, expected: list, n_outs: int, tolerances: list
+) -> programs.Outcome | None:
+    if len(actual) != len(expected):
+        return programs.Outcome(
+            "wrong", "wrong result count",
+            f"{len(actual)} results != {len(expected)} (outputs + grads; a compiled output that "
+            "does not require grad gives no grads)",
+        )
+    is_tensor = [isinstance(a, torch.Tensor) or isinstance(e, torch.Tensor)
+                 for a, e in zip(actual, expected)]
+    others = [(a, e) for a, e, t in zip(actual, expected, is_tensor) if not t]
+    if any(a != e for a, e in others):
+        return programs.Outcome("wrong", "wrong non-tensor result", repr(others))
+    keep = [k for k, t in enumerate(is_tensor) if t]
+    return programs.compare(
+        [actual[k] for k in keep], [expected[k] for k in keep],
+        sum(k < n_outs for k in keep), [tolerances[k] for k in keep],
+    )
+
+
+def samples(info: Any, limit: int) -> list:
+    dtypes = info.supported_dtypes("cpu")
+    dtype = next((d for d in (torch.float32, torch.int64, torch.bool) if d in dtypes), None)
+    if dtype is None:
+        return []
+    torch.manual_seed(0)
+    grad = info.supports_autograd and dtype.is_floating_point
+    found = []
+    for sample in info.sample_inputs("cpu", dtype, requires_grad=grad):
+        found.append(sample)
+        if len(found) == limit:
+            break
+    return found
+
+
+@pytest.mark.parametrize("backend, info", _cases())
+def test_opinfo(backend: str, info: Any) -> None:
+    limit = MAX_SAMPLES if backend == "cpp" else TRITON_SAMPLES
+    failures, notes = [], collections.defaultdict(list)
+    for k, sample in enumerate(samples(info, limit)):
+        outcome = check_sample(info, sample, backend)
+        if outcome.cls in programs.FAILURES:
+            failures.append((k, sample, outcome))
+        elif outcome.cls in ("clear error", "fallback", "signed zero"):
+            notes[f"{outcome.cls}: {outcome.signature}"].append(k)
+    for note, ks in notes.items():  # not failures, but worth seeing in the summary
+        warnings.warn(f"{_opinfo_id(info)} [{backend}] {note} (samples {ks})")
+    if failures:
+        k, sample, outcome = failures[0]
+        others = "".join(f"\n  sample {j}: {o.cls}: {o.signature}" for j, _, o in failures[1:])
+        pytest.fail(
+            f"{outcome.cls}: {outcome.signature}\n{outcome.detail[:2500]}{others}\n\n"
+            f"Reproducer:\n{_reproducer(info, k, backend, SampleFunction(info, sample))}",
+            pytrace=False,
+        )
+
+
+def _reproducer(info: Any, k: int, backend: str, f: SampleFunction) -> str:
+    return (
+        "import torch\n"
+        "from torch.testing._internal.common_methods_invocations import op_db\n"
+        "from tests.fuzz.test_opinfo_sweep import SampleFunction, check_sample, samples\n\n"
+        f"info = next(o for o in op_db if (o.name, o.variant_test_name) == "
+        f"({info.name!r}, {info.variant_test_name!r}))\n"
+        f"sample = samples(info, {k + 1})[{k}]  # torch.manual_seed(0), fp32, requires_grad\n"
+        "print(SampleFunction(info, sample).describe())  # what is compiled:\n"
+        + "".join(f"#   {line}\n" for line in f.describe().splitlines())
+        + f"print(check_sample(info, sample, {backend!r}))\n"
+    )
+
+
+def test_every_decomposed_op_is_swept() -> None:
+    """Each decomposed ATen op has OpInfo samples, or is listed in NO_OPINFO with a reason."""
+    missing = decomposed_op_names() - set(opinfos_by_aten_name()) - NO_OPINFO
+    assert not missing, f"add these ATen ops to EXTRA_OPINFOS or NO_OPINFO: {sorted(missing)}"
+
+
+def test_sample_function_names_tensors_and_constants() -> None:
+    info = next(i for i in op_db if i.name == "add")
+    sample = samples(info, 1)[0]
+    f = SampleFunction(info, sample)
+    assert f.source.startswith("def fn(t0")
+    assert len(f.tensors) >= 1
+    assert math.isfinite(float(f.fn(*f.tensors).detach().sum()))
+
+
+def test_check_sample_detects_a_wrong_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler that is off by 1e-3 is caught, in values and in gradients."""
+    info = next(i for i in op_db if i.name == "sin")
+    sample = samples(info, 1)[0]
+    off = _OffByOne()
+    monkeypatch.setattr(toycomp, "compile", lambda fn, backend=None: off.wrap(fn))
+    outcome = check_sample(info, sample, "cpp")
+    assert (outcome.cls, outcome.signature) == ("wrong", "wrong values"), outcome
+
+
+class _OffByOne:
+    def wrap(self, fn: Callable) -> Callable:
+        return lambda *args: fn(*args) + 1e-3
