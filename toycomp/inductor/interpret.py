@@ -173,6 +173,16 @@ def _run_extern(
 
 
 def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
+    """Evaluate ``expr``: each distinct node once, its arguments first (iteratively: see
+    [Note: expressions are DAGs] in ir.py)."""
+    values: dict[int, torch.Tensor] = {}
+    for node in ir.post_order(expr):
+        args = [values[id(a)] for a in node.args] if isinstance(node, ir.Op) else []
+        values[id(node)] = _node_value(node, args, env)
+    return values[id(expr)]
+
+
+def _node_value(expr: ir.Expr, args: list[torch.Tensor], env: _Env) -> torch.Tensor:
     if isinstance(expr, ir.Load):
         return _flat(env.buffers[expr.buffer])[_index(expr.index, env)]
     if isinstance(expr, ir.Constant):
@@ -181,7 +191,6 @@ def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
         return torch.as_tensor(_index(expr.index, env), device=env.device).to(expr.dtype)
     if isinstance(expr, ir.Local):
         return env.locals[expr.name]
-    args = [_value(a, env) for a in expr.args]
     if expr.name == "convert_element_type":
         out = args[0].to(expr.dtype)
     else:

@@ -3,8 +3,9 @@
 Three layers, all small frozen dataclasses that print compactly:
 
 1. **Value expressions** (``Load``, ``Constant``, ``IndexValue``, ``Op``, ``Local``): the body of a
-   loop, as a tree. ``Op`` names a pointwise prim (``"sin"``, ``"add"``, ``"where"``...). Indices
-   are sympy expressions over loop variables, so a view is just a substitution of variables
+   loop, as a tree whose repeated parts are shared objects (a DAG: see [Note: expressions are
+   DAGs]). ``Op`` names a pointwise prim (``"sin"``, ``"add"``, ``"where"``...). Indices are
+   sympy expressions over loop variables, so a view is just a substitution of variables
    (``permute`` swaps them, ``broadcast_in_dim`` drops them, ``slice`` scales them): no copies.
 2. **Buffers** (``InputBuffer``, ``Pointwise``, ``Reduction``, ``ExternKernel``), produced by
    ``lowering.py``: one node per tensor that must exist in memory, with a body over its own index
@@ -101,7 +102,7 @@ class Op:
     dtype: torch.dtype
 
     def __repr__(self) -> str:
-        return f"{self.name}({', '.join(map(repr, self.args))})"
+        return format_expr(self)
 
 
 @dataclass(frozen=True)
@@ -118,33 +119,114 @@ class Local:
 Expr = Union[Load, Constant, IndexValue, Op, Local]
 
 
-def walk(expr: Expr) -> Iterator[Expr]:
-    """Every sub-expression of ``expr``, parents before children."""
-    yield expr
-    if isinstance(expr, Op):
-        for arg in expr.args:
-            yield from walk(arg)
+# [Note: expressions are DAGs]
+# An expression is a tree only on paper. Lowering inlines a value into each of its users and
+# fusion pastes a producer's expression into each of its consumers, both as the SAME object:
+# in `for i in range(n): y = y * y.sigmoid() + y.sin()` each y is used three times by the next,
+# so the fused kernel's expression has 3**n paths but only ~6n distinct nodes. Every pass over
+# expressions therefore visits each distinct node (object) once: `walk` and `post_order` skip
+# nodes already seen, `map_expr` rebuilds each node once (so sharing survives a rewrite), and
+# code generation and the interpreter evaluate each node once per loop. All are iterative: a
+# chain of a few hundred ops is deeper than Python's recursion limit. Printing names the
+# shared nodes of a big expression (`format_expr`). Compile time stays linear in the graph.
+# (Identity, not equality: nodes are compared by `is`, which is free; two equal but separately
+# built expressions are simply visited twice, and the kernel's CSE still computes them once.)
+def walk(*exprs: Expr) -> Iterator[Expr]:
+    """Every distinct sub-expression of ``exprs``, once, parents before children (pre-order)."""
+    seen: set[int] = set()
+    stack = list(reversed(exprs))
+    while stack:
+        expr = stack.pop()
+        if id(expr) in seen:
+            continue
+        seen.add(id(expr))
+        yield expr
+        if isinstance(expr, Op):
+            stack.extend(reversed(expr.args))
+
+
+def post_order(*exprs: Expr) -> list[Expr]:
+    """Every distinct sub-expression of ``exprs``, once, each after its arguments (left to right:
+    the order in which a recursive evaluation would first reach them)."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack = [(e, False) for e in reversed(exprs)]
+    while stack:
+        expr, args_done = stack.pop()
+        if args_done:
+            order.append(expr)
+        elif id(expr) not in seen:
+            seen.add(id(expr))
+            stack.append((expr, True))
+            if isinstance(expr, Op):
+                stack.extend((a, False) for a in reversed(expr.args))
+    return order
 
 
 def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Rebuild ``expr`` bottom-up; ``fn`` returns a replacement for a node, or None to keep it."""
-    if isinstance(expr, Op):
-        expr = Op(expr.name, tuple(map_expr(a, fn) for a in expr.args), expr.dtype)
-    replaced = fn(expr)
-    return expr if replaced is None else replaced
+    """Rebuild ``expr`` bottom-up; ``fn`` returns a replacement for a node, or None to keep it.
+    Each distinct node is rebuilt once, so shared sub-expressions stay shared."""
+    new: dict[int, Expr] = {}  # id(original node) -> its rebuilt version
+    for node in post_order(expr):
+        rebuilt = node
+        if isinstance(node, Op):
+            args = tuple(new[id(a)] for a in node.args)
+            if any(a is not b for a, b in zip(args, node.args)):
+                rebuilt = Op(node.name, args, node.dtype)
+        replaced = fn(rebuilt)
+        new[id(node)] = rebuilt if replaced is None else replaced
+    return new[id(expr)]
 
 
 def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
     """Rename loop variables in every index of ``expr`` (how views and fusion move bodies)."""
+    moved: dict[sympy.Expr, sympy.Expr] = {}  # each distinct index is substituted once
+
+    def move(index: sympy.Expr) -> sympy.Expr:
+        if index not in moved:
+            moved[index] = sympy.expand(index.subs(mapping, simultaneous=True))
+        return moved[index]
 
     def subs(e: Expr) -> Expr | None:
         if isinstance(e, Load):
-            return Load(e.buffer, sympy.expand(e.index.subs(mapping, simultaneous=True)), e.dtype)
+            return Load(e.buffer, move(e.index), e.dtype)
         if isinstance(e, IndexValue):
-            return IndexValue(sympy.expand(e.index.subs(mapping, simultaneous=True)), e.dtype)
+            return IndexValue(move(e.index), e.dtype)
         return None
 
     return map_expr(expr, subs)
+
+
+# Expressions with more nodes than this, counted as a tree, print with their shared nodes named.
+TREE_PRINT_LIMIT = 200
+
+
+def format_expr(expr: Expr) -> str:
+    """``expr`` as text: a tree, ``mul(sin(load(a, x)), sin(load(a, x)))``, unless the tree has
+    more than ``TREE_PRINT_LIMIT`` nodes; then each Op used more than once is printed once, by
+    name: ``let t0 = sin(load(a, x)), ... in mul(t0, t0)`` (see [Note: expressions are DAGs])."""
+    order = post_order(expr)
+    size: dict[int, int] = {}
+    uses: dict[int, int] = {}
+    for e in order:
+        args = e.args if isinstance(e, Op) else ()
+        size[id(e)] = min(1 + sum(size[id(a)] for a in args), TREE_PRINT_LIMIT + 1)
+        for a in args:
+            uses[id(a)] = uses.get(id(a), 0) + 1
+    big = size[id(expr)] > TREE_PRINT_LIMIT
+    text: dict[int, str] = {}
+    bindings: list[str] = []
+    for e in order:
+        if not isinstance(e, Op):
+            text[id(e)] = repr(e)
+            continue
+        text[id(e)] = f"{e.name}({', '.join(text[id(a)] for a in e.args)})"
+        if big and uses.get(id(e), 0) > 1:
+            bindings.append(f"t{len(bindings)} = {text[id(e)]}")
+            text[id(e)] = f"t{len(bindings) - 1}"
+    if not bindings:
+        return text[id(expr)]
+    return f"let {', '.join(bindings)} in {text[id(expr)]}"
 
 
 # --- buffers: what lowering produces -------------------------------------------------------------
@@ -342,14 +424,8 @@ class Kernel:
 
     def reads(self) -> tuple[str, ...]:
         """Buffers loaded by this kernel (in first-use order)."""
-        names = [
-            e.buffer
-            for loop in self.loops
-            for stmt in loop.body
-            for e in walk(stmt.value)
-            if isinstance(e, Load)
-        ]
-        return tuple(dict.fromkeys(names))
+        values = [stmt.value for loop in self.loops for stmt in loop.body]
+        return tuple(dict.fromkeys(e.buffer for e in walk(*values) if isinstance(e, Load)))
 
     def writes(self) -> tuple[str, ...]:
         """Buffers stored by this kernel."""

@@ -62,9 +62,9 @@ SUPPORTED_DTYPES = {
 #      if the value is already a strided view of a buffer (its body is one load at an affine
 #      index), we hand out a TensorArg of that buffer instead: a transpose is not copied;
 #   2. it has 2+ FX users and its body has more than REALIZE_THRESHOLD expression nodes, so
-#      each user would recompute a lot (and trees would grow exponentially in chains like
-#      y = y * y). Small shared values (sin(x) in sin(x)*cos(x)*sin(x)) are recomputed:
-#      the fused kernel's CSE computes them once anyway.
+#      each kernel that inlines it would recompute a lot (its users share one expression
+#      object: see [Note: expressions are DAGs] in ir.py). Small shared values (sin(x) in
+#      sin(x)*cos(x)*sin(x)) are recomputed: the fused kernel's CSE computes them once anyway.
 #   3. reductions are always buffers; their users read them with a Load (contiguous layout).
 # Inductor's rule is similar (realize_opcount_threshold=30, plus reads-based heuristics); the
 # scheduler then fuses realized buffers back into kernels where the indices allow it.

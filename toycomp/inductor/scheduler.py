@@ -54,8 +54,9 @@ from toycomp.inductor.ir import ExternKernel, Pointwise, Reduction
 #     a Pointwise is "per row" if numel == N (runs once per x) or "full" if its dims split into
 #     an outer prefix of product N (read from x) and an inner suffix of product M (from r);
 #   * every read of a buffer computed in the same kernel is at the SAME element that kernel
-#     computes at (x, r): then the load is replaced by the producer's expression (or by the
-#     ``Local`` holding a reduction's per-row result), so nothing inside a kernel ever loads a
+#     computes at (x, r): then the load is replaced by the producer's expression, the same
+#     object for every consumer (a DAG: [Note: expressions are DAGs] in ir.py), or by the
+#     ``Local`` holding a reduction's per-row result, so nothing inside a kernel ever loads a
 #     value that the kernel writes: no read-before-write is possible. A read at a different
 #     index (a transpose, a broadcast of a full tensor, a per-row read of a full tensor) makes
 #     the buffer go to another kernel, and its producer is stored to memory;
@@ -81,6 +82,7 @@ class _Entry:
     over_r: bool  # False: once per x (per-row node); True: once per (x, r)
     value: ir.Expr
     position: sympy.Expr  # contiguous flat index of the element computed at (x, r)
+    reads: tuple[str, ...]  # buffer_reads(node), computed once
 
     @property
     def result(self) -> ir.Expr:
@@ -103,7 +105,7 @@ class _Group:
         return {e.node.name for e in self.entries}
 
     def reads(self) -> set[str]:
-        return {b for e in self.entries for b in buffer_reads(e.node)}
+        return {b for e in self.entries for b in e.reads}
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
@@ -227,7 +229,8 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         return producer.result
 
     try:
-        return _Entry(node, over_r, ir.map_expr(node.body, rewrite), position)
+        value = ir.map_expr(node.body, rewrite)
+        return _Entry(node, over_r, value, position, tuple(buffer_reads(node)))
     except _NotFusable:
         return None
 
@@ -314,8 +317,9 @@ def _split_loops(statements) -> tuple[ir.Loop, ...]:
     loops: list[ir.Loop] = []
     body: list = []
     over_r, reduced = False, set()
+    locals_under = _locals_under([stmt.value for _, stmt in statements])
     for stmt_over_r, stmt in statements:
-        uses = {e.name for e in ir.walk(stmt.value) if isinstance(e, ir.Local)}
+        uses = locals_under[id(stmt.value)]
         if body and (stmt_over_r != over_r or uses & reduced):
             loops.append(ir.Loop(over_r, tuple(body)))
             body, reduced = [], set()
@@ -328,9 +332,23 @@ def _split_loops(statements) -> tuple[ir.Loop, ...]:
     return tuple(loops)
 
 
+def _locals_under(values: list[ir.Expr]) -> dict[int, frozenset[str]]:
+    """id(node) -> the names of the ``Local``s it reads, for every node under ``values``
+    (computed once per node, bottom-up: see [Note: expressions are DAGs] in ir.py)."""
+    under: dict[int, frozenset[str]] = {}
+    for e in ir.post_order(*values):
+        if isinstance(e, ir.Local):
+            under[id(e)] = frozenset([e.name])
+        elif isinstance(e, ir.Op):
+            under[id(e)] = frozenset().union(*(under[id(a)] for a in e.args))
+        else:
+            under[id(e)] = frozenset()
+    return under
+
+
 def _buffer_dtypes(loops, group: _Group) -> tuple:
     dtypes = {e.node.name: e.node.dtype for e in group.entries}
-    loads = [e for loop in loops for s in loop.body for e in ir.walk(s.value)]
+    loads = ir.walk(*(s.value for loop in loops for s in loop.body))
     found = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)}
     stores = [s for loop in loops for s in loop.body if isinstance(s, ir.Store)]
     found.update({s.buffer: dtypes[s.buffer] for s in stores})

@@ -200,6 +200,7 @@ class KernelCodegen:
         self.args = self._assign_args()
         self.cse = CSE(self.declare)
         self.locals: dict[str, str] = {}  # Reduce.name -> variable holding the result
+        self.generated: dict[int, tuple[ir.Expr, str]] = {}  # id(node) -> (node, its code)
         self.new_sections()
 
     def _assign_args(self) -> dict[str, str]:
@@ -219,6 +220,7 @@ class KernelCodegen:
         self.stores, self.suffix = IndentedBuffer(), IndentedBuffer()
         if not keep_cse:
             self.cse.cache.clear()
+            self.generated.clear()
 
     # --- the walk -------------------------------------------------------------------------------
     def codegen_loop(self, loop: ir.Loop) -> None:
@@ -236,6 +238,23 @@ class KernelCodegen:
                 self.reduce(stmt, value)
 
     def codegen_expr(self, expr: ir.Expr) -> str:
+        """The code of ``expr``'s value in the current loop. Each distinct node is generated
+        once per loop, its arguments first (iteratively: see [Note: expressions are DAGs] in
+        ir.py); ``generated`` keeps the node alive, so its ``id`` stays its own."""
+        stack = [(expr, False)]
+        while stack:
+            node, args_done = stack.pop()
+            if id(node) in self.generated:
+                continue
+            if args_done or not isinstance(node, ir.Op):
+                self.generated[id(node)] = (node, self.codegen_node(node))
+            else:
+                stack.append((node, True))
+                stack.extend((arg, False) for arg in reversed(node.args))
+        return self.generated[id(expr)][1]
+
+    def codegen_node(self, expr: ir.Expr) -> str:
+        """One node, its arguments already generated (``codegen_expr`` returns their code)."""
         if isinstance(expr, ir.Load):
             self.check_index(expr.index)
             if expr.buffer not in self.args:

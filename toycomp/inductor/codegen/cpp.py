@@ -352,10 +352,9 @@ def _independent_iterations(loop: ir.Loop) -> bool:
     """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
     stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
     stored = {buffer for buffer, _ in stores}
-    for stmt in loop.body:
-        for e in ir.walk(stmt.value):
-            if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
-                return False
+    for e in ir.walk(*(stmt.value for stmt in loop.body)):
+        if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
+            return False
     return True
 
 
