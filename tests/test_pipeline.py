@@ -72,12 +72,14 @@ def mlp_step(model, batch, target, compiled_loss=None):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_mlp_training_step_matches_eager(backend):
+def test_mlp_training_step_matches_eager(backend, capture):
     model = make_mlp()
     batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
     loss_ref, grads_ref = mlp_step(model, batch, target)
-    compiled = toycomp.compile(lambda x, t: F.cross_entropy(model(x), t), backend=backend)
+    loss_fn = lambda x, t: F.cross_entropy(model(x), t)  # noqa: E731
+    compiled = toycomp.compile(loss_fn, backend=backend, capture=capture)
     loss, grads = mlp_step(model, batch, target, compiled)
     torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
     assert grads.keys() == grads_ref.keys()
@@ -109,18 +111,37 @@ def test_python_value_guard_recompiles():
     assert len(compiled.entries) == 3
 
 
-def test_graph_break_runs_eagerly_with_warning():
-    def branchy(x):
-        if x.sum() > 0:  # branch on a tensor's value: the tracer cannot specialise it
-            return x * 2
-        return x - 1
+def branchy(x):
+    if x.sum() > 0:  # branch on a tensor's value: the tracer cannot specialise it
+        return x * 2
+    return x - 1
 
-    compiled = toycomp.compile(branchy, backend="cpp")
+
+def test_graph_break_runs_eagerly_with_warning():
+    compiled = toycomp.compile(branchy, backend="cpp", capture="tracer")
     x = torch.ones(4)
     with pytest.warns(UserWarning, match="x.sum\\(\\) > 0"):
         out = compiled(x)
     assert_close(out, branchy(x))
     assert_close(compiled(-x), branchy(-x))
+
+
+def test_graph_break_gives_partial_graphs():
+    compiled = toycomp.compile(branchy, backend="cpp", capture="bytecode")
+    x = torch.ones(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for sign in (1, -1, 1):
+            assert_close(compiled(sign * x), branchy(sign * x))
+    assert compiled.compile_count == 3 and compiled.eager_reason is None  # sum; x * 2; x - 1
+    ex = toycomp.explain(branchy, x, backend="cpp", capture="bytecode")
+    assert (ex.graph_count, ex.graph_break_count) == (2, 1)
+    (reason,) = ex.break_reasons
+    assert "test_pipeline.py:" in reason and "if x.sum() > 0:" in reason
+    assert any("__resume_at" in code for code in ex.transformed_code)
+    assert len(ex.entries) == 2 and len(ex.kernels) == 2 and ex.guards
+    titles = [title for title, _ in ex.sections()]
+    assert "4. graph 1: forward kernel_0 (cpp)" in titles and "graph break" in ex.summary()
 
 
 def test_unsupported_op_falls_back_visibly():
@@ -236,17 +257,19 @@ def test_partition_choice(partition, saved):
         toycomp.compile(sin2_cos2, partition="greedy")
 
 
-def test_fresh_outputs_mark_only_kernel_buffers_returned_once():
+@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
+def test_fresh_outputs_mark_only_kernel_buffers_returned_once(capture):
     def f(x):
         y = torch.sin(x)
         return y, x.t(), y  # a kernel output twice, and a view of the input
 
     x = torch.randn(3, 4)
-    graph = toycomp.explain(f, x, backend="cpp").graph("forward").compiled
-    assert graph.fresh_outputs == (False, False, False)
-    graph = toycomp.explain(lambda x: (torch.sin(x), x.t()), x, backend="cpp").graph("forward")
-    assert graph.compiled.fresh_outputs == (True, False)
-    out = toycomp.compile(f, backend="cpp")(x)
+    graph = toycomp.explain(f, x, backend="cpp", capture=capture).graph("forward").compiled
+    # The bytecode capture returns y from the graph once and builds the tuple in Python.
+    assert graph.fresh_outputs == ((True, False) if capture == "bytecode" else (False,) * 3)
+    ex = toycomp.explain(lambda x: (torch.sin(x), x.t()), x, backend="cpp", capture=capture)
+    assert ex.graph("forward").compiled.fresh_outputs == (True, False)
+    out = toycomp.compile(f, backend="cpp", capture=capture)(x)
     assert out[0].data_ptr() != x.data_ptr() and out[1].data_ptr() == x.data_ptr()
     assert out[0].data_ptr() == out[2].data_ptr()  # eager returns the same tensor twice, too
 
@@ -295,12 +318,15 @@ def transpose_input(x):
     return x + 1
 
 
+@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
 @pytest.mark.parametrize("fn", [resize_input, transpose_input])
-def test_metadata_mutation_of_an_input_falls_back_visibly(fn):
-    ex = toycomp.explain(fn, torch.randn(2, 4), backend="cpp")
+def test_metadata_mutation_of_an_input_falls_back_visibly(fn, capture):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bytecode capture warns here too
+        ex = toycomp.explain(fn, torch.randn(2, 4), backend="cpp", capture=capture)
     assert ex.eager_reason and ex.fallbacks[0].startswith("whole graph: toycomp.aot")
     assert "runs eagerly" in ex.summary() and ex.eager_reason in str(ex)
-    compiled = toycomp.compile(fn, backend="cpp")
+    compiled = toycomp.compile(fn, backend="cpp", capture=capture)
     for call in range(2):  # the first call (whose capture run cannot be undone), then eager
         x, x_ref = torch.arange(8.0).reshape(2, 4), torch.arange(8.0).reshape(2, 4)
         if call == 0:
@@ -352,3 +378,83 @@ def test_compiled_entries_do_not_keep_inputs_alive(backend):
     gc.collect()
     assert [r() is None for r in refs] == [True] * len(refs)
     assert compiled.entries and ex.kernels  # still alive, still compiled
+
+
+# --- the bytecode capture compiles on fake tensors (issue 7, item 2) ------------------------------
+class RealOpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen ops that compute on real tensors (fake and meta ones are metadata only;
+    views read no data: making a fake tensor from a real one detaches it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs or {}))
+                   if isinstance(a, torch.Tensor)]  # fmt: skip
+        if not func.is_view and any(not toycomp._torch_compat.is_fake(t)
+                                    and t.device.type != "meta" for t in tensors):  # fmt: skip
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_compiling_does_no_work_on_real_data():
+    model = make_mlp()
+    batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def step(x, t):
+        return F.cross_entropy(F.dropout(model(x), 0.1), t)
+
+    compiled = toycomp.compile(step, backend="cpp", capture="bytecode")
+    counts = []
+    for _ in range(2):  # the first call compiles (on fakes), the second runs from the cache
+        model.zero_grad(set_to_none=True)
+        with RealOpCounter() as counter:
+            compiled(batch, target).backward()
+        counts.append(sorted(counter.ops))
+    assert compiled.compile_count == 1
+    assert counts[0] == counts[1]  # the first call's real work is the compiled code's alone
+
+
+def test_explain_on_meta_inputs():
+    model = make_mlp().to("meta")
+    batch = torch.randn(32, 64, device="meta")
+    target = torch.randint(0, 10, (32,), device="meta")
+    ex = toycomp.explain(lambda x, t: F.cross_entropy(model(x), t), batch, target,
+                         backend="cpp", capture="bytecode")  # fmt: skip
+    assert ex.graph_count == 1 and ex.backward is not None and ex.kernels
+    assert not ex.fallbacks and "mm" in ex.forward.code
+
+
+STRIDE_CASES = {
+    "mm_of_transposes": lambda x, y: x.t().t() @ y,
+    "transposed_pointwise": lambda x, y: x.t() * 2,
+    "permuted_sin": lambda x, y: x.reshape(2, 2, 6).permute(2, 0, 1).sin(),
+    "sum_of_transpose": lambda x, y: x.t().sum(1, keepdim=True),
+    "zero_of_a_copy": lambda x, y: x.t().clone().zero_(),
+    "zeros_like": lambda x, y: torch.zeros_like(x.t()),
+    "empty_like_fill": lambda x, y: torch.empty_like(x.t()).fill_(1),
+    "softmax": lambda x, y: x.t().softmax(-1),
+    "contiguous": lambda x, y: x.t().contiguous(),
+    "gelu": lambda x, y: F.gelu(x.t()),
+    "cat": lambda x, y: torch.cat([x.t(), y[:, :4]], 1),
+    "expand_add": lambda x, y: x[:, :1].expand(4, 6) + 0,
+    "to_float64": lambda x, y: x.t().to(torch.float64),
+    "zero_input": lambda x, y: x.zero_(),
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDE_CASES))
+def test_compiled_strides_match_eager(name):
+    """Compiling on fake tensors takes layouts from their meta kernels: they must be eager's."""
+    fn = STRIDE_CASES[name]
+    x, y = torch.randn(4, 6), torch.randn(6, 5)
+    out = toycomp.compile(fn, backend="cpp", capture="bytecode")(x.clone(), y)
+    ref = fn(x.clone(), y)
+    assert_close(out, ref)
+    assert out.stride() == ref.stride()
+
+
+def test_unknown_capture_is_rejected():
+    with pytest.raises(ValueError, match="unknown capture"):
+        toycomp.compile(sin2_cos2, capture="bytecodes")

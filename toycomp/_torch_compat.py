@@ -124,3 +124,39 @@ def fake_tensor_mode():  # capture/output_graph.py: compile on metadata, never o
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
+
+
+def fake_mode_of(tensors):  # aot/aot_autograd.py: trace on the capture's fake tensors
+    """The ``FakeTensorMode`` of the first fake tensor among ``tensors`` (None if none is)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
+
+
+def is_fake(t) -> bool:  # aot/functional_utils.py, tests: a tensor with metadata only
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def no_fake_mode():  # aot/tensor_tracker.py: plain meta tensors for meta["val"] while tracing
+    """A context in which factory functions make ordinary tensors even inside a fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def storage_identity(storage) -> int:  # aot/functional_utils.py: aliasing among fake tensors
+    """Equal for the same storage: the address of its C++ ``StorageImpl`` (a meta or fake
+    tensor's ``data_ptr()`` is 0 for every storage, so it cannot tell them apart)."""
+    return storage._cdata
+
+
+def fake_on_device(t, device):  # pipeline.py: toycomp.explain on meta inputs compiles for CPU
+    """A fake tensor like the fake ``t`` (shape, strides, dtype, requires_grad), on ``device``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with no_fake_mode():
+        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        fake = FakeTensor(t.fake_mode, meta, device)
+    return fake.requires_grad_(t.requires_grad)

@@ -19,68 +19,115 @@ TORCH_LOGS="graph_code,aot_graphs,output_code" (every stage's code, printed as i
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch.fx
 
 import toycomp.viz as viz
-from toycomp.pipeline import CompiledEntry, GraphArtefacts, build, check_choices
+from toycomp.capture.convert_frame import CompileContext, ExplainOutput, summarize
+from toycomp.pipeline import (
+    DEFAULT_CAPTURE,
+    CompiledEntry,
+    GraphArtefacts,
+    GraphCompiler,
+    build,
+    check_choices,
+    frame_target,
+)
 
 
 @dataclass
 class Explanation:
-    """Every stage's artefacts; see the module docstring."""
+    """Every stage's artefacts; see the module docstring.
 
-    entry: CompiledEntry
+    ``entry`` is the first captured graph's (stage 1-4 properties below read it); with the
+    bytecode capture, ``entries`` holds every graph's, and ``dynamo`` what
+    ``torch._dynamo.explain`` would report (graph breaks, transformed code, guards).
+    """
+
+    entry: CompiledEntry | None
+    entries: list[CompiledEntry] = field(default_factory=list)
+    dynamo: ExplainOutput | None = None
+
+    # --- stage 1, as torch._dynamo.explain reports it -----------------------------------------
+    @property
+    def graph_count(self) -> int:
+        if self.dynamo is not None:
+            return self.dynamo.graph_count
+        return int(self.graph_break is None)
+
+    @property
+    def graph_break_count(self) -> int:
+        return self.dynamo.graph_break_count if self.dynamo else int(self.graph_break is not None)
+
+    @property
+    def break_reasons(self) -> list[str]:
+        """Each graph break's reason and user source line."""
+        if self.dynamo is not None:
+            return list(self.dynamo.break_reasons)
+        return [str(self.graph_break)] if self.graph_break is not None else []
+
+    @property
+    def transformed_code(self) -> list[str]:
+        """The Python text that runs instead of each compiled frame (bytecode capture)."""
+        return list(self.dynamo.transformed_code) if self.dynamo else []
 
     # --- stage 1 ---------------------------------------------------------------------------
     @property
     def captured(self) -> torch.fx.GraphModule | None:
-        return self.entry.captured.gm
+        return self.entry.captured.gm if self.entry else None
 
     @property
     def guards(self) -> list:
+        """The guards (bytecode capture: each compiled frame's check function, as Python)."""
+        if self.dynamo is not None:
+            return [g for g in self.dynamo.guards if g]
         return list(self.entry.captured.guards)
 
     @property
     def graph_break(self) -> Any:
-        return self.entry.captured.graph_break
+        """Tracer capture: the break that made ``fn`` run eagerly (see ``break_reasons``)."""
+        return self.entry.captured.graph_break if self.entry else None
 
     # --- stage 2 ---------------------------------------------------------------------------
     @property
     def joint(self) -> torch.fx.GraphModule | None:
-        return self.entry.aot.joint if self.entry.aot else None
+        return self.entry.aot.joint if self.entry and self.entry.aot else None
 
     @property
     def forward(self) -> torch.fx.GraphModule | None:
-        return self.entry.aot.forward if self.entry.aot else None
+        return self.entry.aot.forward if self.entry and self.entry.aot else None
 
     @property
     def backward(self) -> torch.fx.GraphModule | None:
-        return self.entry.aot.backward if self.entry.aot else None
+        return self.entry.aot.backward if self.entry and self.entry.aot else None
 
     @property
     def saved_values(self) -> list[str]:
-        return list(self.entry.aot.saved_values) if self.entry.aot else []
+        return list(self.entry.aot.saved_values) if self.entry and self.entry.aot else []
 
     # --- stages 3 and 4 ----------------------------------------------------------------------
     def graph(self, name: str) -> GraphArtefacts:
         """The stage-3/4 artefacts of the ``"forward"`` or ``"backward"`` graph."""
-        for artefacts in self.entry.graphs:
+        graphs = self.entry.graphs if self.entry else []
+        for artefacts in graphs:
             if artefacts.name == name:
                 return artefacts
-        have = [g.name for g in self.entry.graphs]
+        have = [g.name for g in graphs]
         raise KeyError(f"no {name!r} graph was compiled (have: {have})")
 
     @property
     def kernels(self) -> list:
         """Every generated kernel (forward first), each with ``name``, ``source``, ``origins``."""
-        return [k for g in self.entry.graphs for k in g.compiled.kernels]
+        entries = self.entries or ([self.entry] if self.entry else [])
+        return [k for e in entries for g in e.graphs for k in g.compiled.kernels]
 
     @property
     def eager_reason(self) -> str | None:
         """Why the whole graph runs eagerly (AOT refused a construct, e.g. ``resize_``), or None."""
+        if self.dynamo is not None:
+            return "; ".join(e.eager_reason for e in self.entries if e.eager_reason) or None
         return self.entry.eager_reason
 
     @property
@@ -88,7 +135,8 @@ class Explanation:
         """What runs eagerly because toycomp cannot compile it (empty is good): ATen ops it
         cannot decompose, or the whole graph, with the reason, when AOT refused it."""
         whole = [f"whole graph: {self.eager_reason}"] if self.eager_reason else []
-        return whole + [op for g in self.entry.graphs for op in g.fallbacks]
+        entries = self.entries or ([self.entry] if self.entry else [])
+        return whole + [op for e in entries for g in e.graphs for op in g.fallbacks]
 
     def draw(self, stage: str) -> viz.Drawing:
         """Draw ``"captured"``, ``"joint"``, ``"forward"``, ``"backward"``, ``"forward_prims"``
@@ -108,26 +156,14 @@ class Explanation:
     # --- rendering ---------------------------------------------------------------------------
     def sections(self) -> list[tuple[str, str]]:
         """(title, text) pairs in pipeline order: what both renderings show."""
-        out = [("1. captured graph", _code(self.captured) if self.captured else "(none)")]
-        if self.graph_break is not None:
-            out.append(("graph break: runs eagerly", str(self.graph_break)))
-            return out
-        out.append(("guards", "\n".join(str(g) for g in self.guards)))
-        if self.eager_reason is not None:
-            out.append(("runs eagerly", self.eager_reason))
-            return out
-        if self.joint is not None:
-            out.append(("2. joint graph (ATen)", _code(self.joint)))
-        out.append(("2. forward graph (ATen)", _code(self.forward)))
-        if self.backward is not None:
-            out.append(("2. backward graph (ATen)", _code(self.backward)))
-            out.append(("saved for backward", ", ".join(self.saved_values)))
-        for g in self.entry.graphs:
-            out.append((f"3. {g.name} graph (prims)", _code(g.prims)))
-            out.append((f"3. {g.name} fallbacks to eager", ", ".join(g.fallbacks) or "none"))
-            for kernel in g.compiled.kernels:
-                out.append((f"4. {g.name} {kernel.name} ({kernel.backend})", kernel.source))
-            out.append((f"4. {g.name} wrapper", g.compiled.wrapper_source))
+        if self.dynamo is None:
+            return _entry_sections(self.entry, "", "\n".join(str(g) for g in self.guards))
+        counts = f"graph_count={self.graph_count}, graph_break_count={self.graph_break_count}"
+        out = [("1. graphs and graph breaks", "\n".join([counts, *self.break_reasons]))]
+        out += [(f"1. transformed code {i}", code) for i, code in enumerate(self.transformed_code)]
+        out += [(f"1. guards {i}", text) for i, text in enumerate(self.guards)]
+        for i, entry in enumerate(self.entries):
+            out += _entry_sections(entry, f"graph {i}: " if len(self.entries) > 1 else "")
         return out
 
     def __str__(self) -> str:
@@ -140,14 +176,23 @@ class Explanation:
         """One paragraph: graphs, kernels, fallbacks."""
         if self.graph_break is not None:
             return f"toycomp.explain: graph break, runs eagerly\n  {self.graph_break}"
+        head = []
+        if self.dynamo is not None:
+            head = [f"toycomp.explain: {self.graph_count} graph(s), "
+                    f"{self.graph_break_count} graph break(s)"]  # fmt: skip
+            head += [f"  break: {reason}" for reason in self.break_reasons]
         if self.eager_reason is not None:
-            return f"toycomp.explain: runs eagerly\n  {self.eager_reason}"
+            return "\n".join([*head, f"toycomp.explain: runs eagerly\n  {self.eager_reason}"])
+        if self.entry is None:
+            return "\n".join(head or ["toycomp.explain: no graph"])
+        entries = self.entries or [self.entry]
         counts = ", ".join(
-            f"{g.name}: {len(g.compiled.kernels)} kernel(s)" for g in self.entry.graphs
+            f"{g.name}: {len(g.compiled.kernels)} kernel(s)" for e in entries for g in e.graphs
         )
+        nodes = sum(len(e.captured.gm.graph.nodes) for e in entries)
         lines = [
-            f"toycomp.explain: {len(self.captured.graph.nodes)} captured nodes, "
-            f"{len(self.guards)} guards",
+            *head,
+            f"toycomp.explain: {nodes} captured nodes, {len(self.guards)} guards",
             f"  {counts}",
             f"  saved for backward: {', '.join(self.saved_values) or '-'}",
             f"  fallbacks to eager: {', '.join(self.fallbacks) or 'none'}",
@@ -164,6 +209,34 @@ class Explanation:
         return "\n".join(parts)
 
 
+def _entry_sections(entry: CompiledEntry | None, prefix: str, guards: str | None = None) -> list:
+    """The sections of one captured graph, stage by stage (``guards``: the tracer's)."""
+    if entry is None:
+        return [("1. captured graph", "(none)")]
+    captured = entry.captured
+    out = [(f"1. {prefix}captured graph", _code(captured.gm) if captured.gm else "(none)")]
+    if captured.graph_break is not None:
+        return out + [("graph break: runs eagerly", str(captured.graph_break))]
+    if guards is not None:
+        out.append(("guards", guards))
+    if entry.eager_reason is not None:
+        return out + [(f"{prefix}runs eagerly", entry.eager_reason)]
+    aot = entry.aot
+    if aot.joint is not None:
+        out.append((f"2. {prefix}joint graph (ATen)", _code(aot.joint)))
+    out.append((f"2. {prefix}forward graph (ATen)", _code(aot.forward)))
+    if aot.backward is not None:
+        out.append((f"2. {prefix}backward graph (ATen)", _code(aot.backward)))
+        out.append((f"{prefix}saved for backward", ", ".join(aot.saved_values)))
+    for g in entry.graphs:
+        out.append((f"3. {prefix}{g.name} graph (prims)", _code(g.prims)))
+        out.append((f"3. {prefix}{g.name} fallbacks to eager", ", ".join(g.fallbacks) or "none"))
+        for kernel in g.compiled.kernels:
+            out.append((f"4. {prefix}{g.name} {kernel.name} ({kernel.backend})", kernel.source))
+        out.append((f"4. {prefix}{g.name} wrapper", g.compiled.wrapper_source))
+    return out
+
+
 def _code(gm: torch.fx.GraphModule) -> str:
     return gm.code.strip()
 
@@ -173,21 +246,35 @@ def explain(
     *example_inputs: Any,
     backend: str | None = None,
     partition: str = "min_cut",
+    capture: str | None = None,
     **kwargs: Any,
 ) -> Explanation:
     """Run every stage of toycomp on ``fn(*example_inputs, **kwargs)`` and keep what each made.
 
     Args:
         fn: a function or ``nn.Module``.
-        *example_inputs: the inputs to trace with (tensors and Python values).
+        *example_inputs: the inputs to trace with (tensors and Python values). With the
+            bytecode capture they may be on the ``meta`` device: nothing is computed on them.
         backend: ``"cpp"``, ``"triton"`` or ``None`` as in ``toycomp.compile``.
         partition: ``"min_cut"`` or ``"default"`` as in ``toycomp.compile``.
+        capture: ``"bytecode"`` or ``"tracer"`` as in ``toycomp.compile``. The bytecode
+            capture calls ``fn`` once, compiled (like ``torch._dynamo.explain``): its Python
+            side effects and in-place updates of the inputs happen once.
         **kwargs: keyword arguments for ``fn``.
 
     Returns:
         An ``Explanation``: print it, or display it in a notebook.
     """
-    check_choices(backend, partition)
+    capture = capture or DEFAULT_CAPTURE
+    check_choices(backend, partition, capture)
+    if capture == "bytecode":
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        compiler = GraphCompiler(backend, partition, name)
+        context = CompileContext(compiler)
+        out = context.frame_for(frame_target(fn))(*example_inputs, **kwargs)
+        del out  # an Explanation keeps no tensors of the call
+        entries = list(compiler.log)
+        return Explanation(entries[0] if entries else None, entries, summarize(context))
     entry = build(fn, example_inputs, kwargs, backend, partition)
     entry.take_first_outputs()  # an Explanation keeps no tensors of the call
     return Explanation(entry)

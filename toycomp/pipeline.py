@@ -34,7 +34,9 @@ import torch
 import torch.fx
 
 from toycomp._torch_compat import tree_flatten
+from toycomp._torch_compat import fake_on_device
 from toycomp.capture.captured_graph import CapturedGraph
+from toycomp.capture.convert_frame import CompileContext
 from toycomp.capture.tracer import capture
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
@@ -48,6 +50,11 @@ from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 # How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the
 # backward (TorchInductor's choice); "default" saves every forward value the backward reads.
 PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
+# Stage 1: "bytecode" interprets fn's bytecode (a small Dynamo: partial graphs, resume
+# functions, replayed side effects); "tracer" runs fn once under a TorchFunctionMode (the
+# naive version that notebook 01 starts from).
+CAPTURES = ("bytecode", "tracer")
+DEFAULT_CAPTURE = "tracer"
 # Like Dynamo's cache_size_limit: past this many graphs for one function, run it eagerly.
 RECOMPILE_LIMIT = 8
 
@@ -117,9 +124,11 @@ class CompiledEntry:
         return outputs
 
 
-def check_choices(backend: str | None, partition: str) -> None:
+def check_choices(backend: str | None, partition: str, capture: str = DEFAULT_CAPTURE) -> None:
     """Reject unknown backend / partition names when compile() is called, not at the first call."""
     resolve_backend(backend, ())
+    if capture not in CAPTURES:
+        raise ValueError(f"toycomp: unknown capture {capture!r}; choose one of {CAPTURES}")
     if partition not in PARTITIONS:
         choices = list(PARTITIONS)
         raise ValueError(f"toycomp: unknown partition {partition!r}; choose one of {choices}")
@@ -174,6 +183,66 @@ def _undoable_state(t: torch.Tensor) -> tuple:
     return t.grad_fn, t.shape, t.stride(), t.storage_offset(), storage
 
 
+@dataclass
+class FrameGraph:
+    """One graph from the bytecode capture, where ``CompiledEntry.captured`` expects a
+    ``CapturedGraph``: the torch-level graph (its guards belong to the frame; see explain)."""
+
+    gm: torch.fx.GraphModule
+    guards: tuple = ()
+    graph_break: Any = None
+
+
+class GraphCompiler:
+    """The bytecode capture's backend: stages 2-4 on each captured graph, on fake tensors.
+
+    ``compile_frame`` calls it with a torch-level graph and fake example inputs (capture never
+    touches the user's data); AOT traces the joint graph under the same fake mode, stages 3-4
+    read shapes, strides and dtypes from the fakes, and the compiled code it returns then runs
+    on the real inputs. A graph AOT refuses (NotImplementedError) runs as captured, with a
+    warning, and is kept in ``eager``.
+    """
+
+    def __init__(self, backend: str | None, partition: str, name: str = "fn") -> None:
+        self.backend, self.partition, self.name = backend, partition, name
+        self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
+        self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
+        self.log: list[CompiledEntry] = []  # both, in compile order
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        graphs: list[GraphArtefacts] = []
+        on_meta = any(t.device.type == "meta" for t in example_inputs)
+        if on_meta:  # toycomp.explain on meta inputs: compile as for CPU tensors, run nothing
+            example_inputs = [fake_on_device(t, torch.device("cpu")) for t in example_inputs]
+        try:
+            aot = aot_function(
+                gm,
+                example_inputs,
+                fw_compiler=inductor_compiler(self.backend, "forward", graphs),
+                bw_compiler=inductor_compiler(self.backend, "backward", graphs),
+                partition_fn=PARTITIONS[self.partition],
+            )
+        except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
+            self.eager.append(CompiledEntry(FrameGraph(gm), None, eager_reason=str(e)))
+            self.log.append(self.eager[-1])
+            warnings.warn(f"toycomp: a graph of {self.name} runs eagerly ({e})", stacklevel=2)
+            return gm.forward
+        self.entries.append(CompiledEntry(FrameGraph(gm), aot, graphs))
+        self.log.append(self.entries[-1])
+        if on_meta:
+            return gm.forward  # (generated kernels cannot run on meta tensors)
+        return aot
+
+    @property
+    def compile_count(self) -> int:
+        return len(self.entries) + len(self.eager)
+
+
+def frame_target(fn: Callable) -> Callable:
+    """What the bytecode capture interprets: a module's ``forward``, or ``fn`` itself."""
+    return fn.forward if isinstance(fn, torch.nn.Module) else fn
+
+
 class OptimizedFunction:
     """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``.
 
@@ -187,15 +256,46 @@ class OptimizedFunction:
     toycomp/aot/runtime_wrappers.py is another thing: AOTAutograd's ``autograd.Function``.)
     """
 
-    def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut") -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        backend: str | None,
+        partition: str = "min_cut",
+        capture: str = DEFAULT_CAPTURE,
+    ) -> None:
         self.fn = fn
         self.backend = backend
         self.partition = partition
+        self.capture = capture
         self.entries: list[CompiledEntry] = []
-        self.eager_reason: str | None = None  # set once toycomp gave up on fn
+        self._eager_reason: str | None = None  # set once toycomp gave up on fn
+        self.frame: Callable | None = None  # capture="bytecode": compile_frame's callable
+        if capture == "bytecode":
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            self.compiler = GraphCompiler(backend, partition, name)
+            self.entries = self.compiler.entries
+            self.context = CompileContext(self.compiler, RECOMPILE_LIMIT)
+            self.frame = self.context.frame_for(frame_target(fn))
+
+    @property
+    def compile_count(self) -> int:
+        """How many graphs went through stages 2-4 (Dynamo: ``frame_count`` of compiled code)."""
+        return self.compiler.compile_count if self.frame is not None else len(self.entries)
+
+    @property
+    def eager_reason(self) -> str | None:
+        """Why (part of) ``fn`` runs eagerly: toycomp gave up on it, or AOT refused a graph."""
+        if self.frame is None:
+            return self._eager_reason
+        reasons = [e.eager_reason for e in self.compiler.eager]
+        reasons += [r.break_reason for r in self.context.log
+                    if r.break_reason and r.break_reason.startswith("frame skipped")]  # fmt: skip
+        return "; ".join(reasons) or None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.eager_reason is not None:
+        if self.frame is not None:
+            return self.frame(*args, **kwargs)
+        if self._eager_reason is not None:
             return self.fn(*args, **kwargs)
         for entry in self.entries:
             flat_inputs = entry.captured.guarded_inputs(args, kwargs)  # None: a guard failed
@@ -221,7 +321,7 @@ class OptimizedFunction:
         self, reason: str, args: tuple, kwargs: dict, first_outputs: tuple | None = None
     ) -> Any:
         """Run ``fn`` eagerly from now on (this call too, unless capture already ran it)."""
-        self.eager_reason = reason
+        self._eager_reason = reason
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
         warnings.warn(f"toycomp: running {name} eagerly ({reason})", stacklevel=3)
         if first_outputs is not None:
@@ -236,7 +336,10 @@ class OptimizedFunction:
 
 
 def compile(  # noqa: A001 (torch.compile's name)
-    fn: Callable, backend: str | None = None, partition: str = "min_cut"
+    fn: Callable,
+    backend: str | None = None,
+    partition: str = "min_cut",
+    capture: str | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
@@ -246,14 +349,19 @@ def compile(  # noqa: A001 (torch.compile's name)
             Triton on CPU tensors runs through Triton's interpreter).
         partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
             or ``"default"`` (save every forward value the backward reads).
+        capture: ``"bytecode"`` (interpret ``fn``'s bytecode on fake tensors: graph breaks
+            give partial graphs and resume functions, Python side effects are replayed) or
+            ``"tracer"`` (run ``fn`` once under a TorchFunctionMode); ``None``: the default,
+            ``DEFAULT_CAPTURE``.
 
     Returns:
         A callable with the same results and gradients as ``fn``. A new call whose inputs break
         a guard (other shape, dtype, device, requires_grad, Python value) recompiles; a
         construct the tracer cannot handle makes ``fn`` run eagerly, with a warning.
     """
-    check_choices(backend, partition)
-    return OptimizedFunction(fn, backend, partition)
+    capture = capture or DEFAULT_CAPTURE
+    check_choices(backend, partition, capture)
+    return OptimizedFunction(fn, backend, partition, capture)
 
 
 def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:

@@ -1113,3 +1113,37 @@ def test_toycomp_compile_with_an_extern_output_on_another_device():
     x = torch.randn(4, requires_grad=True)
     compiled = toycomp.compile(scaled_sin_with_seed, backend="cpp")
     check_against_eager(scaled_sin_with_seed, [x], compiled=lambda x: (compiled(x),))
+
+
+# --- tracing on fake tensors (issue 7, item 2) --------------------------------------------------
+def _views_and_mutations(x, w):
+    y = x * 2
+    y[0].add_(1)  # a write through a view: as_strided_scatter
+    return (y.t() @ w).relu(), y.sum()
+
+
+def _mutates_input(x, w):
+    x.mul_(2)
+    return torch.nn.functional.gelu(x + w.sum())
+
+
+@pytest.mark.parametrize("fn", [_views_and_mutations, _mutates_input])
+def test_aot_on_fake_inputs_records_the_real_trace(fn):
+    from toycomp._torch_compat import fake_tensor_mode, is_fake
+
+    x, w = torch.randn(3, 4), torch.randn(3, 5, requires_grad=True)
+    fake_mode = fake_tensor_mode()
+    fakes = [fake_mode.from_tensor(t) for t in (x, w)]
+    real = aot.aot_function(fn, [x.clone(), w])
+    fake = aot.aot_function(fn, fakes)
+    for name in ("joint", "forward", "backward"):
+        assert getattr(fake, name).code == getattr(real, name).code, name
+    nodes = [n for n in fake.joint.graph.nodes if "val" in n.meta]
+    assert not any(is_fake(n.meta["val"]) for n in nodes if isinstance(n.meta["val"], torch.Tensor))
+    assert fake.mutated_inputs == real.mutated_inputs
+    assert fake.output_alias_info == real.output_alias_info
+    x1 = torch.randn(3, 4)
+    x2 = x1.clone()
+    for a, b in zip(fake(x1, w), real(x2, w)):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(x1, x2)

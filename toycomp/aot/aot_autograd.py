@@ -31,13 +31,14 @@ runtime_wrappers.py) and torch/_functorch/partitioners.py (``default_partition``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import cudnn_and_mkldnn_disabled
+from toycomp._torch_compat import cudnn_and_mkldnn_disabled, fake_mode_of
 from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
 from toycomp.aot.functionalize import FunctionalRecorder
 from toycomp.aot.tensor_tracker import TensorTracker
@@ -232,7 +233,8 @@ def aot_function(
 
     Args:
         fn: callable on flat tensors returning a tensor or a tuple/list of tensors.
-        example_inputs: real tensors; ``requires_grad`` decides which inputs get gradients.
+        example_inputs: real tensors, or fake ones (then traced under their FakeTensorMode,
+            [Note: tracing on fake tensors]); ``requires_grad`` decides which get gradients.
         fw_compiler: ``compiler(gm, example_inputs) -> callable(list) -> sequence``; ``None``
             runs the GraphModule.
         bw_compiler: same for the backward; ``None`` uses ``fw_compiler``.
@@ -245,7 +247,12 @@ def aot_function(
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
     joint = torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs)
-    trace = _trace(fn, example_inputs, joint=joint)
+    # [Note: tracing on fake tensors] Given the capture's fake tensors (shapes, strides,
+    # dtypes, no data), the joint trace runs under their FakeTensorMode: no computation on
+    # real data and no random numbers drawn. The compilers then get fake example inputs.
+    fake_mode = fake_mode_of(example_inputs)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        trace = _trace(fn, example_inputs, joint=joint)
     forward, backward, saved = partition_fn(trace.gm) if joint else (trace.gm, None, [])
     compiled_forward = fw_compiler(forward, trace.examples(forward))
     compiled_backward = bw_compiler(backward, trace.examples(backward)) if joint else None

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from toycomp._torch_compat import schema_of
+from toycomp._torch_compat import schema_of, storage_identity
 
 __all__ = [
     "AS_STRIDED_OPS",
@@ -146,7 +146,11 @@ def copy_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def storage_key(t: torch.Tensor) -> tuple | None:
     """Equal for tensors sharing a storage; None for an empty storage (shares nothing)."""
     storage = t.untyped_storage()
-    return None if storage.nbytes() == 0 else (t.device, storage.data_ptr())
+    if storage.nbytes() == 0:
+        return None
+    if storage.device.type == "meta":  # fake and meta tensors: no data pointer to compare
+        return (t.device, "meta", storage_identity(storage))
+    return (t.device, storage.data_ptr())
 
 
 def extent(t: torch.Tensor) -> tuple[int, int]:

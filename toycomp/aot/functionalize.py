@@ -48,8 +48,9 @@ NB: in PyTorch the recording is make_fx's ``ProxyTorchDispatchMode``
 ``FunctionalStorageImpl`` (aten/src/ATen/FunctionalTensorWrapper.cpp, which replays view
 mutations on the base much like ``_replace`` here), with helpers in
 torch/_functorch/_aot_autograd/functional_utils.py (``to_fun``, ``from_fun``,
-``has_data_mutation``, ``gen_alias_from_base``). PyTorch traces with fake tensors; toycomp runs
-every op on the real example inputs, which is simpler and slower.
+``has_data_mutation``, ``gen_alias_from_base``). Like PyTorch, toycomp.compile traces on fake
+tensors: aot_function runs this recorder inside their ``FakeTensorMode``, so "running ``func``
+for real" below computes metadata only; given real tensors it really computes.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ from toycomp.tensor_utils import same_strides, to_meta
 __all__ = ["FunctionalRecorder"]
 
 aten = torch.ops.aten
+# Ops that answer a question about a tensor (no tensor result): a fake tensor answers its device
+# through the dispatcher, so the recorder sees them when tracing on fake tensors.
+METADATA_QUERIES = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
 
 
 class FunctionalRecorder(TorchDispatchMode):
@@ -104,6 +108,8 @@ class FunctionalRecorder(TorchDispatchMode):
                                "depends on tensor values); it cannot be traced ahead of time")
         if func in AS_STRIDED_OPS:
             return self._as_strided(func, args, kwargs)
+        if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
+            return func(*args, **kwargs)
         mutated = mutated_args(func, args, kwargs)
         if func.is_view or torch.Tag.inplace_view in func.tags:
             self._ensure_layout(args[0], str(func))

@@ -47,7 +47,8 @@ from toycomp.aot.functional_utils import (
     same_view,
     storage_key,
 )
-from toycomp.tensor_utils import to_meta, to_meta_value
+from toycomp._torch_compat import no_fake_mode
+from toycomp.tensor_utils import to_meta_value
 
 __all__ = ["TensorTracker", "Tracked"]
 
@@ -91,7 +92,7 @@ class TensorTracker:
                 node = self.graph.placeholder(name)
         else:
             node = self.graph.placeholder(name)
-        node.meta["val"] = to_meta(t)
+        node.meta["val"] = _plain_meta(t)
         self.placeholders.append(node)
         self.track(t, node)
         return node
@@ -104,7 +105,7 @@ class TensorTracker:
         """
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
-        node.meta["val"] = to_meta_value(val)
+        node.meta["val"] = _plain_meta(val)
         node.meta["device"] = _devices(val) if device is None else device
         return node
 
@@ -206,12 +207,20 @@ class TensorTracker:
         shape = [1 if st == 0 else n for n, st in zip(t.shape, t.stride())]
         compact = t.detach().as_strided(shape, t.stride(), t.storage_offset())
         name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = copy_like(compact, compact)  # t's strides where it can
+        with no_fake_mode():  # a real tensor, also when tracing on fake tensors
+            self.constants[name] = copy_like(compact, compact)  # t's strides where it can
         node = self.graph.get_attr(name)
-        node.meta["val"] = to_meta(self.constants[name])
+        node.meta["val"] = _plain_meta(self.constants[name])
         if shape != list(t.shape):
             node = self.emit(aten.expand.default, (node, list(t.shape)), {}, t)
         return self.track(t, node, constant=True)
+
+
+def _plain_meta(val: Any) -> Any:
+    """``to_meta_value``, giving ordinary meta tensors even while a ``FakeTensorMode`` is active
+    (tracing on fake tensors): later stages compute with them outside that mode."""
+    with no_fake_mode():
+        return to_meta_value(val)
 
 
 def _devices(val: Any) -> Any:

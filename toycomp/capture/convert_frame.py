@@ -31,6 +31,7 @@ toycomp wraps the function instead of installing a frame hook.
 from __future__ import annotations
 
 import inspect
+import linecache
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -210,10 +211,23 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
     """Compile ``fn`` with graphs run as they are, call it once, and report what was compiled."""
     context = CompileContext(lambda gm, example_inputs: gm.forward)
     out = context.frame_for(fn)(*args, **kwargs)
+    return summarize(context, out)
+
+
+def summarize(context: CompileContext, out: Any = None) -> ExplainOutput:
+    """What ``context`` compiled so far, as ``torch._dynamo.explain`` reports it."""
     graphs = [r.transformed.graph_module for r in context.log if r.transformed.graph_module]
-    reasons = [f"{r.break_reason} ({r.break_location[0]}:{r.break_location[1]})"
-               if r.break_location else r.break_reason for r in context.log if r.break_reason]
+    reasons = [break_reason(r) for r in context.log if r.break_reason]
     breaks = sum(r.break_location is not None and bool(r.break_location) for r in context.log)
     sources = [r.transformed.source for r in context.log]
     return ExplainOutput(len(graphs), breaks, reasons, graphs, sources,
                          [r.guards for r in context.log], out)
+
+
+def break_reason(record: CompileRecord) -> str:
+    """``reason (file:line: the user's source line)``, or the reason alone without a location."""
+    if not record.break_location:
+        return record.break_reason
+    filename, lineno = record.break_location[:2]
+    text = linecache.getline(filename, lineno).strip()
+    return f"{record.break_reason} ({filename}:{lineno}{': ' + text if text else ''})"

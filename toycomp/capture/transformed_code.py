@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import re
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -97,7 +98,7 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
         cg.lines.clear()
         body.append(line)
     head, gm, examples = call_graph(output, cg, compile_graph, graph_index)
-    name = f"__transformed_{fn.__code__.co_name}"
+    name = "__transformed_" + re.sub(r"\W", "_", fn.__code__.co_name)  # <lambda>: _lambda_
     lines = [f"def {name}({signature_text(fn.__code__)}):"]
     lines += ["    " + line for line in head + body + tail]
     source = "\n".join(lines) + "\n"
