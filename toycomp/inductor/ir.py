@@ -238,6 +238,7 @@ class InputBuffer:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
+    device: torch.device | None = None  # where it lives when not on the graph's device
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,8 @@ class GraphLowering:
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = tuple(tensor.shape), tuple(tensor.stride())
-        self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype))
+        elsewhere = tensor.device if tensor.device != self.device else None  # an extern's cpu seed
+        self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype, elsewhere))
         self.meta[node] = to_meta(tensor)
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
@@ -262,9 +263,9 @@ class GraphLowering:
 # --- helpers ---------------------------------------------------------------------------------
 def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
     """The inputs' device; for a graph without inputs, the device its creation prims name."""
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor):
-            return t.device
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
+        return t.device
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in (prims.full, prims.iota):
             return torch.device(node.kwargs.get("device", node.args[-1]))

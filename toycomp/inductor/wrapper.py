@@ -192,7 +192,8 @@ class WrapperCodegen:
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
             for b in self.graph.inputs:
                 layout = f"{tuple(b.size)}, {tuple(b.stride)}, {b.dtype}"
-                code.writeline(f"check_input({b.name}, {layout}, device, {b.name!r})")
+                where = "device" if b.device in (None, self.graph.device) else self._render(b.device)
+                code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
             last_use = self._last_uses()
             for i, step in enumerate(self.graph.steps):
