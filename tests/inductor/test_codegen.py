@@ -330,18 +330,10 @@ def assert_same_values(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(g, w) and torch.equal(g.signbit(), w.signbit()), (got, want)
 
 
-# toycomp/inductor/codegen/cpp.py converts double -> fp16 in one step (`static_cast<_Float16>`);
-# eager rounds through fp32 (1 + 2**-11 + 2**-40 -> 1.0, not 1.0009765625).
-_CPP_FP64_TO_FP16 = pytest.mark.xfail(
-    strict=True, reason="cpp_convert rounds fp64 -> fp16 once; eager rounds through fp32"
-)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("src,dst", CONVERSIONS, ids=str)
-def test_low_precision_conversions_round_like_eager(backend, src, dst, request):
-    if backend == "cpp" and (src, dst) == (torch.float64, torch.float16):
-        request.applymarker(_CPP_FP64_TO_FP16)
+def test_low_precision_conversions_round_like_eager(backend, src, dst):
+    # eager rounds fp64 -> fp16 through fp32: 1 + 2**-11 + 2**-40 -> 1.0, not 1.0009765625
     a = conversion_input(src, dst)
     got = toycomp.compile(lambda t: t.to(dst), backend=backend)(a)
     assert_same_values(got, a.to(dst))

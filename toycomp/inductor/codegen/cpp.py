@@ -140,11 +140,13 @@ def cpp_type(dtype: torch.dtype) -> str:
 
 
 def cpp_convert(value: str, dtype: torch.dtype) -> str:
-    """``convert_element_type``: fp16/bf16 round through the narrow type, then compute in float."""
+    """``convert_element_type``: fp16/bf16 round through the narrow type, then compute in float.
+
+    A double goes to float first, as in eager (fp64 -> fp16 rounds twice there, through fp32)."""
     if dtype == torch.bfloat16:
         return f"bf16_to_float(float_to_bf16({value}))"
     if dtype == torch.float16:
-        return f"static_cast<float>(static_cast<_Float16>({value}))"
+        return f"static_cast<float>(static_cast<_Float16>(static_cast<float>({value})))"
     return f"static_cast<{cpp_type(dtype)}>({value})"
 
 
