@@ -29,6 +29,7 @@ import collections
 import importlib
 import json
 import multiprocessing
+import signal
 import sys
 import time
 from multiprocessing.connection import wait
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=60, help="compilations per minimisation (60)")
     ap.add_argument("--max-minimize", type=int, default=6,
                     help="minimised reproducers per failure group (6); 0: do not minimise")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="start no new program after this many seconds; report those run")
     ap.add_argument("--json", help="also write every outcome to this file")
     ap.add_argument("--print", dest="show", type=int, help="print this seed's program and exit")
     args = ap.parse_args(argv)
@@ -216,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = parse_seeds(args.seeds)
     pool = Pool(args.jobs)
     started = time.monotonic()
+    deadline = started + (args.time_limit if args.time_limit is not None else float("inf"))
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` still gets a report of what ran
     try:
-        results = _run_checks(pool, seeds, backends, args.timeout)
+        results, complete = _run_checks(pool, seeds, backends, args.timeout, deadline)
         groups = _group(results)
-        minimised = _minimise(pool, groups, args) if args.max_minimize else {}
+        minimised = _minimise(pool, groups, args) if args.max_minimize and complete else {}
     finally:
         pool.close()
+    seeds = sorted({seed for _, seed in results}) or seeds
     _report(results, groups, minimised, backends, seeds, time.monotonic() - started)
     if args.json:
         with open(args.json, "w") as f:
@@ -230,18 +236,33 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r["cls"] in FAILURES for r in results.values()) else 0
 
 
-def _run_checks(pool: Pool, seeds: list[int], backends: list[str], timeout: float) -> dict:
-    tasks = [("check", b, s) for b in backends for s in seeds]
+def _interrupt(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # `timeout` signals the group too: once is enough
+    raise KeyboardInterrupt
+
+
+def _run_checks(
+    pool: Pool, seeds: list[int], backends: list[str], timeout: float, deadline: float
+) -> tuple[dict, bool]:
+    """Outcome per (backend, seed), and whether every task ran (no interrupt, no time limit)."""
+    tasks = [("check", b, s) for s in seeds for b in backends]
     results: dict[tuple[str, int], dict] = {}
-    for n, (task, result) in enumerate(pool.run(tasks, lambda t: timeout), 1):
-        _, backend, seed = task
-        results[(backend, seed)] = r = _as_outcome(result, timeout)
-        if r["cls"] in FAILURES or r["cls"] == "clear error":
-            print(f"[{n}/{len(tasks)}] {backend} seed {seed}: {r['cls']}: {r['signature']}",
-                  flush=True)
-        elif n % 50 == 0:
-            print(f"[{n}/{len(tasks)}]", file=sys.stderr, flush=True)
-    return results
+    try:
+        for n, (task, result) in enumerate(pool.run(tasks, lambda t: timeout), 1):
+            _, backend, seed = task
+            results[(backend, seed)] = r = _as_outcome(result, timeout)
+            if r["cls"] in FAILURES or r["cls"] == "clear error":
+                print(f"[{n}/{len(tasks)}] {backend} seed {seed}: {r['cls']}: {r['signature']}",
+                      flush=True)
+            elif n % 50 == 0:
+                print(f"[{n}/{len(tasks)}]", file=sys.stderr, flush=True)
+            if time.monotonic() > deadline and n < len(tasks):
+                print(f"time limit: stopping after {n} programs", flush=True)
+                return results, False
+    except KeyboardInterrupt:
+        print(f"interrupted: reporting the {len(results)} programs run", flush=True)
+        return results, False
+    return results, True
 
 
 def _group(results: dict) -> dict[tuple[str, str, str], list[int]]:

@@ -22,6 +22,7 @@ import collections
 import functools
 import importlib
 import math
+import os
 import pkgutil
 import warnings
 from typing import Any, Callable
@@ -35,8 +36,9 @@ from tests.fuzz import programs
 pytest.importorskip("expecttest")
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
-MAX_SAMPLES = 3
-TRITON_SAMPLES = 2
+# Samples per OpInfo (CI time); TOYCOMP_SWEEP_SAMPLES=N overrides both, 0 runs every sample.
+MAX_SAMPLES = int(os.environ.get("TOYCOMP_SWEEP_SAMPLES", 3)) or 10**9
+TRITON_SAMPLES = int(os.environ.get("TOYCOMP_SWEEP_SAMPLES", 2)) or 10**9
 # OpInfo ids (name, or name.variant) that also run on Triton's interpreter.
 TRITON_OPINFOS = (
     "sin", "exp", "add", "mul", "div.no_rounding_mode", "where", "pow", "clamp", "sum", "mean",
