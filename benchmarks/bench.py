@@ -2,12 +2,18 @@
 
     python benchmarks/bench.py                 # CPU, and CUDA too when a GPU is present
     python benchmarks/bench.py --device cuda --repeat 50
+    python benchmarks/bench.py --compile-time        # compile time only (CPU)
 
 Programs: f(x) = sin(x)**2 + cos(x)**2 on 4M floats (forward; forward + backward), one training
 step of the course's MLP (Linear(64,128) -> GELU -> Linear(128,10) -> cross_entropy, batch 32),
 and a row softmax over an 8192 x 1000 matrix. Times are medians over ``--repeat`` batches of ten
 calls after warm-up (compilation excluded); the ratios are what to read, since absolute times
 depend on the machine. This is a measurement, not a test: nothing here asserts.
+
+``--compile-time`` times compilation itself on chains of pointwise ops (``y = y * y.sigmoid() +
+y.sin()``, four ops a step, forward + backward): toycomp's own time, from capture to generated
+source, is a first call with the kernel cache already holding every kernel (so the C++ compiler
+does not run), next to torch.compile's cold compile with its caches off.
 """
 
 from __future__ import annotations
@@ -98,11 +104,51 @@ def run(device: str, repeat: int) -> None:
         )
 
 
+def pointwise_chain(steps: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def chain(y: torch.Tensor) -> torch.Tensor:
+        for _ in range(steps):
+            y = y * y.sigmoid() + y.sin()
+        return y
+
+    return chain
+
+
+def first_call_seconds(compiled: Callable, x: torch.Tensor) -> float:
+    """Seconds of the first call (compilation) of a training step: forward and backward."""
+    start = time.perf_counter()
+    compiled(x).sum().backward()
+    return time.perf_counter() - start
+
+
+def compile_times(ops: tuple[int, ...] = (40, 100, 200)) -> None:
+    import warnings
+
+    import torch._inductor.config as inductor_config
+
+    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+
+    print("\ncompile time, pointwise chains, forward + backward (CPU, C++ backend)")
+    print(f"{'ops':>6}{'toycomp':>12}{'torch.compile':>16}{'toycomp/compile':>18}")
+    x = torch.randn(1024, requires_grad=True)
+    for n in ops:
+        fn = pointwise_chain(n // 4)
+        first_call_seconds(toycomp.compile(fn, backend="cpp"), x)  # fills the kernel cache
+        ours = first_call_seconds(toycomp.compile(fn, backend="cpp"), x)
+        torch._dynamo.reset()
+        with inductor_config.patch(force_disable_caches=True):
+            theirs = first_call_seconds(torch.compile(fn), x)
+        print(f"{n:>6}{ours:>11.2f}s{theirs:>15.2f}s{ours / theirs:>17.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--compile-time", action="store_true", help="only the compile-time table")
     args = parser.parse_args()
+    if args.compile_time:
+        compile_times()
+        return
     devices = [args.device] if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         run(device, args.repeat)
