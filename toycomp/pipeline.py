@@ -4,8 +4,8 @@ Input -> output: a Python function or ``nn.Module`` -> a callable with the same 
 gradients. The pipeline is a flat list of named stage calls; every stage's result is kept in a
 ``CompiledEntry`` so that ``toycomp.explain`` can show it::
 
-    capture    fn          -> CapturedGraph (torch-level graph + guards)   capture/tracer.py
-    aot        captured.gm -> joint / forward / backward ATen graphs       aot/aot_autograd.py
+    capture    fn          -> torch-level graphs + guards + resume functions capture/convert_frame.py
+    aot        each graph  -> joint / forward / backward ATen graphs       aot/aot_autograd.py
     decompose  ATen graph  -> prims graph (+ extern calls, fallbacks)      prims/decompositions.py
     lower      prims graph -> loop IR buffers                              inductor/lowering.py
     schedule   loop IR     -> fused kernels                                inductor/scheduler.py
@@ -17,6 +17,11 @@ gradients. The pipeline is a flat list of named stage calls; every stage's resul
     tensor([1., 1., 1.])
     >>> len(f.entries), f.entries[0].graphs[0].compiled.kernels[0].backend
     (1, 'cpp')
+
+With ``capture="bytecode"`` (the default) capture runs on fake tensors and calls
+``GraphCompiler`` on each graph it makes: stages 2-4 also run on the fakes, and the compiled
+code runs on the real inputs. ``capture="tracer"`` is the naive run-once tracer of notebook 01
+(capture/tracer.py), with its own guarded cache below (``OptimizedFunction``, ``build``).
 
 NB: in PyTorch this glue is torch/_dynamo/eval_frame.py (the guarded cache of compiled frames),
 torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/compile_fx.py
@@ -54,7 +59,7 @@ PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization
 # functions, replayed side effects); "tracer" runs fn once under a TorchFunctionMode (the
 # naive version that notebook 01 starts from).
 CAPTURES = ("bytecode", "tracer")
-DEFAULT_CAPTURE = "tracer"
+DEFAULT_CAPTURE = "bytecode"
 # Like Dynamo's cache_size_limit: past this many graphs for one function, run it eagerly.
 RECOMPILE_LIMIT = 8
 

@@ -205,9 +205,9 @@ class TensorTracker:
             )
         # An expanded constant is stored compact and expanded again, keeping t's strides.
         shape = [1 if st == 0 else n for n, st in zip(t.shape, t.stride())]
-        compact = t.detach().as_strided(shape, t.stride(), t.storage_offset())
         name = f"_tensor_constant{len(self.constants)}"
-        with no_fake_mode():  # a real tensor, also when tracing on fake tensors
+        with no_fake_mode():  # a real tensor (torch.tensor(...)), also when tracing on fakes
+            compact = t.detach().as_strided(shape, t.stride(), t.storage_offset())
             self.constants[name] = copy_like(compact, compact)  # t's strides where it can
         node = self.graph.get_attr(name)
         node.meta["val"] = _plain_meta(self.constants[name])

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from toycomp import _torch_compat as compat
+import toycomp._torch_compat as compat
 from toycomp.capture.codegen import PyCodegen
 from toycomp.capture.guard_builder import GuardBuilder
 from toycomp.capture.side_effects_replay import SideEffects

@@ -64,6 +64,8 @@ def is_torch_function(value: Any) -> bool:
         return getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
     if module.startswith("torch.nn.modules") or module.startswith("torch._dynamo"):
         return False
+    if isinstance(value, types.FunctionType) and "<" in value.__qualname__:
+        return False  # a lambda or local function (OpInfo's ops): no import path for FX; inline
     return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
 
 
