@@ -203,3 +203,24 @@ def test_module_with_hooks_still_runs_its_hooks():
     cf = compile_frame(f, backend)
     torch.testing.assert_close(cf(torch.ones(1, 2)), f(torch.ones(1, 2)))
     assert len(seen) == 2
+
+
+def test_attribute_chain_tensors_are_read_once_in_the_check():
+    import warnings
+
+    lin = torch.nn.Linear(3, 2)
+
+    def f(x):
+        return lin(x)
+
+    cf = compile_frame(f, lambda gm, example_inputs: gm.forward, recompile_limit=1)
+    cf(torch.ones(1, 3))
+    source = cf.entries[0].check.source
+    assert "type(t0 := " in source and ".weight) is Parameter" in source  # (lin: a cell)
+    assert "t0.shape == (2, 3)" in source
+    lin.weight = torch.nn.Parameter(torch.ones(2, 3).t().contiguous().t())  # other strides
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(cf(torch.ones(1, 3)), f(torch.ones(1, 3)))
+    assert ".weight.stride() == (3, 1)`" in str(caught[0].message)  # t0 named by its source
+    assert "t0" not in str(caught[0].message)

@@ -33,6 +33,7 @@ NB: in PyTorch this lives in torch/_dynamo/guards.py (GuardBuilder, CheckFunctio
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import torch
@@ -49,6 +50,8 @@ class GuardBuilder:
     def __init__(self) -> None:
         self.conditions: list[str] = []
         self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS}
+        self.local_names: list[str] = []  # tensors read once and named: see tensor_match
+        self.named: dict[str, str] = {}  # t0 -> the source it names (for failing_guard)
 
     def add(self, condition: str) -> None:
         if condition not in self.conditions:
@@ -65,7 +68,8 @@ class GuardBuilder:
             name = f"device_{value.type}{'' if value.index is None else value.index}"
         else:
             name = "".join(c if c.isalnum() else "_" for c in getattr(value, "__name__", "E"))
-        while name in self.env or name in ("L", "G", "F"):  # unique, never the check's own names
+        # unique, never the check's own names
+        while name in self.env or name in ("L", "G", "F") or name in self.local_names:
             name += "_"
         self.env[name] = value
         return name
@@ -76,7 +80,14 @@ class GuardBuilder:
         """Type, shape, strides, dtype, device and requires_grad of a tensor."""
         v = source.name()
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
-        self.add(f"type({v}) is {cls}")
+        if "." in v or v.count("[") > 1:  # an attribute chain: read it once, name it (t0, ...)
+            name = f"t{len(self.local_names)}"
+            self.local_names.append(name)
+            self.named[name] = v
+            self.add(f"type({name} := {v}) is {cls}")
+            v = name
+        else:
+            self.add(f"type({v}) is {cls}")
         self.add(f"{v}.shape == {tuple(t.shape)!r}")
         self.add(f"{v}.stride() == {tuple(t.stride())!r}")
         self.add(f"{v}.dtype == {t.dtype}")
@@ -125,10 +136,12 @@ class GuardBuilder:
 
     def compile(self) -> Callable[[dict, dict], bool]:
         """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
-        return compile_check(self.conditions, self.env)
+        return compile_check(self.conditions, self.env, self.named)
 
 
-def compile_check(conditions: list[str], env: dict[str, Any]) -> Callable[[dict, dict], bool]:
+def compile_check(
+    conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None
+) -> Callable[[dict, dict], bool]:
     body = "\n            and ".join(conditions) or "True"
     source = (
         "def check(L, G):\n"
@@ -142,17 +155,22 @@ def compile_check(conditions: list[str], env: dict[str, Any]) -> Callable[[dict,
     check = scope["check"]
     check.source = source
     check.conditions = list(conditions)
-    check.failing_guard = lambda L, G: first_failing(conditions, env, L, G)
+    check.failing_guard = lambda L, G: first_failing(conditions, env, L, G, named or {})
     return check
 
 
-def first_failing(conditions: list[str], env: dict, L: dict, G: dict) -> str | None:
+def first_failing(
+    conditions: list[str], env: dict, L: dict, G: dict, named: dict[str, str] | None = None
+) -> str | None:
     """The text of the first condition that does not hold for ``L``, ``G`` (None: all hold)."""
+    scope = {"L": L, "G": G}  # shared: a condition may name a value for the next (t0 := ...)
     for cond in conditions:
         try:
-            ok = eval(cond, dict(env), {"L": L, "G": G})  # noqa: S307 (our own guard text)
+            ok = eval(cond, dict(env), scope)  # noqa: S307 (our own guard text)
         except Exception:
             ok = False
-        if not ok:
+        if not ok:  # named with the sources' own text: t0.shape -> G['m'].weight.shape
+            for name, text in (named or {}).items():
+                cond = re.sub(rf"\b{name}\b(?! :=)", lambda _: text, cond)
             return cond
     return None
