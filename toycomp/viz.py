@@ -23,7 +23,6 @@ import shutil
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-import graphviz
 import torch
 import torch.fx
 
@@ -75,6 +74,8 @@ class Drawing:
     def _repr_svg_(self) -> str | None:
         if shutil.which("dot") is None:
             return None  # Jupyter then shows __repr__, the text version with an install hint
+        import graphviz  # imported on use: toycomp itself runs without the bindings
+
         return graphviz.Source(self.source).pipe(format="svg", encoding="utf-8")
 
     def __repr__(self) -> str:
@@ -139,6 +140,8 @@ def draw(
     Returns:
         A ``Drawing``: SVG in notebooks, text (with the DOT source in ``.source``) elsewhere.
     """
+    import graphviz  # imported on use: toycomp itself runs without the bindings
+
     saved = set(saved)
     group_of = {name: group for group, names in (groups or {}).items() for name in names}
     dot = graphviz.Digraph(name=title, graph_attr={"label": title, "labelloc": "t", "rankdir": "TB"})
