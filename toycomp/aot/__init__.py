@@ -12,7 +12,7 @@ that runs the compiled pair inside a ``torch.autograd.Function``.
     >>> aot = aot_function(lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2, [x])
     >>> aot.saved_values                  # what the forward keeps for the backward
     ['primals_1', 'sin', 'cos']
-    >>> aot(x)[0].grad_fn.name()          # the whole function is one autograd node
+    >>> type(aot(x)[0].grad_fn).__name__  # the whole function is one autograd node
     'CompiledFunctionBackward'
 
 Files, in reading order:

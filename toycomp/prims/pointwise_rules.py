@@ -190,8 +190,15 @@ def masked_fill(a: Any, mask: Any, value: Any) -> Any:
     return prims.where(broadcast_to(mask, a.shape), value, a)
 
 
+# Eager's clamp with a single Python-number NaN bound changed between releases (torch 2.11's CPU
+# kernel ignores the bound, torch 2.13's returns NaN): ask the installed PyTorch once.
+_EAGER_CLAMP_KEEPS_NAN_SCALAR = bool(torch.clamp(torch.ones(1), min=math.nan).isnan())
+
+
 @register(aten.clamp.default, aten.clamp.Tensor)
 def clamp(a: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 (ATen's names)
+    if not _EAGER_CLAMP_KEEPS_NAN_SCALAR and (min is None) != (max is None):
+        min, max = (None if is_number(v) and math.isnan(v) else v for v in (min, max))
     bounds = [v for v in (min, max) if v is not None]
     computation, _ = elementwise_dtypes(a, *bounds, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(*(v.shape for v in (a, *bounds) if not is_number(v)))
