@@ -6,18 +6,11 @@ through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output ele
 loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd`` and float
 ``sin``/``exp``/... call glibc's vector math, one implementation for every element of every
 kernel (see [Note: vectorised libm]). For
-``sin(x)**2 + cos(x)**2`` on 4M floats (the graph from ``toycomp.inductor``'s docstring)::
+``sin(x)**2 + cos(x)**2`` on 4M floats (the scheduled kernel that ``toycomp.explain`` keeps)::
 
-    >>> import torch
-    >>> from toycomp.inductor.lowering import lower
-    >>> from toycomp.inductor.scheduler import schedule
-    >>> from toycomp.prims.decompositions import decompose
-    >>> aten = torch.ops.aten
-    >>> def f(a):
-    ...     sin, cos = aten.sin.default(a), aten.cos.default(a)
-    ...     return aten.add.Tensor(aten.pow.Tensor_Scalar(sin, 2), aten.pow.Tensor_Scalar(cos, 2))
-    >>> x = torch.empty(4194304)
-    >>> kernel = schedule(lower(decompose(torch.fx.symbolic_trace(f), [x]), [x])).steps[0]
+    >>> import torch, toycomp
+    >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
+    >>> kernel = toycomp.explain(f, torch.empty(4194304)).graph("forward").scheduled.steps[0]
     >>> print(generate(kernel).source.removeprefix(PREAMBLE).strip())
     // kernel_0 (FX origins: sin, mul, cos, mul_1, add)
     #if defined(TOYCOMP_SIMD_cosf) && defined(TOYCOMP_SAME_LIBM_1)

@@ -2,19 +2,12 @@
 
 Input IR -> output: a fused kernel -> a Python module holding one Triton kernel (plus the few
 ``tl.*``-only helpers it uses). Each program handles ``XBLOCK`` values of ``x``; reductions add an
-``RBLOCK``-wide axis over ``r``. For ``sin(x)**2 + cos(x)**2`` on 1000 floats (the graph from
-``toycomp.inductor``'s docstring)::
+``RBLOCK``-wide axis over ``r``. For ``sin(x)**2 + cos(x)**2`` on 1000 floats (the scheduled kernel
+that ``toycomp.explain`` keeps)::
 
-    >>> import torch
-    >>> from toycomp.inductor.lowering import lower
-    >>> from toycomp.inductor.scheduler import schedule
-    >>> from toycomp.prims.decompositions import decompose
-    >>> aten = torch.ops.aten
-    >>> def f(a):
-    ...     sin, cos = aten.sin.default(a), aten.cos.default(a)
-    ...     return aten.add.Tensor(aten.pow.Tensor_Scalar(sin, 2), aten.pow.Tensor_Scalar(cos, 2))
-    >>> x = torch.empty(1000)
-    >>> kernel = schedule(lower(decompose(torch.fx.symbolic_trace(f), [x]), [x])).steps[0]
+    >>> import torch, toycomp
+    >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
+    >>> kernel = toycomp.explain(f, torch.empty(1000)).graph("forward").scheduled.steps[0]
     >>> generated = generate(kernel)
     >>> print(generated.source.split("@triton.jit")[-1].strip())
     def kernel_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
@@ -31,7 +24,7 @@ Input IR -> output: a fused kernel -> a Python module holding one Triton kernel 
         tmp5 = tmp2 + tmp4
         tl.store(out_ptr0 + (xindex), tmp5, xmask)
     >>> generated.call  # the wrapper's line that launches it
-    'kernel_0[(1,)](a, buf0, 1000, XBLOCK=1024, num_warps=4)'
+    'kernel_0[(1,)](primals_1, buf0, 1000, XBLOCK=1024, num_warps=4)'
 
 Rules (see the Notes): every load and store is masked; fp16/bf16 are upcast to fp32 on load;
 only ``tl.*`` math (Triton's CPU interpreter cannot run ``libdevice``); block sizes come from
