@@ -338,6 +338,22 @@ def test_decompositions_also_run_eagerly():
     close(DECOMPOSITIONS[aten._softmax.default](x, 0, False), x.softmax(0))
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_over_an_empty_dim_with_an_empty_output(name):
+    # (5, 0, 0) over dim -1: the output is empty, so eager reduces nothing; torch.amax refuses
+    # a zero-size reduced dim, so prims.amax/amin must give the empty result directly.
+    import toycomp
+
+    x = torch.randn(5, 0, 0, requires_grad=True)
+    fn = lambda t: getattr(t, name)(-1)  # noqa: E731
+    close(DECOMPOSITIONS[getattr(aten, "_" + name).default](x.detach(), -1, False), fn(x))
+    assert prims.amin(torch.empty(2, 0, 0), [2]).shape == (2, 0)
+    out = toycomp.compile(fn, backend="cpp")(x)
+    assert out.shape == fn(x).shape
+    out.backward(torch.ones(out.shape))
+    assert x.grad.shape == x.shape
+
+
 # --- overloads and promotions OpInfo samples do not reach -----------------------------------------
 _f = torch.randn(3, 4)
 _i = torch.randint(-5, 5, (3, 4))

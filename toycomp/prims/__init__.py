@@ -231,13 +231,28 @@ def sum(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:  # noqa: A001 (Py
 @_register(PrimKind.REDUCTION)
 def amax(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     """Maximum over ``dims`` (NaN propagates, like torch.amax)."""
-    return torch.amax(a, dim=tuple(dims)) if dims else a.clone()
+    return _extremum(torch.amax, a, dims)
 
 
 @_register(PrimKind.REDUCTION)
 def amin(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     """Minimum over ``dims``."""
-    return torch.amin(a, dim=tuple(dims)) if dims else a.clone()
+    return _extremum(torch.amin, a, dims)
+
+
+def _extremum(fn: Any, a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """torch.amax/amin over ``dims``; an empty result is fine even when a reduced dim is empty.
+
+    torch.amax refuses a zero-size reduced dim (no identity) even when the output has no
+    elements, e.g. softmax over dim -1 of a (5, 0, 0) tensor; eager softmax returns an empty
+    tensor there, so no reduction value is ever needed: give the empty output directly.
+    """
+    if not dims:
+        return a.clone()
+    out_shape = [s for i, s in enumerate(a.shape) if i not in {d % max(a.dim(), 1) for d in dims}]
+    if a.numel() == 0 and math.prod(out_shape) == 0:
+        return a.new_empty(out_shape)
+    return fn(a, dim=tuple(dims))
 
 
 # --- views (4): free in the compiler (index arithmetic), copies are never needed -------------
