@@ -354,6 +354,21 @@ def test_softmax_over_an_empty_dim_with_an_empty_output(name):
     assert x.grad.shape == x.shape
 
 
+def test_masked_fill_broadcasts_self_to_the_mask():
+    # out of place, eager broadcasts self and mask together: (5,) self, (5, 5) mask -> (5, 5)
+    import toycomp
+
+    x, mask = torch.randn(5, requires_grad=True), torch.rand(5, 5) > 0.5
+    v = torch.tensor(2.5, requires_grad=True)
+    fn = lambda a, m, b: torch.masked_fill(a, m, b)  # noqa: E731
+    close(DECOMPOSITIONS[aten.masked_fill.Tensor](x.detach(), mask, v.detach()), fn(x, mask, v))
+    out = toycomp.compile(fn, backend="cpp")(x, mask, v)
+    close(out, fn(x, mask, v))
+    grad = torch.randn(5, 5)
+    got = torch.autograd.grad(out, [x, v], grad)
+    close(got, torch.autograd.grad(fn(x, mask, v), [x, v], grad))
+
+
 # --- overloads and promotions OpInfo samples do not reach -----------------------------------------
 _f = torch.randn(3, 4)
 _i = torch.randint(-5, 5, (3, 4))

@@ -186,8 +186,11 @@ def where(cond: Any, a: Any, b: Any) -> Any:
 def masked_fill(a: Any, mask: Any, value: Any) -> Any:
     if is_number(value) and isinstance(value, float) and not a.dtype.is_floating_point:
         raise Unsupported(f"masked_fill of a {a.dtype} tensor with float {value}")
-    value = value if is_number(value) else broadcast_to(convert(value, a.dtype), a.shape)
-    return prims.where(broadcast_to(mask, a.shape), value, a)
+    # Out of place, eager broadcasts self and mask together: a (5,) self with a (5, 5) mask
+    # gives a (5, 5) result. The value is a number or a 0-d tensor.
+    shape = broadcast_shapes(a.shape, mask.shape)
+    value = value if is_number(value) else broadcast_to(convert(value, a.dtype), shape)
+    return prims.where(broadcast_to(mask, shape), value, broadcast_to(a, shape))
 
 
 # Eager's clamp with a single Python-number NaN bound changed between releases (torch 2.11's CPU
