@@ -177,3 +177,17 @@ def test_gradients_that_need_nothing_saved_and_several_outputs():
     assert "primals_1" in compiled.saved_values or "exp" in compiled.saved_values
     compiled = check_against_eager(lambda x: x * 2 + 1, [torch.randn(5, requires_grad=True)])
     assert compiled.saved_values == []
+
+
+def test_pow_of_empty_tensors_recomputes_its_scalar_tensor():
+    # pow's backward uses scalar_tensor(0.) (no tensor input); with empty tensors every value
+    # costs 0 bytes, so the cut may save an empty value computed from it and also need it in the
+    # backward: a creation op with no tensor input is recomputable, not a bad cut.
+    assert not should_ban_recomputation(_scalar_tensor_node())
+    x, y = torch.rand(0, 1, 3, requires_grad=True), torch.rand(0, 10, 3, requires_grad=True)
+    check_against_eager(torch.pow, [x, y])
+
+
+def _scalar_tensor_node():
+    graph = torch.fx.Graph()
+    return graph.call_function(aten.scalar_tensor.default, (0.0,))

@@ -185,7 +185,9 @@ def default_partition(
 # gradient would be wrong). as_strided is not in the list: its offsets are storage-absolute.
 # PyTorch adds more heuristics (a bias towards values close to the backward, never recomputing
 # a value the backward must write to memory anyway, is_materialized_backwards); toycomp weighs
-# a value by its size in bytes only.
+# a value by its size in bytes only. A creation op with no tensor input (scalar_tensor from a
+# Python number, full, zeros: PyTorch lists them among its recomputable ops) reads nothing, so
+# it is recomputable too, unless random: the backward makes its own copy.
 VIEW_OPS = frozenset({
     aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose, aten.permute,
     aten.expand, aten.squeeze, aten.unsqueeze, aten.slice, aten.select, aten.alias,
@@ -207,8 +209,11 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     """True for a call the backward must not recompute ([Note: what may be recomputed])."""
     if node.op != "call_function" or node.target is operator.getitem:
         return False
-    packet = getattr(node.target, "overloadpacket", None)
-    return is_random(node) or packet not in RECOMPUTABLE_OPS
+    if is_random(node):
+        return True
+    if not node.all_input_nodes:  # a creation op (scalar_tensor, full...): nothing to read
+        return False
+    return getattr(node.target, "overloadpacket", None) not in RECOMPUTABLE_OPS
 
 
 def _weight(node: fx.Node) -> float:
