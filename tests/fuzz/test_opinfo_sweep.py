@@ -237,9 +237,10 @@ def check_sample(info: Any, sample: Any, backend: str) -> programs.Outcome:
         except Exception as e:  # noqa: BLE001 - classified
             return programs.classify_error(e, phase[0])
     if info.name in UNINITIALISED:
-        same = [(a.shape, a.dtype, a.stride()) == (e.shape, e.dtype, e.stride())
-                for a, e in zip(actual, expected)]
-        return programs.Outcome("ok" if all(same) else "wrong", "wrong metadata")
+        got, want = [_layout(a) for a in actual], [_layout(e) for e in expected]
+        if got != want:
+            return programs.Outcome("wrong", "wrong metadata", f"{got} != {want} (eager)")
+        return programs.Outcome("ok", "ok")
     wrong = _compare(actual, expected, len(outs), tolerances)
     if wrong is not None:
         return wrong
@@ -260,6 +261,12 @@ def aten_fallbacks(compiled: Any) -> list[str]:
         for graph in getattr(entry, "graphs", []):
             found += [str(f) for f in getattr(graph, "fallbacks", [])]
     return sorted(set(found))
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Shape, dtype and the strides that matter (dims of size > 1 of a non-empty tensor)."""
+    strides = tuple(st for n, st in zip(t.shape, t.stride()) if n > 1) if t.numel() else ()
+    return tuple(t.shape), t.dtype, strides
 
 
 def _compare(
@@ -283,26 +290,60 @@ def _compare(
     )
 
 
-def samples(info: Any, limit: int) -> list:
+def all_samples(info: Any) -> Any:
+    """The OpInfo's samples, in order: fp32 (else int64, bool), requires_grad where it has
+    autograd, global RNG seeded with 0 (so sample k is the same in every run)."""
     dtypes = info.supported_dtypes("cpu")
     dtype = next((d for d in (torch.float32, torch.int64, torch.bool) if d in dtypes), None)
     if dtype is None:
-        return []
+        return iter(())
     torch.manual_seed(0)
     grad = info.supports_autograd and dtype.is_floating_point
-    found = []
-    for sample in info.sample_inputs("cpu", dtype, requires_grad=grad):
-        found.append(sample)
-        if len(found) == limit:
+    return info.sample_inputs("cpu", dtype, requires_grad=grad)
+
+
+def sample_at(info: Any, index: int) -> Any:
+    return next(s for k, s in enumerate(all_samples(info)) if k == index)
+
+
+# [Note: which samples]
+# The first `limit` samples (OpInfos list the ordinary cases first), then the first sample of
+# each edge case below that is not among them: that is where compilers break (an empty tensor
+# reaching a reduction without identity, an input that broadcasts up to the result's shape).
+EDGE_CASES: dict[str, Callable[[Any], bool]] = {
+    "zero-size tensor": lambda ts: any(0 in t.shape for t in ts),
+    "0-dim input": lambda ts: bool(ts) and ts[0].dim() == 0,
+    "input smaller than another tensor": lambda ts: any(t.numel() > ts[0].numel() for t in ts),
+}
+
+
+def samples(info: Any, limit: int) -> list[tuple[int, Any]]:
+    """(index, sample) pairs: the first `limit` samples, then one per uncovered edge case."""
+    found: list[tuple[int, Any]] = []
+    missing = dict(EDGE_CASES)
+    for k, sample in enumerate(all_samples(info)):
+        tensors = _tensors_of(sample)
+        hits = [name for name, test in missing.items() if test(tensors)]
+        for name in hits:
+            del missing[name]
+        if k < limit or hits:
+            found.append((k, sample))
+        if k >= limit and not missing:
             break
     return found
+
+
+def _tensors_of(sample: Any) -> list[torch.Tensor]:
+    values = [sample.input, *sample.args, *sample.kwargs.values()]
+    flat = [v for x in values for v in (x if isinstance(x, (list, tuple)) else [x])]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 @pytest.mark.parametrize("backend, info", _cases())
 def test_opinfo(backend: str, info: Any) -> None:
     limit = MAX_SAMPLES if backend == "cpp" else TRITON_SAMPLES
     failures, notes = [], collections.defaultdict(list)
-    for k, sample in enumerate(samples(info, limit)):
+    for k, sample in samples(info, limit):
         outcome = check_sample(info, sample, backend)
         if outcome.cls in programs.FAILURES:
             failures.append((k, sample, outcome))
@@ -324,10 +365,10 @@ def _reproducer(info: Any, k: int, backend: str, f: SampleFunction) -> str:
     return (
         "import torch\n"
         "from torch.testing._internal.common_methods_invocations import op_db\n"
-        "from tests.fuzz.test_opinfo_sweep import SampleFunction, check_sample, samples\n\n"
+        "from tests.fuzz.test_opinfo_sweep import SampleFunction, check_sample, sample_at\n\n"
         f"info = next(o for o in op_db if (o.name, o.variant_test_name) == "
         f"({info.name!r}, {info.variant_test_name!r}))\n"
-        f"sample = samples(info, {k + 1})[{k}]  # torch.manual_seed(0), fp32, requires_grad\n"
+        f"sample = sample_at(info, {k})  # torch.manual_seed(0), fp32, requires_grad\n"
         "print(SampleFunction(info, sample).describe())  # what is compiled:\n"
         + "".join(f"#   {line}\n" for line in f.describe().splitlines())
         + f"print(check_sample(info, sample, {backend!r}))\n"
@@ -342,7 +383,7 @@ def test_every_decomposed_op_is_swept() -> None:
 
 def test_sample_function_names_tensors_and_constants() -> None:
     info = next(i for i in op_db if i.name == "add")
-    sample = samples(info, 1)[0]
+    sample = sample_at(info, 0)
     f = SampleFunction(info, sample)
     assert f.source.startswith("def fn(t0")
     assert len(f.tensors) >= 1
@@ -352,7 +393,7 @@ def test_sample_function_names_tensors_and_constants() -> None:
 def test_check_sample_detects_a_wrong_result(monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiler that is off by 1e-3 is caught, in values and in gradients."""
     info = next(i for i in op_db if i.name == "sin")
-    sample = samples(info, 1)[0]
+    sample = sample_at(info, 0)
     off = _OffByOne()
     monkeypatch.setattr(toycomp, "compile", lambda fn, backend=None: off.wrap(fn))
     outcome = check_sample(info, sample, "cpp")
