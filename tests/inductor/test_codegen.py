@@ -364,24 +364,14 @@ def test_bfloat16_gradient_of_a_mixed_precision_product(backend):
 
 
 # --- signed zeros and NaN, bit for bit (see [Note: maximum, minimum, NaN and signed zero]) -------
-_NAN, _INF = float("nan"), float("inf")
-SPECIAL_VALUES = torch.tensor([-0.0, 0.0, _NAN, _INF, -_INF, 1.5, -2.0, 0.5, -0.5, 1.0, -1.0])
-SIGNED_ZERO_CASES = {  # eager keeps x itself when it equals a bound: relu(-0.0) is -0.0
-    "relu": torch.relu,
-    "clamp_min": lambda x: x.clamp_min(0),
-    "clamp_max": lambda x: x.clamp_max(0),
-    "clamp": lambda x: x.clamp(0, 1),
-    "clamp_negative": lambda x: x.clamp(-1, 0),
-    "clamp_nan_bound": lambda x: x.clamp(min=_NAN),
-    "hardtanh": torch.nn.functional.hardtanh,
-    "relu6": torch.nn.functional.relu6,
-    "leaky_relu": torch.nn.functional.leaky_relu,
-    "where": lambda x: torch.where(x > 0, x, 0.0),
-}
+# The cases are the prims-level test's (tests/prims): here they run through both code generators.
+from tests.prims.test_decompositions import SIGNED_ZERO_CASES, SPECIAL_VALUES  # noqa: E402
+
+_NAN = float("nan")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(SIGNED_ZERO_CASES))
+@pytest.mark.parametrize("name", [n for n in SIGNED_ZERO_CASES if n != "relu_backward"])
 def test_signed_zeros_and_nan_like_eager(backend, name):
     fn = SIGNED_ZERO_CASES[name]
     x = SPECIAL_VALUES.repeat(8).requires_grad_()
