@@ -105,6 +105,21 @@ def inductor_compiler(
     return compiler
 
 
+def compile_stages_2_to_4(
+    gm: torch.fx.GraphModule, example_inputs: list, backend: str | None, partition: str
+) -> tuple[AOTOutput, list[GraphArtefacts]]:
+    """AOT (joint graph, partition) with stages 3-4 as its forward and backward compilers."""
+    graphs: list[GraphArtefacts] = []
+    aot = aot_function(
+        gm,
+        list(example_inputs),
+        fw_compiler=inductor_compiler(backend, "forward", graphs),
+        bw_compiler=inductor_compiler(backend, "backward", graphs),
+        partition_fn=PARTITIONS[partition],
+    )
+    return aot, graphs
+
+
 @dataclass
 class CompiledEntry:
     """One compiled version of a function, valid while its guards hold.
@@ -168,15 +183,8 @@ def build(
     # [Note: entries hold metadata, not tensors] The example tensors belong to the caller:
     # a cached entry must not keep them (or the first call's outputs) alive.
     captured.example_inputs, captured.example_outputs = [], None
-    graphs: list[GraphArtefacts] = []
     try:
-        aot = aot_function(
-            captured.gm,
-            examples,
-            fw_compiler=inductor_compiler(backend, "forward", graphs),
-            bw_compiler=inductor_compiler(backend, "backward", graphs),
-            partition_fn=PARTITIONS[partition],
-        )
+        aot, graphs = compile_stages_2_to_4(captured.gm, examples, backend, partition)
     except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
         return CompiledEntry(captured, None, eager_reason=str(e), first_outputs=first_outputs)
     return CompiledEntry(captured, aot, graphs, first_outputs=first_outputs)
@@ -215,18 +223,11 @@ class GraphCompiler:
         self.log: list[CompiledEntry] = []  # both, in compile order
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        graphs: list[GraphArtefacts] = []
         on_meta = any(t.device.type == "meta" for t in example_inputs)
         if on_meta:  # toycomp.explain on meta inputs: compile as for CPU tensors, run nothing
             example_inputs = [fake_on_device(t, torch.device("cpu")) for t in example_inputs]
         try:
-            aot = aot_function(
-                gm,
-                example_inputs,
-                fw_compiler=inductor_compiler(self.backend, "forward", graphs),
-                bw_compiler=inductor_compiler(self.backend, "backward", graphs),
-                partition_fn=PARTITIONS[self.partition],
-            )
+            aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend, self.partition)
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(FrameGraph(gm), None, eager_reason=str(e)))
             self.log.append(self.eager[-1])
@@ -379,12 +380,5 @@ def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
                 "toycomp needs parameters as graph inputs (torch._dynamo.config."
                 "inline_inbuilt_nn_modules=True, the default)"
             )
-    graphs: list[GraphArtefacts] = []
-    aot = aot_function(
-        gm,
-        list(example_inputs),
-        fw_compiler=inductor_compiler(None, "forward", graphs),
-        bw_compiler=inductor_compiler(None, "backward", graphs),
-        partition_fn=min_cut_rematerialization_partition,
-    )
+    aot, _ = compile_stages_2_to_4(gm, example_inputs, None, "min_cut")
     return lambda *args: aot(*args)
