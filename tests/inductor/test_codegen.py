@@ -16,7 +16,7 @@ import torch
 import toycomp
 import toycomp.prims as prims
 from toycomp.inductor import cache, indexing, wrapper
-from toycomp.inductor.codegen import common as codegen, cpp, triton
+from toycomp.inductor.codegen import common as codegen, cpp, libmvec, triton
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,
@@ -395,7 +395,7 @@ def test_maximum_minimum_kernels_follow_the_prims_rule(backend):
 # --- C++ compilation cache and errors ------------------------------------------------------------
 def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
-    cache.vector_math_functions()  # the once-per-process probe is not what this test counts
+    libmvec.vector_math_functions()  # the once-per-process probe is not what this test counts
     calls = []
     real = cache._run_compiler
     monkeypatch.setattr(cache, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
@@ -407,7 +407,7 @@ def test_cpp_cache_hit_skips_compiler(tmp_path, monkeypatch):
     a = torch.randn(10)
     _, (out,) = run([sincos_kernel(10)], {"arg0": a}, {"buf0": ((10,), F32)}, "cpp")
     compiles = len(calls)  # 1 more when vector math is available (other flags: another library)
-    assert compiles == 1 + bool(cache.vector_math_functions() & {"sinf", "cosf"})
+    assert compiles == 1 + bool(libmvec.vector_math_functions() & {"sinf", "cosf"})
     check(out, a.sin() ** 2 + a.cos() ** 2)
     monkeypatch.setattr(cache, "_LIBRARIES", {})  # a new process: only the disk cache is left
     _, (out,) = run([sincos_kernel(10)], {"arg0": a}, {"buf0": ((10,), F32)}, "cpp")
@@ -452,7 +452,7 @@ def run_vector_ops(dtype: torch.dtype = F32, n: int = 1003):
 
 
 def test_vector_math_matches_eager_on_special_values():
-    available = cache.vector_math_functions()
+    available = libmvec.vector_math_functions()
     if "sinf" not in available:
         pytest.skip("this machine's glibc has no libmvec sinf")
     with warnings.catch_warnings():
@@ -462,7 +462,7 @@ def test_vector_math_matches_eager_on_special_values():
     assert "float tmp1 = toycomp_sinf(tmp0);" in source and "#pragma omp simd" in source
     assert "#if defined(TOYCOMP_SIMD_sinf) && defined(TOYCOMP_SAME_LIBM_1)\n" in source
     wanted = [f for f, _ in cpp.VECTOR_MATH.values()]
-    flags = cache.vector_math_flags(wanted)
+    flags = libmvec.vector_math_flags(wanted)
     assert "-lmvec" in flags and "-DTOYCOMP_SIMD_sinf" in flags
     library = cache.compile_cpp(source, flags).read_bytes()  # a cache hit: what was loaded
     for fn in available & set(wanted):
@@ -472,7 +472,7 @@ def test_vector_math_matches_eager_on_special_values():
 def test_vector_math_unavailable_falls_back_to_scalar(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TOYCOMP_VECTOR_MATH", "0")
-    assert cache.vector_math_functions() == frozenset()
+    assert libmvec.vector_math_functions() == frozenset()
     compiled = run_vector_ops()
     (library,) = (tmp_path / "cpp").glob("*.so")  # one library, compiled without the macros
     assert b"_ZGV" not in library.read_bytes()
@@ -482,7 +482,7 @@ def test_vector_math_unavailable_falls_back_to_scalar(tmp_path, monkeypatch):
 @pytest.mark.parametrize("failure", ["compile", "load"])
 def test_vector_math_failure_falls_back_to_scalar(tmp_path, monkeypatch, failure):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cache, "vector_math_functions", lambda: frozenset(["sinf", "expf"]))
+    monkeypatch.setattr(libmvec, "vector_math_functions", lambda: frozenset(["sinf", "expf"]))
     real_compile, real_load = cache._run_compiler, cache.load_cpp_library
 
     def failing_compiler(cmd):
@@ -505,19 +505,19 @@ def test_vector_math_failure_falls_back_to_scalar(tmp_path, monkeypatch, failure
 
 def test_vector_math_probe(tmp_path, monkeypatch):
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path))
-    available = cache.vector_math_functions()
+    available = libmvec.vector_math_functions()
     if not {"sinf", "cosf"} <= available:
         pytest.skip("this machine's glibc has no libmvec sinf/cosf")
-    assert cache.probe_vector_math(["sinf", "cosf"]) == {"sinf", "cosf"}
+    assert libmvec.probe_vector_math(["sinf", "cosf"]) == {"sinf", "cosf"}
     # a function computing the wrong values is left out; the others stay
-    wrong = dict(cache._VECTOR_MATH_CANDIDATES, sinf=(1, lambda v: v))
-    monkeypatch.setattr(cache, "_VECTOR_MATH_CANDIDATES", wrong)
-    assert cache.probe_vector_math(["sinf", "cosf"]) == {"cosf"}
+    wrong = dict(libmvec._VECTOR_MATH_CANDIDATES, sinf=(1, lambda v: v))
+    monkeypatch.setattr(libmvec, "_VECTOR_MATH_CANDIDATES", wrong)
+    assert libmvec.probe_vector_math(["sinf", "cosf"]) == {"cosf"}
     # a compiler that fails: nothing, and no exception
     failed = cache.subprocess.CompletedProcess([], 1, "", "error: simulated")
     monkeypatch.setattr(cache, "_run_compiler", lambda cmd: failed)
     monkeypatch.setenv("TOYCOMP_CACHE_DIR", str(tmp_path / "empty"))
-    assert cache.probe_vector_math(["cosf"]) == frozenset()
+    assert libmvec.probe_vector_math(["cosf"]) == frozenset()
 
 
 def test_float64_keeps_std_math():

@@ -20,9 +20,8 @@ The key hashes all that changes the binary: source, compiler path and ``--versio
 and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
 the compiler; an entry failing its manifest is rebuilt (see [Note: cache security]).
 
-``vector_math_flags`` says which glibc vector math functions (libmvec) C++ kernels may call on
-this machine; see [Note: vectorised libm] in cpp.py. Setting ``TOYCOMP_VECTOR_MATH=0`` turns
-them off (every kernel then calls the scalar libm).
+Which glibc vector math functions C++ kernels may call is probed in codegen/libmvec.py, whose
+probe library is cached here like any kernel.
 
 NB: in PyTorch this lives in torch/_inductor/codecache.py (CppCodeCache, PyCodeCache,
 write_atomic) and torch/_inductor/cpp_builder.py (compiler discovery and flags).
@@ -38,7 +37,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
-import math
 import os
 import platform
 import shutil
@@ -50,7 +48,7 @@ import threading
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 try:
     import fcntl
@@ -353,82 +351,3 @@ def load_python_module(source: str, prefix: str) -> ModuleType:
     loader.exec_module(module)
     _MODULES[entry] = module
     return module
-
-
-# --- vector math (glibc's libmvec), see [Note: vectorised libm] in cpp.py ----------------------
-# float function -> (arity, Python reference) for the probe
-_VECTOR_MATH_CANDIDATES = {
-    "expf": (1, math.exp), "logf": (1, math.log), "log1pf": (1, math.log1p),
-    "sinf": (1, math.sin), "cosf": (1, math.cos), "tanhf": (1, math.tanh),
-    "erff": (1, math.erf), "powf": (2, math.pow),
-}  # fmt: skip
-_PROBE_INPUTS = [0.25 + 0.37 * i for i in range(40)]  # 40: vector iterations and a remainder
-_probe_lock = threading.Lock()
-_probed: dict[str, frozenset[str]] = {}  # compiler -> functions that work
-
-
-def vector_math_flags(functions: Iterable[str]) -> tuple[str, ...]:
-    """Compiler flags that turn the ``TOYCOMP_SIMD_<fn>`` declarations of a kernel into vector
-    calls, for those of ``functions`` this machine's libmvec provides; ``()`` for none."""
-    available = sorted(set(functions) & vector_math_functions())
-    if not available:
-        return ()
-    flags = [f"-DTOYCOMP_SIMD_{fn}" for fn in available]
-    flags += [f"-fno-builtin-{fn}" for fn in available]
-    return (*flags, "-lmvec")
-
-
-def vector_math_functions() -> frozenset[str]:
-    """The float libm functions whose libmvec versions compile, load and compute correctly here
-    (probed once per process and compiler; the probe library is cached on disk like a kernel).
-    Empty when ``TOYCOMP_VECTOR_MATH=0``, off Linux, or when anything about the probe fails."""
-    if os.environ.get("TOYCOMP_VECTOR_MATH", "1") == "0" or platform.system() != "Linux":
-        return frozenset()
-    try:
-        cxx = find_cxx()
-    except CppCompileError:
-        return frozenset()
-    with _probe_lock:
-        if cxx not in _probed:
-            _probed[cxx] = probe_vector_math(sorted(_VECTOR_MATH_CANDIDATES))
-        return _probed[cxx]
-
-
-def probe_vector_math(functions: Sequence[str]) -> frozenset[str]:
-    """Compile, load and run a vectorised loop over each of ``functions``: all at once, and if
-    that fails, one by one. Returns those that work; never raises."""
-    if _probe_works(functions):
-        return frozenset(functions)
-    if len(functions) == 1:
-        return frozenset()
-    return frozenset(fn for fn in functions if _probe_works([fn]))
-
-
-def _probe_works(functions: Sequence[str]) -> bool:
-    lines = ["#include <math.h>"]
-    for fn in functions:
-        arity = _VECTOR_MATH_CANDIDATES[fn][0]
-        args = ", ".join(["float"] * arity)
-        call = f"{fn}(in[i], 1.5f)" if arity == 2 else f"{fn}(in[i])"
-        lines += [
-            f'extern "C" float {fn}({args}) __attribute__((__simd__("notinbranch")));',
-            f'extern "C" void probe_{fn}(const float* in, float* out, int n) {{',
-            f"    #pragma omp simd\n    for (int i = 0; i < n; i++) out[i] = {call};\n}}",
-        ]
-    flags = [f"-fno-builtin-{fn}" for fn in functions] + ["-lmvec"]
-    try:
-        lib = load_cpp_library("\n".join(lines) + "\n", flags)
-        n = len(_PROBE_INPUTS)
-        inputs, out = (ctypes.c_float * n)(*_PROBE_INPUTS), (ctypes.c_float * n)()
-        for fn in functions:
-            arity, ref = _VECTOR_MATH_CANDIDATES[fn]
-            getattr(lib, f"probe_{fn}")(inputs, out, ctypes.c_int(n))
-            for x, y in zip(inputs, out):
-                expected = ref(x, 1.5) if arity == 2 else ref(x)
-                if not math.isclose(y, expected, rel_tol=1e-5, abs_tol=1e-6):
-                    return False
-        return True
-    except CacheDirError:  # not a libmvec problem: say so
-        raise
-    except Exception:  # a missing libmvec, an old glibc, another compiler: no vector math
-        return False

@@ -55,6 +55,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.inductor import cache, ir
+from toycomp.inductor.codegen import libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
@@ -378,7 +379,7 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     should that fail to compile or load, it is compiled again with scalar calls, with a warning.
     """
     wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
-    flags = cache.vector_math_flags(wanted)
+    flags = libmvec.vector_math_flags(wanted)
     try:
         lib = cache.load_cpp_library(generated.source, flags)
     except (cache.CppCompileError, OSError) as e:
