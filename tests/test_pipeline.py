@@ -72,14 +72,13 @@ def mlp_step(model, batch, target, compiled_loss=None):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_mlp_training_step_matches_eager(backend, capture):
+def test_mlp_training_step_matches_eager(backend):
     model = make_mlp()
     batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
     loss_ref, grads_ref = mlp_step(model, batch, target)
     loss_fn = lambda x, t: F.cross_entropy(model(x), t)  # noqa: E731
-    compiled = toycomp.compile(loss_fn, backend=backend, capture=capture)
+    compiled = toycomp.compile(loss_fn, backend=backend)
     loss, grads = mlp_step(model, batch, target, compiled)
     torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
     assert grads.keys() == grads_ref.keys()
@@ -117,24 +116,15 @@ def branchy(x):
     return x - 1
 
 
-def test_graph_break_runs_eagerly_with_warning():
-    compiled = toycomp.compile(branchy, backend="cpp", capture="tracer")
-    x = torch.ones(4)
-    with pytest.warns(UserWarning, match="x.sum\\(\\) > 0"):
-        out = compiled(x)
-    assert_close(out, branchy(x))
-    assert_close(compiled(-x), branchy(-x))
-
-
 def test_graph_break_gives_partial_graphs():
-    compiled = toycomp.compile(branchy, backend="cpp", capture="bytecode")
+    compiled = toycomp.compile(branchy, backend="cpp")
     x = torch.ones(4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for sign in (1, -1, 1):
             assert_close(compiled(sign * x), branchy(sign * x))
     assert compiled.compile_count == 3 and compiled.eager_reason is None  # sum; x * 2; x - 1
-    ex = toycomp.explain(branchy, x, backend="cpp", capture="bytecode")
+    ex = toycomp.explain(branchy, x, backend="cpp")
     assert (ex.graph_count, ex.graph_break_count) == (2, 1)
     (reason,) = ex.break_reasons
     assert "test_pipeline.py:" in reason and "if x.sum() > 0:" in reason
@@ -257,19 +247,18 @@ def test_partition_choice(partition, saved):
         toycomp.compile(sin2_cos2, partition="greedy")
 
 
-@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
-def test_fresh_outputs_mark_only_kernel_buffers_returned_once(capture):
+def test_fresh_outputs_mark_only_kernel_buffers_returned_once():
     def f(x):
         y = torch.sin(x)
         return y, x.t(), y  # a kernel output twice, and a view of the input
 
     x = torch.randn(3, 4)
-    graph = toycomp.explain(f, x, backend="cpp", capture=capture).graph("forward").compiled
-    # The bytecode capture returns y from the graph once and builds the tuple in Python.
-    assert graph.fresh_outputs == ((True, False) if capture == "bytecode" else (False,) * 3)
-    ex = toycomp.explain(lambda x: (torch.sin(x), x.t()), x, backend="cpp", capture=capture)
+    graph = toycomp.explain(f, x, backend="cpp").graph("forward").compiled
+    # The capture returns y from the graph once and builds the tuple in Python.
+    assert graph.fresh_outputs == (True, False)
+    ex = toycomp.explain(lambda x: (torch.sin(x), x.t()), x, backend="cpp")
     assert ex.graph("forward").compiled.fresh_outputs == (True, False)
-    out = toycomp.compile(f, backend="cpp", capture=capture)(x)
+    out = toycomp.compile(f, backend="cpp")(x)
     assert out[0].data_ptr() != x.data_ptr() and out[1].data_ptr() == x.data_ptr()
     assert out[0].data_ptr() == out[2].data_ptr()  # eager returns the same tensor twice, too
 
@@ -294,7 +283,7 @@ def test_parameter_mutated_under_no_grad_is_replayed(backend):
     lin, ref = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
     ref.load_state_dict(lin.state_dict())
     compiled = toycomp.compile(lambda x: clamp_weights_then_apply(lin, x), backend=backend)
-    for _ in range(2):  # the first call (capture, undo, compiled code) and a cached one
+    for _ in range(2):  # the first call (compiles on fakes, then runs) and a cached one
         x = torch.randn(2, 4)
         out, out_ref = compiled(x), clamp_weights_then_apply(ref, x)
         out.backward(), out_ref.backward()
@@ -318,16 +307,15 @@ def transpose_input(x):
     return x + 1
 
 
-@pytest.mark.parametrize("capture", toycomp.pipeline.CAPTURES)
 @pytest.mark.parametrize("fn", [resize_input, transpose_input])
-def test_metadata_mutation_of_an_input_falls_back_visibly(fn, capture):
+def test_metadata_mutation_of_an_input_falls_back_visibly(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the bytecode capture warns here too
-        ex = toycomp.explain(fn, torch.randn(2, 4), backend="cpp", capture=capture)
+        ex = toycomp.explain(fn, torch.randn(2, 4), backend="cpp")
     assert ex.eager_reason and ex.fallbacks[0].startswith("whole graph: toycomp.aot")
     assert "runs eagerly" in ex.summary() and ex.eager_reason in str(ex)
-    compiled = toycomp.compile(fn, backend="cpp", capture=capture)
-    for call in range(2):  # the first call (whose capture run cannot be undone), then eager
+    compiled = toycomp.compile(fn, backend="cpp")
+    for call in range(2):  # the first call (the graph runs as captured), then eager
         x, x_ref = torch.arange(8.0).reshape(2, 4), torch.arange(8.0).reshape(2, 4)
         if call == 0:
             with pytest.warns(UserWarning, match="eagerly.*toycomp.aot"):
@@ -405,7 +393,7 @@ def test_compiling_does_no_work_on_real_data():
     def step(x, t):
         return F.cross_entropy(F.dropout(model(x), 0.1), t)
 
-    compiled = toycomp.compile(step, backend="cpp", capture="bytecode")
+    compiled = toycomp.compile(step, backend="cpp")
     counts = []
     for _ in range(2):  # the first call compiles (on fakes), the second runs from the cache
         model.zero_grad(set_to_none=True)
@@ -421,7 +409,7 @@ def test_explain_on_meta_inputs():
     batch = torch.randn(32, 64, device="meta")
     target = torch.randint(0, 10, (32,), device="meta")
     ex = toycomp.explain(lambda x, t: F.cross_entropy(model(x), t), batch, target,
-                         backend="cpp", capture="bytecode")  # fmt: skip
+                         backend="cpp")  # fmt: skip
     assert ex.graph_count == 1 and ex.backward is not None and ex.kernels
     assert not ex.fallbacks and "mm" in ex.forward.code
 
@@ -449,12 +437,7 @@ def test_compiled_strides_match_eager(name):
     """Compiling on fake tensors takes layouts from their meta kernels: they must be eager's."""
     fn = STRIDE_CASES[name]
     x, y = torch.randn(4, 6), torch.randn(6, 5)
-    out = toycomp.compile(fn, backend="cpp", capture="bytecode")(x.clone(), y)
+    out = toycomp.compile(fn, backend="cpp")(x.clone(), y)
     ref = fn(x.clone(), y)
     assert_close(out, ref)
     assert out.stride() == ref.stride()
-
-
-def test_unknown_capture_is_rejected():
-    with pytest.raises(ValueError, match="unknown capture"):
-        toycomp.compile(sin2_cos2, capture="bytecodes")

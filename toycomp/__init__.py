@@ -1,15 +1,15 @@
 """toycomp: PyTorch 2's compiler stack (torch.compile) rebuilt small enough to read.
 
-    fn --capture--> torch-level FX graph + guards            toycomp/capture/
+    fn --capture--> torch-level FX graphs + guards + resume functions   toycomp/capture/
        --aot------> joint / forward / backward ATen graphs   toycomp/aot/
        --prims----> graphs of ~40 primitives                 toycomp/prims/
        --inductor-> loop IR -> fused C++ / Triton kernels    toycomp/inductor/
 
 Public API: ``toycomp.compile(fn, backend=None)``, ``toycomp.explain(fn, *inputs)``,
 ``toycomp.viz.draw(gm)``, and ``torch.compile(fn, backend="toycomp")`` once the package is
-installed. Each stage's own entry point lives in its package (``toycomp.capture.tracer.capture``,
-``toycomp.aot.aot_autograd.aot_function``, ``toycomp.prims.decompositions.decompose``,
-``toycomp.inductor.lowering.lower``...).
+installed. Each stage's own entry point lives in its package
+(``toycomp.capture.captured_graph.capture_graph``, ``toycomp.aot.aot_autograd.aot_function``,
+``toycomp.prims.decompositions.decompose``, ``toycomp.inductor.lowering.lower``...).
 """
 
 # Imported eagerly: `explain` shares its name with its module (toycomp/explain.py), and binding

@@ -1,7 +1,7 @@
 """``toycomp.explain``: every stage's artefacts for one function and one set of inputs.
 
-Input -> output: ``fn, *example_inputs`` -> an ``Explanation`` holding the captured graph and its
-guards (or the graph break), the joint / forward / backward ATen graphs and the saved values, the
+Input -> output: ``fn, *example_inputs`` -> an ``Explanation`` holding the captured graphs, their
+guards and graph breaks, the joint / forward / backward ATen graphs and the saved values, the
 decomposed prims graphs and their fallbacks, the fused kernels with their source text, and the
 wrapper code. It prints as text and renders as collapsible sections in a notebook::
 
@@ -27,11 +27,9 @@ import torch.fx
 import toycomp.viz as viz
 from toycomp.capture.convert_frame import CompileContext, ExplainOutput, summarize
 from toycomp.pipeline import (
-    DEFAULT_CAPTURE,
     CompiledEntry,
     GraphArtefacts,
     GraphCompiler,
-    build,
     check_choices,
     frame_target,
 )
@@ -41,54 +39,43 @@ from toycomp.pipeline import (
 class Explanation:
     """Every stage's artefacts; see the module docstring.
 
-    ``entry`` is the first captured graph's (stage 1-4 properties below read it); with the
-    bytecode capture, ``entries`` holds every graph's, and ``dynamo`` what
-    ``torch._dynamo.explain`` would report (graph breaks, transformed code, guards).
+    ``entries`` holds every captured graph's artefacts, in compile order; ``entry`` is the
+    first (the stage 2-4 properties below read it); ``dynamo`` is what ``torch._dynamo.explain``
+    would report (graph breaks, transformed code, guards).
     """
 
     entry: CompiledEntry | None
-    entries: list[CompiledEntry] = field(default_factory=list)
-    dynamo: ExplainOutput | None = None
+    entries: list[CompiledEntry]
+    dynamo: ExplainOutput
 
     # --- stage 1, as torch._dynamo.explain reports it -----------------------------------------
     @property
     def graph_count(self) -> int:
-        if self.dynamo is not None:
-            return self.dynamo.graph_count
-        return int(self.graph_break is None)
+        return self.dynamo.graph_count
 
     @property
     def graph_break_count(self) -> int:
-        return self.dynamo.graph_break_count if self.dynamo else int(self.graph_break is not None)
+        return self.dynamo.graph_break_count
 
     @property
     def break_reasons(self) -> list[str]:
         """Each graph break's reason and user source line."""
-        if self.dynamo is not None:
-            return list(self.dynamo.break_reasons)
-        return [str(self.graph_break)] if self.graph_break is not None else []
+        return list(self.dynamo.break_reasons)
 
     @property
     def transformed_code(self) -> list[str]:
-        """The Python text that runs instead of each compiled frame (bytecode capture)."""
-        return list(self.dynamo.transformed_code) if self.dynamo else []
+        """The Python text that runs instead of each compiled frame."""
+        return list(self.dynamo.transformed_code)
 
-    # --- stage 1 ---------------------------------------------------------------------------
     @property
     def captured(self) -> torch.fx.GraphModule | None:
-        return self.entry.captured.gm if self.entry else None
+        """The first captured (torch-level) graph."""
+        return self.entry.gm if self.entry else None
 
     @property
-    def guards(self) -> list:
-        """The guards (bytecode capture: each compiled frame's check function, as Python)."""
-        if self.dynamo is not None:
-            return [g for g in self.dynamo.guards if g]
-        return list(self.entry.captured.guards)
-
-    @property
-    def graph_break(self) -> Any:
-        """Tracer capture: the break that made ``fn`` run eagerly (see ``break_reasons``)."""
-        return self.entry.captured.graph_break if self.entry else None
+    def guards(self) -> list[str]:
+        """Each compiled frame's guard function, as Python text."""
+        return [g for g in self.dynamo.guards if g]
 
     # --- stage 2 ---------------------------------------------------------------------------
     @property
@@ -120,23 +107,19 @@ class Explanation:
     @property
     def kernels(self) -> list:
         """Every generated kernel (forward first), each with ``name``, ``source``, ``origins``."""
-        entries = self.entries or ([self.entry] if self.entry else [])
-        return [k for e in entries for g in e.graphs for k in g.compiled.kernels]
+        return [k for e in self.entries for g in e.graphs for k in g.compiled.kernels]
 
     @property
     def eager_reason(self) -> str | None:
-        """Why the whole graph runs eagerly (AOT refused a construct, e.g. ``resize_``), or None."""
-        if self.dynamo is not None:
-            return "; ".join(e.eager_reason for e in self.entries if e.eager_reason) or None
-        return self.entry.eager_reason
+        """Why a whole graph runs eagerly (AOT refused a construct, e.g. ``resize_``), or None."""
+        return "; ".join(e.eager_reason for e in self.entries if e.eager_reason) or None
 
     @property
     def fallbacks(self) -> list[str]:
         """What runs eagerly because toycomp cannot compile it (empty is good): ATen ops it
         cannot decompose, or the whole graph, with the reason, when AOT refused it."""
         whole = [f"whole graph: {self.eager_reason}"] if self.eager_reason else []
-        entries = self.entries or ([self.entry] if self.entry else [])
-        return whole + [op for e in entries for g in e.graphs for op in g.fallbacks]
+        return whole + [op for e in self.entries for g in e.graphs for op in g.fallbacks]
 
     def draw(self, stage: str) -> viz.Drawing:
         """Draw ``"captured"``, ``"joint"``, ``"forward"``, ``"backward"``, ``"forward_prims"``
@@ -156,8 +139,6 @@ class Explanation:
     # --- rendering ---------------------------------------------------------------------------
     def sections(self) -> list[tuple[str, str]]:
         """(title, text) pairs in pipeline order: what both renderings show."""
-        if self.dynamo is None:
-            return _entry_sections(self.entry, "", "\n".join(str(g) for g in self.guards))
         counts = f"graph_count={self.graph_count}, graph_break_count={self.graph_break_count}"
         out = [("1. graphs and graph breaks", "\n".join([counts, *self.break_reasons]))]
         out += [(f"1. transformed code {i}", code) for i, code in enumerate(self.transformed_code)]
@@ -174,22 +155,17 @@ class Explanation:
 
     def summary(self) -> str:
         """One paragraph: graphs, kernels, fallbacks."""
-        if self.graph_break is not None:
-            return f"toycomp.explain: graph break, runs eagerly\n  {self.graph_break}"
-        head = []
-        if self.dynamo is not None:
-            head = [f"toycomp.explain: {self.graph_count} graph(s), "
-                    f"{self.graph_break_count} graph break(s)"]  # fmt: skip
-            head += [f"  break: {reason}" for reason in self.break_reasons]
+        head = [f"toycomp.explain: {self.graph_count} graph(s), "
+                f"{self.graph_break_count} graph break(s)"]  # fmt: skip
+        head += [f"  break: {reason}" for reason in self.break_reasons]
         if self.eager_reason is not None:
             return "\n".join([*head, f"toycomp.explain: runs eagerly\n  {self.eager_reason}"])
         if self.entry is None:
             return "\n".join(head or ["toycomp.explain: no graph"])
-        entries = self.entries or [self.entry]
         counts = ", ".join(
-            f"{g.name}: {len(g.compiled.kernels)} kernel(s)" for e in entries for g in e.graphs
+            f"{g.name}: {len(g.compiled.kernels)} kernel(s)" for e in self.entries for g in e.graphs
         )
-        nodes = sum(len(e.captured.gm.graph.nodes) for e in entries)
+        nodes = sum(len(e.gm.graph.nodes) for e in self.entries)
         lines = [
             *head,
             f"toycomp.explain: {nodes} captured nodes, {len(self.guards)} guards",
@@ -209,16 +185,9 @@ class Explanation:
         return "\n".join(parts)
 
 
-def _entry_sections(entry: CompiledEntry | None, prefix: str, guards: str | None = None) -> list:
-    """The sections of one captured graph, stage by stage (``guards``: the tracer's)."""
-    if entry is None:
-        return [("1. captured graph", "(none)")]
-    captured = entry.captured
-    out = [(f"1. {prefix}captured graph", _code(captured.gm) if captured.gm else "(none)")]
-    if captured.graph_break is not None:
-        return out + [("graph break: runs eagerly", str(captured.graph_break))]
-    if guards is not None:
-        out.append(("guards", guards))
+def _entry_sections(entry: CompiledEntry, prefix: str) -> list:
+    """The sections of one captured graph, stage by stage."""
+    out = [(f"1. {prefix}captured graph", _code(entry.gm))]
     if entry.eager_reason is not None:
         return out + [(f"{prefix}runs eagerly", entry.eager_reason)]
     aot = entry.aot
@@ -246,35 +215,29 @@ def explain(
     *example_inputs: Any,
     backend: str | None = None,
     partition: str = "min_cut",
-    capture: str | None = None,
     **kwargs: Any,
 ) -> Explanation:
     """Run every stage of toycomp on ``fn(*example_inputs, **kwargs)`` and keep what each made.
 
     Args:
         fn: a function or ``nn.Module``.
-        *example_inputs: the inputs to trace with (tensors and Python values). With the
-            bytecode capture they may be on the ``meta`` device: nothing is computed on them.
+        *example_inputs: the inputs to trace with (tensors and Python values). They may be on
+            the ``meta`` device: compiling computes nothing on them.
         backend: ``"cpp"``, ``"triton"`` or ``None`` as in ``toycomp.compile``.
         partition: ``"min_cut"`` or ``"default"`` as in ``toycomp.compile``.
-        capture: ``"bytecode"`` or ``"tracer"`` as in ``toycomp.compile``. The bytecode
-            capture calls ``fn`` once, compiled (like ``torch._dynamo.explain``): its Python
-            side effects and in-place updates of the inputs happen once.
+
+    ``fn`` is called once, compiled (like ``torch._dynamo.explain``): its Python side effects
+    and in-place updates of the inputs happen once.
         **kwargs: keyword arguments for ``fn``.
 
     Returns:
         An ``Explanation``: print it, or display it in a notebook.
     """
-    capture = capture or DEFAULT_CAPTURE
-    check_choices(backend, partition, capture)
-    if capture == "bytecode":
-        name = getattr(fn, "__qualname__", type(fn).__name__)
-        compiler = GraphCompiler(backend, partition, name)
-        context = CompileContext(compiler)
-        out = context.frame_for(frame_target(fn))(*example_inputs, **kwargs)
-        del out  # an Explanation keeps no tensors of the call
-        entries = list(compiler.log)
-        return Explanation(entries[0] if entries else None, entries, summarize(context))
-    entry = build(fn, example_inputs, kwargs, backend, partition)
-    entry.take_first_outputs()  # an Explanation keeps no tensors of the call
-    return Explanation(entry)
+    check_choices(backend, partition)
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    compiler = GraphCompiler(backend, partition, name)
+    context = CompileContext(compiler)
+    out = context.frame_for(frame_target(fn))(*example_inputs, **kwargs)
+    del out  # an Explanation keeps no tensors of the call
+    entries = list(compiler.log)
+    return Explanation(entries[0] if entries else None, entries, summarize(context))

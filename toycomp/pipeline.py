@@ -18,10 +18,8 @@ gradients. The pipeline is a flat list of named stage calls; every stage's resul
     >>> len(f.entries), f.entries[0].graphs[0].compiled.kernels[0].backend
     (1, 'cpp')
 
-With ``capture="bytecode"`` (the default) capture runs on fake tensors and calls
-``GraphCompiler`` on each graph it makes: stages 2-4 also run on the fakes, and the compiled
-code runs on the real inputs. ``capture="tracer"`` is the naive run-once tracer of notebook 01
-(capture/tracer.py), with its own guarded cache below (``OptimizedFunction``, ``build``).
+Capture runs on fake tensors and calls ``GraphCompiler`` on each graph it makes: stages 2-4
+also run on the fakes, and the compiled code runs on the real inputs.
 
 NB: in PyTorch this glue is torch/_dynamo/eval_frame.py (the guarded cache of compiled frames),
 torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/compile_fx.py
@@ -38,11 +36,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp._torch_compat import tree_flatten
 from toycomp._torch_compat import fake_on_device
-from toycomp.capture.captured_graph import CapturedGraph
-from toycomp.capture.convert_frame import CompileContext
-from toycomp.capture.tracer import capture
+from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
@@ -55,13 +50,6 @@ from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 # How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the
 # backward (TorchInductor's choice); "default" saves every forward value the backward reads.
 PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
-# Stage 1: "bytecode" interprets fn's bytecode (a small Dynamo: partial graphs, resume
-# functions, replayed side effects); "tracer" runs fn once under a TorchFunctionMode (the
-# naive version that notebook 01 starts from).
-CAPTURES = ("bytecode", "tracer")
-DEFAULT_CAPTURE = "bytecode"
-# Like Dynamo's cache_size_limit: past this many graphs for one function, run it eagerly.
-RECOMPILE_LIMIT = 8
 
 
 def resolve_backend(backend: str | None, example_inputs: Sequence[Any]) -> str:
@@ -122,88 +110,25 @@ def compile_stages_2_to_4(
 
 @dataclass
 class CompiledEntry:
-    """One compiled version of a function, valid while its guards hold.
+    """One graph the capture made, and what stages 2-4 made of it.
 
-    ``eager_reason`` says why the graph runs eagerly instead (AOT refused a construct, e.g.
-    ``resize_`` of an input); ``first_outputs`` holds, in a 1-tuple, the capture run's result
-    when that run has to stand for the first call ([Note: the capture run cannot be undone]).
+    ``gm`` is the torch-level graph (its guards belong to the frame that called it: see
+    ``toycomp.explain``); ``eager_reason`` says why it runs as captured instead of compiled
+    (AOT refused a construct, e.g. ``resize_`` of an input).
     """
 
-    captured: CapturedGraph
+    gm: torch.fx.GraphModule
     aot: AOTOutput | None
     graphs: list[GraphArtefacts] = field(default_factory=list)
     eager_reason: str | None = None
-    first_outputs: tuple | None = field(default=None, repr=False)
-
-    def run(self, flat_inputs: list[torch.Tensor]) -> Any:
-        return self.captured.unflatten_outputs(self.aot(*flat_inputs))
-
-    def take_first_outputs(self) -> tuple | None:
-        """``first_outputs``, once (then the entry holds no tensors of that call)."""
-        outputs, self.first_outputs = self.first_outputs, None
-        return outputs
 
 
-def check_choices(backend: str | None, partition: str, capture: str = DEFAULT_CAPTURE) -> None:
+def check_choices(backend: str | None, partition: str) -> None:
     """Reject unknown backend / partition names when compile() is called, not at the first call."""
     resolve_backend(backend, ())
-    if capture not in CAPTURES:
-        raise ValueError(f"toycomp: unknown capture {capture!r}; choose one of {CAPTURES}")
     if partition not in PARTITIONS:
         choices = list(PARTITIONS)
         raise ValueError(f"toycomp: unknown partition {partition!r}; choose one of {choices}")
-
-
-def build(
-    fn: Callable, args: tuple, kwargs: dict, backend: str | None, partition: str = "min_cut"
-) -> CompiledEntry:
-    """Run every stage once on these example inputs (a graph break stops after capture).
-
-    An entry's ``eager_reason`` is set when AOT refuses the graph (NotImplementedError: an
-    unsupported construct); ``first_outputs`` when the capture run stands for this call.
-    """
-    before = {id(t): _undoable_state(t) for t in tree_flatten((args, kwargs))[0]
-              if isinstance(t, torch.Tensor)}  # fmt: skip
-    captured = capture(fn, *args, **kwargs)
-    if captured.graph_break is not None:
-        return CompiledEntry(captured, None)  # capture already undid fn's side effects
-    examples, first_outputs = captured.example_inputs, None
-    # [Note: the capture run cannot be undone]
-    # Capturing ran fn for real; we undo its in-place writes and RNG draws so that the compiled
-    # code, which runs this same call next, applies them exactly once. Undo restores values
-    # only. An in-place op under autograd on an input (x.mul_(2) on x = a * 1) also gave it a
-    # new autograd history, and t_ / unsqueeze_ / resize_ changed its shape or storage: none
-    # of that can be put back, and running the compiled code (or fn) again would apply it
-    # twice. Then the capture run *is* this call (it ran eagerly, once): its outputs are
-    # returned, and the compiled code (or fn, eagerly) runs from the next call on.
-    if any(_undoable_state(t) != before[id(t)] for t in examples if id(t) in before):
-        first_outputs, captured.side_effects = (captured.example_outputs,), None
-    else:
-        captured.undo_side_effects()
-    # [Note: entries hold metadata, not tensors] The example tensors belong to the caller:
-    # a cached entry must not keep them (or the first call's outputs) alive.
-    captured.example_inputs, captured.example_outputs = [], None
-    try:
-        aot, graphs = compile_stages_2_to_4(captured.gm, examples, backend, partition)
-    except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
-        return CompiledEntry(captured, None, eager_reason=str(e), first_outputs=first_outputs)
-    return CompiledEntry(captured, aot, graphs, first_outputs=first_outputs)
-
-
-def _undoable_state(t: torch.Tensor) -> tuple:
-    """What undoing the capture run cannot restore: autograd history, metadata, storage."""
-    storage = t.untyped_storage().data_ptr()
-    return t.grad_fn, t.shape, t.stride(), t.storage_offset(), storage
-
-
-@dataclass
-class FrameGraph:
-    """One graph from the bytecode capture, where ``CompiledEntry.captured`` expects a
-    ``CapturedGraph``: the torch-level graph (its guards belong to the frame; see explain)."""
-
-    gm: torch.fx.GraphModule
-    guards: tuple = ()
-    graph_break: Any = None
 
 
 class GraphCompiler:
@@ -229,11 +154,11 @@ class GraphCompiler:
         try:
             aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend, self.partition)
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
-            self.eager.append(CompiledEntry(FrameGraph(gm), None, eager_reason=str(e)))
+            self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
             self.log.append(self.eager[-1])
             warnings.warn(f"toycomp: a graph of {self.name} runs eagerly ({e})", stacklevel=2)
             return gm.forward
-        self.entries.append(CompiledEntry(FrameGraph(gm), aot, graphs))
+        self.entries.append(CompiledEntry(gm, aot, graphs))
         self.log.append(self.entries[-1])
         if on_meta:
             return gm.forward  # (generated kernels cannot run on meta tensors)
@@ -250,10 +175,10 @@ def frame_target(fn: Callable) -> Callable:
 
 
 class OptimizedFunction:
-    """What ``toycomp.compile(fn)`` returns: a guarded cache of compiled versions of ``fn``.
+    """What ``toycomp.compile(fn)`` returns: ``fn`` with its bytecode capture and compilers.
 
-    Each call takes the first entry whose guards hold, or captures and compiles a new one; past
-    ``RECOMPILE_LIMIT`` entries, or at a graph break, ``fn`` runs eagerly from then on.
+    Calls go to ``frame``, the guarded cache of ``fn``'s compiled versions
+    (toycomp/capture/convert_frame.py); ``compiler`` runs stages 2-4 on every graph captured.
 
     NB: Dynamo's counterpart is what ``torch.compile(fn)`` returns (torch/_dynamo/eval_frame.py:
     the wrapper ``_TorchDynamoContext.__call__`` makes, ``OptimizedModule`` for an nn.Module),
@@ -262,77 +187,31 @@ class OptimizedFunction:
     toycomp/aot/runtime_wrappers.py is another thing: AOTAutograd's ``autograd.Function``.)
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        backend: str | None,
-        partition: str = "min_cut",
-        capture: str = DEFAULT_CAPTURE,
-    ) -> None:
+    def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut") -> None:
         self.fn = fn
         self.backend = backend
         self.partition = partition
-        self.capture = capture
-        self.entries: list[CompiledEntry] = []
-        self._eager_reason: str | None = None  # set once toycomp gave up on fn
-        self.frame: Callable | None = None  # capture="bytecode": compile_frame's callable
-        if capture == "bytecode":
-            name = getattr(fn, "__qualname__", type(fn).__name__)
-            self.compiler = GraphCompiler(backend, partition, name)
-            self.entries = self.compiler.entries
-            self.context = CompileContext(self.compiler, RECOMPILE_LIMIT)
-            self.frame = self.context.frame_for(frame_target(fn))
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        self.compiler = GraphCompiler(backend, partition, name)
+        self.entries = self.compiler.entries
+        self.context = CompileContext(self.compiler, RECOMPILE_LIMIT)
+        self.frame = self.context.frame_for(frame_target(fn))
 
     @property
     def compile_count(self) -> int:
         """How many graphs went through stages 2-4 (Dynamo: ``frame_count`` of compiled code)."""
-        return self.compiler.compile_count if self.frame is not None else len(self.entries)
+        return self.compiler.compile_count
 
     @property
     def eager_reason(self) -> str | None:
-        """Why (part of) ``fn`` runs eagerly: toycomp gave up on it, or AOT refused a graph."""
-        if self.frame is None:
-            return self._eager_reason
+        """Why (part of) ``fn`` runs eagerly: a frame was skipped, or AOT refused a graph."""
         reasons = [e.eager_reason for e in self.compiler.eager]
         reasons += [r.break_reason for r in self.context.log
                     if r.break_reason and r.break_reason.startswith("frame skipped")]  # fmt: skip
         return "; ".join(reasons) or None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.frame is not None:
-            return self.frame(*args, **kwargs)
-        if self._eager_reason is not None:
-            return self.fn(*args, **kwargs)
-        for entry in self.entries:
-            flat_inputs = entry.captured.guarded_inputs(args, kwargs)  # None: a guard failed
-            if flat_inputs is not None:
-                return entry.run(flat_inputs)
-        return self._recompile(args, kwargs)
-
-    def _recompile(self, args: tuple, kwargs: dict) -> Any:
-        if len(self.entries) >= RECOMPILE_LIMIT:
-            return self._give_up(f"more than {RECOMPILE_LIMIT} recompilations", args, kwargs)
-        entry = build(self.fn, args, kwargs, self.backend, self.partition)
-        if entry.captured.graph_break is not None:
-            return self._give_up(f"graph break: {entry.captured.graph_break}", args, kwargs)
-        first_outputs = entry.take_first_outputs()
-        if entry.eager_reason is not None:
-            return self._give_up(entry.eager_reason, args, kwargs, first_outputs)
-        self.entries.append(entry)
-        if first_outputs is not None:
-            return first_outputs[0]
-        return entry.run(entry.captured.flatten_inputs(*args, **kwargs))
-
-    def _give_up(
-        self, reason: str, args: tuple, kwargs: dict, first_outputs: tuple | None = None
-    ) -> Any:
-        """Run ``fn`` eagerly from now on (this call too, unless capture already ran it)."""
-        self._eager_reason = reason
-        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        warnings.warn(f"toycomp: running {name} eagerly ({reason})", stacklevel=3)
-        if first_outputs is not None:
-            return first_outputs[0]
-        return self.fn(*args, **kwargs)
+        return self.frame(*args, **kwargs)
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
@@ -345,29 +224,26 @@ def compile(  # noqa: A001 (torch.compile's name)
     fn: Callable,
     backend: str | None = None,
     partition: str = "min_cut",
-    capture: str | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
     Args:
-        fn: what to compile; it is traced on the first call's inputs.
+        fn: what to compile; its bytecode is interpreted on fake tensors at the first call
+            (graph breaks give partial graphs and resume functions; Python side effects are
+            replayed on every call).
         backend: ``"cpp"``, ``"triton"`` or ``None`` (Triton for CUDA tensors, C++ for CPU ones;
             Triton on CPU tensors runs through Triton's interpreter).
         partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
             or ``"default"`` (save every forward value the backward reads).
-        capture: ``"bytecode"`` (interpret ``fn``'s bytecode on fake tensors: graph breaks
-            give partial graphs and resume functions, Python side effects are replayed) or
-            ``"tracer"`` (run ``fn`` once under a TorchFunctionMode); ``None``: the default,
-            ``DEFAULT_CAPTURE``.
 
     Returns:
-        A callable with the same results and gradients as ``fn``. A new call whose inputs break
-        a guard (other shape, dtype, device, requires_grad, Python value) recompiles; a
-        construct the tracer cannot handle makes ``fn`` run eagerly, with a warning.
+        A callable with the same results, gradients and Python side effects as ``fn``. A new
+        call whose inputs break a guard (other shape, dtype, device, requires_grad, Python
+        value) recompiles; a construct the capture cannot handle is a graph break (or, when the
+        frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
     """
-    capture = capture or DEFAULT_CAPTURE
-    check_choices(backend, partition, capture)
-    return OptimizedFunction(fn, backend, partition, capture)
+    check_choices(backend, partition)
+    return OptimizedFunction(fn, backend, partition)
 
 
 def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:

@@ -119,6 +119,7 @@ def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], 
             raise Unsupported("graph outputs without graph operations")
         return [], None, []
     gm = output.graph_module(cg.outputs)
+    gm.meta["input_sources"] = output.input_sources()  # where each placeholder is read from
     examples = output.example_inputs()
     compiled = compile_graph(gm, examples)
     name = f"__compiled_fn_{graph_index}"
