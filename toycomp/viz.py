@@ -11,7 +11,8 @@ installed) and as text everywhere else::
     digraph captured {
 
 Saved values (what the forward graph keeps for the backward) are drawn in orange; fused groups
-(the kernels inductor made) are drawn as boxes around the nodes they contain.
+(the kernels inductor made) are drawn as boxes around the nodes they contain; stored values (the
+buffers that go to memory) get a thick red outline and their buffer's name.
 
 NB: PyTorch has torch.fx.passes.graph_drawer.FxGraphDrawer (pydot), which draws one node per FX
 node with all its metadata; ours is smaller so that the picture of sin**2 + cos**2 stays readable.
@@ -29,6 +30,7 @@ import torch.fx
 _SAVED_COLOR = "#f5a623"
 _INPUT_COLOR = "#d6eaf8"
 _OUTPUT_COLOR = "#d5f5e3"
+_STORED_COLOR = "#c0392b"
 _DOT_HINT = (
     "(install the graphviz 'dot' program to see this as a picture: "
     "sudo apt-get install graphviz / brew install graphviz / conda install graphviz)"
@@ -83,7 +85,9 @@ class Drawing:
         return self.text + hint
 
 
-def _node_attrs(node: torch.fx.Node, saved: set[str]) -> dict[str, str]:
+def _node_attrs(
+    node: torch.fx.Node, saved: set[str], stored: Mapping[str, str]
+) -> dict[str, str]:
     value = describe_value(node)
     if node.op == "placeholder":
         label, attrs = node.name, {"shape": "ellipse", "style": "filled", "fillcolor": _INPUT_COLOR}
@@ -98,6 +102,9 @@ def _node_attrs(node: torch.fx.Node, saved: set[str]) -> dict[str, str]:
     if node.name in saved:
         attrs = {**attrs, "style": "filled,bold", "fillcolor": _SAVED_COLOR}
         label += "\\n(saved for backward)"
+    if node.name in stored:
+        attrs = {**attrs, "color": _STORED_COLOR, "penwidth": "3"}
+        label += f"\\nstored: {stored[node.name]}"
     return {"label": label, **attrs}
 
 
@@ -107,7 +114,9 @@ def format_args(node: torch.fx.Node) -> str:
     return ", ".join(parts)
 
 
-def _text_lines(gm: torch.fx.GraphModule, saved: set[str], group_of: Mapping[str, str]) -> list[str]:
+def _text_lines(
+    gm: torch.fx.GraphModule, saved: set[str], group_of: Mapping[str, str], stored: Mapping
+) -> list[str]:
     lines = []
     for node in gm.graph.nodes:
         inputs = "" if node.op == "placeholder" else format_args(node)
@@ -115,6 +124,8 @@ def _text_lines(gm: torch.fx.GraphModule, saved: set[str], group_of: Mapping[str
         extra = [describe_value(node)] if describe_value(node) else []
         if node.name in saved:
             extra.append("saved")
+        if node.name in stored:
+            extra.append(f"stored: {stored[node.name]}")
         if node.name in group_of:
             extra.append(group_of[node.name])
         tail = f"   [{', '.join(extra)}]" if extra else ""
@@ -128,6 +139,7 @@ def draw(
     title: str = "graph",
     saved: Iterable[str] = (),
     groups: Mapping[str, Iterable[str]] | None = None,
+    stored: Mapping[str, str] | None = None,
 ) -> Drawing:
     """Draw an FX graph.
 
@@ -136,13 +148,14 @@ def draw(
         title: shown above the picture.
         saved: node names to mark as saved for the backward pass.
         groups: ``{"kernel_0": ["sin", "mul", ...], ...}``: nodes boxed together (fused kernels).
+        stored: ``{"sin": "buf1", ...}``: nodes whose value is stored in memory, and the buffer.
 
     Returns:
         A ``Drawing``: SVG in notebooks, text (with the DOT source in ``.source``) elsewhere.
     """
     import graphviz  # imported on use: toycomp itself runs without the bindings
 
-    saved = set(saved)
+    saved, stored = set(saved), dict(stored or {})
     group_of = {name: group for group, names in (groups or {}).items() for name in names}
     dot = graphviz.Digraph(name=title, graph_attr={"label": title, "labelloc": "t", "rankdir": "TB"})
     dot.attr("node", fontname="Helvetica", fontsize="11")
@@ -153,11 +166,11 @@ def draw(
         clusters[group] = cluster
     for node in gm.graph.nodes:
         target = clusters.get(group_of.get(node.name, ""), dot)
-        target.node(node.name, **_node_attrs(node, saved))
+        target.node(node.name, **_node_attrs(node, saved, stored))
     for cluster in clusters.values():
         dot.subgraph(cluster)
     for node in gm.graph.nodes:
         for arg in node.all_input_nodes:
             dot.edge(arg.name, node.name)
-    text = "\n".join([f"{title}:"] + _text_lines(gm, saved, group_of))
+    text = "\n".join([f"{title}:"] + _text_lines(gm, saved, group_of, stored))
     return Drawing(dot.source, text)
