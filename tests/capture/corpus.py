@@ -552,3 +552,108 @@ def optional_argument_and_identity(x, bias):
         bias = x
     same = bias is x
     return x * 2 + bias, same
+
+
+# ----- graph breaks inside with blocks and try blocks (Dynamo re-enters the with blocks) ------
+
+@case(lambda: [(t(4, 4, seed=i),) for i in range(3)])
+def break_inside_autocast(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ x
+        print("inside autocast", y.dtype, torch.is_autocast_enabled("cpu"))
+        z = y @ x
+    return z.float(), z.dtype, torch.is_autocast_enabled("cpu")
+
+
+@case(lambda: [(t(3, 3, seed=i, grad=True),) for i in range(3)], grad=True)
+def break_inside_nested_contexts(x):
+    with torch.no_grad():
+        y = x * 2
+        with torch.enable_grad():
+            z = x * y
+            print("grad on inside no_grad:", torch.is_grad_enabled())
+            w = z.sin()
+        v = w * 3
+    return w + v, v.requires_grad, torch.is_grad_enabled()
+
+
+@case(lambda: [(t(3, seed=i, grad=True), i != 1) for i in range(3)], grad=True)
+def break_inside_set_grad_enabled(x, flag):
+    y = x.cos()
+    with torch.set_grad_enabled(flag):
+        z = y * x
+        print("grad mode", torch.is_grad_enabled())
+        w = z.exp()
+    return w + y, w.requires_grad
+
+
+@case(lambda: [(t(4, 4, seed=i),) for i in range(3)])
+def helper_breaks_inside_autocast(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _helper_with_print(x @ x)
+    return y.float() * 2, y.dtype
+
+
+@case(lambda: [(t(3, seed=i) * (1 if i != 1 else -10),) for i in range(3)])
+def jump_on_tensor_inside_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        if y.sum() > 0:
+            z = y.sin()
+        else:
+            z = y.cos()
+    return z + 1, torch.is_grad_enabled()
+
+
+@case(three(3))
+def break_in_try_after_two_ops(x):
+    y = x.sin()
+    z = y.cos()
+    try:
+        w = z * 2
+        print("in try")
+    except RuntimeError:
+        w = z
+    return w.exp()
+
+
+@case(three(3))
+def break_in_try_finally_around_with(x):
+    y = x.sin()
+    z = y.cos()
+    try:
+        with torch.no_grad():
+            w = z * 2
+            print("with inside try")
+    finally:
+        w = w + 1
+    return w.exp()
+
+
+@case(lambda: [(t(3, seed=i), i) for i in range(3)])
+def exception_caught_in_try(x, n):
+    y = x.sin()
+    z = y.cos()
+    try:
+        w = z * 2
+        if n == 1:
+            raise ValueError("n is one")
+        w = w + n
+    except ValueError as e:
+        w = z - len(str(e))
+    finally:
+        w = w * 3
+    return w.exp()
+
+
+@case(three(3), dynamo_differs="Dynamo raises the fake tensor's shape error instead of running "
+      "the except handler (toycomp: compiled up to the try, the rest eagerly)")
+def break_in_except_handler(x):
+    y = x.sin()
+    z = y.cos()
+    try:
+        w = z + torch.ones(4)  # raises: shapes (3,) and (4,) do not broadcast
+    except RuntimeError:
+        print("caught the shape error")
+        w = z
+    return w * 2

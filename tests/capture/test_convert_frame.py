@@ -224,3 +224,67 @@ def test_attribute_chain_tensors_are_read_once_in_the_check():
         torch.testing.assert_close(cf(torch.ones(1, 3)), f(torch.ones(1, 3)))
     assert ".weight.stride() == (3, 1)`" in str(caught[0].message)  # t0 named by its source
     assert "t0" not in str(caught[0].message)
+
+
+def test_a_break_inside_autocast_compiles_both_sides_and_reenters_it():
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x
+            print("inside autocast")
+            z = y @ x
+        return z
+
+    x = torch.randn(3, 3)
+    report = explain(f, x)
+    assert report.graph_count == 2  # (before: the frame was skipped, 0 graphs)
+    assert "with torch.autocast('cpu', torch.bfloat16, True, True):" in report.transformed_code[0]
+    assert "_exit_autocast" in report.graphs[0].code  # the graph leaves the region at its end
+    assert "_enter_autocast" in report.graphs[1].code  # the resume function re-enters it
+    assert report.out.dtype == torch.bfloat16 and not torch.is_autocast_enabled("cpu")
+    torch.testing.assert_close(report.out, f(x))
+
+
+def test_an_exception_after_a_break_inside_no_grad_restores_grad_mode():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+            print("before raising")
+            raise ValueError(f"boom {y.shape[0]}")
+
+    cf = compile_frame(f, backend)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="boom 3"):
+            cf(torch.ones(3, requires_grad=True))
+        assert torch.is_grad_enabled()
+
+
+def test_a_break_inside_a_try_block_compiles_up_to_the_try():
+    def f(x):
+        y = x.sin()
+        z = y.cos()
+        try:
+            w = z + torch.ones(4)  # a shape error, caught below
+        except RuntimeError:
+            print("caught")
+            w = z * 2
+        return w
+
+    x = torch.randn(3)
+    report = explain(f, x)
+    assert report.graph_count == 1  # sin, cos: the try block runs eagerly, as in Dynamo
+    assert "inside a try block" in report.break_reasons[0]
+    torch.testing.assert_close(report.out, f(x))
+
+
+def test_an_unsupported_opcode_is_a_break_that_names_it():
+    def f(x):
+        y = x.sin()
+        z = y.cos()
+        del x.shape_cache
+        return z
+
+    x = torch.randn(3)
+    x.shape_cache = 1
+    report = explain(f, x)
+    assert report.graph_count == 1 and "DELETE_ATTR" in report.break_reasons[0]
+    assert not hasattr(x, "shape_cache")

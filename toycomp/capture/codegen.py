@@ -18,6 +18,7 @@ NB: in PyTorch this lives in torch/_dynamo/codegen.py (PyCodegen, which emits by
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import torch
@@ -69,6 +70,11 @@ class PyCodegen:
         text = known_text(value, self.env, _LITERALS)
         if text is not None:
             return text
+        name = getattr(value, "__name__", None)
+        if isinstance(name, str) and getattr(torch, name, None) is value:
+            return f"torch.{name}"  # torch.set_grad_enabled, torch.autocast, torch.sin...
+        if isinstance(name, str) and getattr(builtins, name, None) is value:
+            return name  # setattr, len...
         if isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
             return repr(value)
         name = getattr(value, "__name__", type(value).__name__)

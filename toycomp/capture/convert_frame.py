@@ -141,7 +141,7 @@ class CompiledFrame:
             except BreakRequest as e:
                 if break_at is not None and e.step <= break_at:
                     return self.give_up(f"trace did not repeat: {e.reason}")
-                break_at, info = e.step, (e.reason, e.location)
+                break_at, info = e.step, e.info
                 continue
             except (Unsupported, SkipFrame) as e:
                 return self.give_up(getattr(e, "reason", str(e)))

@@ -36,8 +36,10 @@ FOR_ITER, END_FOR                  3.12    exhausted: pop, jump past END_FOR
 FOR_ITER, END_FOR, POP_TOP         3.13    exhausted: pop, jump past END_FOR and POP_TOP
 ROT_N, DUP_TOP[_TWO]               3.10    stack shuffles
 COPY, SWAP                         3.11+   stack shuffles
-SETUP_WITH, POP_BLOCK              3.10    ``with`` (block stack counted: no break inside)
-BEFORE_WITH                        3.11+   ``with`` (exception table: no break inside)
+SETUP_WITH, SETUP_FINALLY,         3.10    ``with`` / ``try`` on a block stack; a resume
+POP_BLOCK                                 function re-enters ``with`` with SETUP_WITH
+BEFORE_WITH                        3.11+   ``with``; the exception table tells ``try``
+                                          blocks (no break resumes inside them)
 MAKE_FUNCTION (flags)              3.10-12 3.10 also pops the qualname
 MAKE_FUNCTION, SET_FUNCTION_ATTR.  3.13    flags set one by one
 FORMAT_VALUE                       3.10-12 f-strings

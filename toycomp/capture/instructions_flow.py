@@ -176,20 +176,21 @@ def before_with(tx, inst):
     ctx = tx.pop()
     if not hasattr(ctx, "enter"):
         raise Unsupported(f"`with` on {ctx}")
-    tx.push(WithExitFunctionVariable(ctx))
+    in_try = tx.in_try(inst) if hasattr(tx, "in_try") else False  # (root frame only)
+    tx.push(WithExitFunctionVariable(ctx, in_try))
     tx.push(ctx.enter(tx))
     if inst.opname == "SETUP_WITH":
-        tx.block_depth += 1
+        tx.blocks.append("with")
 
 
 @handles("SETUP_FINALLY")
 def setup_finally(tx, inst):
-    tx.block_depth += 1
+    tx.blocks.append("try")
 
 
 @handles("POP_BLOCK")
 def pop_block(tx, inst):
-    tx.block_depth -= 1
+    tx.blocks.pop()
 
 
 # ----- generators (a generator expression is run to its end when it is called) -------------

@@ -10,6 +10,12 @@ pushes the stack values back and jumps to the instruction where ``fn`` left off:
         print(y)        <- break           jump to offset 30 (after print's CALL)
         return y.cos()                     ... f's own bytecode from there: POP_TOP, return y.cos()
 
+A break inside ``with torch.no_grad():`` leaves the block's ``__exit__`` on the stack. It is not
+passed on: the prefix enters the block again, ``with __stack0(False):`` (``__stack0`` is
+``torch.set_grad_enabled``; a ``ReenterWith`` in the stack layout), which leaves a new
+``__exit__`` in the same stack slot, so ``fn``'s own bytecode leaves the block where it always
+did, exceptions included (the exception table still covers the rest of the block).
+
 Its bytecode is made with the ``bytecode`` package, which keeps labels, exception tables and
 line numbers right when instructions are inserted. Resume functions are cached by (code,
 offset, stack layout, argument names), so a recompile reuses them.
@@ -18,8 +24,7 @@ offset, stack layout, argument names), so a recompile reuses them.
 ['__stack0', '__stack2']
 
 NB: in PyTorch this lives in torch/_dynamo/resume_execution.py (ContinueExecutionCache,
-``generate`` / ``ResumeFunctionMetadata``); Dynamo also re-enters ``with`` blocks, toycomp refuses
-breaks inside them.
+``generate`` / ``ResumeFunctionMetadata``, ``ReenterWith``).
 """
 
 from __future__ import annotations
@@ -29,26 +34,37 @@ import inspect
 import sys
 import types
 
-from bytecode import Bytecode, Instr, Label
+from dataclasses import dataclass
+
+from bytecode import Bytecode, Instr, Label, TryBegin
 
 _CACHE: dict[tuple, types.CodeType] = {}
 _ORIGIN: dict[types.CodeType, tuple[types.CodeType, int]] = {}  # resume code -> (original, prefix)
 _FUNCTIONS: dict[tuple, types.FunctionType] = {}  # (cells keyed by id; the function keeps them)
 
 
-def stack_arg_names(nulls: list[bool]) -> list[str]:
+@dataclass(frozen=True)
+class ReenterWith:
+    """A stack slot that held a ``with`` block's ``__exit__``: the prefix calls the slot's
+    argument (a context manager class) with ``args`` and enters it (Dynamo: ``ReenterWith``)."""
+
+    args: tuple
+
+
+def stack_arg_names(nulls: list) -> list[str]:
     """The resume function's parameters for the stack values (NULLs are pushed, not passed)."""
-    return [f"__stack{i}" for i, is_null in enumerate(nulls) if not is_null]
+    return [f"__stack{i}" for i, kind in enumerate(nulls) if kind is not True]
 
 
-def make_resume_code(code: types.CodeType, offset: int, nulls: list[bool],
+def make_resume_code(code: types.CodeType, offset: int, nulls: list,
                      local_names: list[str]) -> types.CodeType:
     """``code`` continued at instruction ``offset`` with the stack ``nulls`` describes.
 
     Args:
         code: the original function's code object.
         offset: the ``dis`` offset of the instruction to continue at.
-        nulls: one entry per stack value, bottom first: True where the value is a NULL.
+        nulls: one entry per stack value, bottom first: True where the value is a NULL, a
+            ``ReenterWith`` where it was a ``with`` block's ``__exit__``, else False.
         local_names: the locals (and cells) passed as arguments after the stack values.
 
     Returns:
@@ -57,8 +73,7 @@ def make_resume_code(code: types.CodeType, offset: int, nulls: list[bool],
     code, offset = original_position(code, offset)
     key = (code, offset, tuple(nulls), tuple(local_names))
     if key not in _CACHE:
-        _CACHE[key] = _generate(code, offset, nulls, local_names)
-        prefix = len(nulls) + 1  # the pushes and the jump
+        _CACHE[key], prefix = _generate(code, offset, nulls, local_names)
         _ORIGIN[_CACHE[key]] = (code, prefix)
     return _CACHE[key]
 
@@ -80,7 +95,8 @@ def original_position(code, offset) -> tuple[types.CodeType, int]:
     return original, there[index - prefix if index >= start + prefix else index]
 
 
-def _generate(code, offset, nulls, local_names):
+def _generate(code, offset, nulls, local_names) -> tuple[types.CodeType, int]:
+    """The resume code, and the number of instructions in its prefix."""
     bc = Bytecode.from_code(code)
     instrs = list(bc)
     real = [i for i in instrs if isinstance(i, Instr)]
@@ -88,8 +104,15 @@ def _generate(code, offset, nulls, local_names):
     target = real[[i.offset for i in originals].index(offset)]
     label = Label()
     instrs.insert(next(k for k, i in enumerate(instrs) if i is target), label)
-    prefix = [Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", f"__stack{i}")
-              for i, is_null in enumerate(nulls)]
+    handlers = iter(with_handlers_310(real, originals, offset))
+    prefix = []
+    for i, kind in enumerate(nulls):
+        if kind is True:
+            prefix.append(Instr("PUSH_NULL"))
+        elif kind is False:
+            prefix.append(Instr("LOAD_FAST", f"__stack{i}"))
+        else:
+            prefix += reenter_with(f"__stack{i}", kind.args, next(handlers, None))
     prefix.append(Instr("JUMP_FORWARD", label))
     start = 0
     if sys.version_info >= (3, 11):  # after MAKE_CELL / COPY_FREE_VARS / RESUME
@@ -105,10 +128,54 @@ def _generate(code, offset, nulls, local_names):
     if hasattr(bc, "qualname"):
         bc.qualname = f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}" \
                       f".__resume_at_{offset}"
-    return bc.to_code()
+    # The prefix jumps into the middle of try regions, which the ``bytecode`` package's stack
+    # analysis does not follow: the stack depths of the exception table are the original's
+    # (the prefix rebuilds the same stack), and the stack size is bounded by hand.
+    keep_exception_depths(code, instrs, dict(zip(map(id, real), originals)))
+    stacksize = code.co_stacksize + len(prefix) + 4
+    return bc.to_code(stacksize=stacksize, compute_exception_stack_depths=False), len(prefix)
 
 
-def make_resume_function(fn: types.FunctionType, offset: int, nulls: list[bool],
+def keep_exception_depths(code, instrs, original_of: dict) -> None:
+    """Give each ``TryBegin`` the stack depth of ``code``'s exception-table entry it starts."""
+    entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
+    for k, instr in enumerate(instrs):
+        if isinstance(instr, TryBegin):
+            first = next(i for i in instrs[k:] if isinstance(i, Instr))
+            offset = original_of[id(first)].offset
+            instr.stack_depth = next(e.depth for e in entries if e.start <= offset < e.end)
+
+
+def reenter_with(name: str, args: tuple, handler_310) -> list:
+    """``with <name>(*args):`` up to its body: the call, then BEFORE_WITH (3.10: SETUP_WITH,
+    whose handler is the original block's), dropping the ``__enter__`` result."""
+    consts = [Instr("LOAD_CONST", a) for a in args]
+    n = len(args)
+    if sys.version_info >= (3, 13):
+        call = [Instr("LOAD_FAST", name), Instr("PUSH_NULL"), *consts, Instr("CALL", n)]
+    elif sys.version_info >= (3, 12):
+        call = [Instr("PUSH_NULL"), Instr("LOAD_FAST", name), *consts, Instr("CALL", n)]
+    elif sys.version_info >= (3, 11):
+        call = [Instr("PUSH_NULL"), Instr("LOAD_FAST", name), *consts, Instr("PRECALL", n),
+                Instr("CALL", n)]
+    else:
+        call = [Instr("LOAD_FAST", name), *consts, Instr("CALL_FUNCTION", n)]
+    if sys.version_info < (3, 11):
+        return call + [Instr("SETUP_WITH", handler_310), Instr("POP_TOP")]
+    return call + [Instr("BEFORE_WITH"), Instr("POP_TOP")]
+
+
+def with_handlers_310(real, originals, offset) -> list:
+    """3.10: the handler labels of the ``with`` blocks around ``offset``, outermost first
+    (3.11+ finds them in the exception table; nothing to do)."""
+    if sys.version_info >= (3, 11):
+        return []
+    around = [(inst.offset, instr.arg) for inst, instr in zip(originals, real)
+              if inst.opname == "SETUP_WITH" and inst.offset < offset < inst.argval]
+    return [label for _, label in sorted(around, key=lambda pair: pair[0])]
+
+
+def make_resume_function(fn: types.FunctionType, offset: int, nulls: list,
                          local_names: list[str]) -> types.FunctionType:
     """A function object for the resume code, sharing ``fn``'s globals and closure cells."""
     code = make_resume_code(fn.__code__, offset, nulls, local_names)

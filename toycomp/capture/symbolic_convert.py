@@ -28,6 +28,17 @@ before meeting ``print`` deep inside the helper. Rather than undoing that, the t
 stopping *before* that instruction with a clean state. Dynamo does the same (its
 ``SpeculationLog`` restarts analysis after a failed instruction).
 
+[Note: where a frame can break]
+Like Dynamo, a graph break is resumed *at* the instruction only for calls, comparisons,
+subscripts, attribute / item stores and conditional jumps, and only outside ``try`` blocks (a
+resume function cannot re-create an active exception handler; ``with`` blocks are re-entered,
+see toycomp/capture/resume_execution.py). Anywhere else the trace falls back to its last
+*checkpoint*: the last instruction it reached with an empty stack, outside any ``try`` block,
+with at least two operations in the graph. The graph ends there and the rest of the frame runs
+eagerly, in a resume function that is not captured (Dynamo: ``step_graph_break``, reported as
+``step_unsupported``). With no checkpoint the whole frame runs eagerly (a skipped frame). A
+break inside a loop also skips the frame, as Dynamo does.
+
 NB: in PyTorch this lives in torch/_dynamo/symbolic_convert.py (InstructionTranslatorBase,
 InstructionTranslator, InliningInstructionTranslator).
 """
@@ -39,11 +50,10 @@ import dis
 import inspect
 import operator
 import sys
-import types
 from dataclasses import dataclass, field
 
 from toycomp.capture import instructions_containers  # noqa: F401 (registers its HANDLERS)
-from toycomp.capture.instructions import BINARY_OPS, COMPARE_OPS, HANDLERS
+from toycomp.capture.instructions import COMPARE_OPS, HANDLERS
 from toycomp.capture.instructions_flow import pop_call_operands
 from toycomp.capture.sources import (
     AttrSource,
@@ -55,8 +65,8 @@ from toycomp.capture.sources import (
     cell_source,
 )
 from toycomp.capture.variables.base import (
-    NULL,
     CellVariable,
+    ConstantVariable,
     SkipFrame,
     Unsupported,
     VariableTracker,
@@ -64,16 +74,23 @@ from toycomp.capture.variables.base import (
 from toycomp.capture.variables.builtin import BuiltinVariable
 from toycomp.capture.variables.lists import ListIteratorVariable
 from toycomp.capture.variables.objects import SuperVariable
+from toycomp.capture.variables.torch import WithExitFunctionVariable
 
 MAX_INLINE_DEPTH = 32
 
 
 class BreakRequest(Exception):
-    """Unsupported at root step ``step``: trace again and break there (see the Note above)."""
+    """Unsupported at root step ``step``: trace again and break there (see the Note above).
+    ``kind`` "step": ``step`` is the last checkpoint, where the rest of the frame runs eagerly
+    (see [Note: where a frame can break])."""
 
-    def __init__(self, step: int, reason: str, location):
+    def __init__(self, step: int, reason: str, location, kind: str | None = None):
         super().__init__(reason)
-        self.step, self.reason, self.location = step, reason, location
+        self.step, self.reason, self.location, self.kind = step, reason, location, kind
+
+    @property
+    def info(self) -> tuple:
+        return self.reason, self.location, self.kind
 
 
 @dataclass
@@ -92,6 +109,7 @@ class Break:
     reason: str = ""
     location: tuple = ()
     call: tuple = ()  # (fn, args, kwargs) for "call"
+    pushes: bool = True  # does the call leave a result on the stack (a store does not)
     condition: VariableTracker | None = None  # for "jump"
     resume_offsets: list = field(default_factory=list)
     cells: dict = field(default_factory=dict)  # cell variables holding a value
@@ -117,7 +135,7 @@ class InstructionTranslatorBase:
         self.stack: list[VariableTracker] = []
         self.ip = 0
         self.kw_names = None
-        self.block_depth = 0  # 3.10's SETUP_WITH / SETUP_FINALLY blocks
+        self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
         self.cells = self.make_cells(closure)
 
@@ -249,18 +267,24 @@ class InstructionTranslatorBase:
 
 JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 JUMPS = {dis.opname[op] for op in JUMPS}
-# Instructions that pop operands and push one result: at a break they run as a Python call.
-STACK_OPS = {
-    "BINARY_SUBSCR": (2, lambda inst: operator.getitem),
-    "BINARY_OP": (2, lambda inst: BINARY_OPS[inst.argrepr]),
-    "COMPARE_OP": (2, lambda inst: COMPARE_OPS[inst.argval.replace("bool(", "").rstrip(")")]),
-    "UNARY_NEGATIVE": (1, lambda inst: operator.neg),
-    "UNARY_INVERT": (1, lambda inst: operator.invert),
-    "UNARY_NOT": (1, lambda inst: operator.not_),
-    "LOAD_ATTR": (1, lambda inst: operator.attrgetter(inst.argval)),
+# Instructions a graph break can resume *at* (Dynamo: ``break_graph_if_unsupported``): the
+# operands are popped and the operation runs in Python as a call; ``pushes``: it leaves a result.
+STACK_OPS = {  # opname -> (number of operands, (inst, operands) -> (function, args), pushes)
+    "BINARY_SUBSCR": (2, lambda inst, ops: (operator.getitem, ops), True),
+    "COMPARE_OP": (2, lambda inst, ops: (
+        COMPARE_OPS[inst.argval.replace("bool(", "").rstrip(")")], ops), True),
+    "STORE_SUBSCR": (3, lambda inst, ops: (operator.setitem, [ops[1], ops[2], ops[0]]), False),
+    "STORE_ATTR": (2, lambda inst, ops: (setattr, [ops[1], ConstantVariable(inst.argval),
+                                                  ops[0]]), False),
 }
 CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
             "CALL_FUNCTION_EX"}
+
+
+def is_resumable(inst) -> bool:
+    """Can a graph break at ``inst`` run it in Python and resume after it?"""
+    return inst.opname in STACK_OPS or inst.opname in CALL_OPS or (
+        inst.opname.startswith("POP_JUMP") and inst.opname.endswith(("TRUE", "FALSE")))
 
 
 class InstructionTranslator(InstructionTranslatorBase):
@@ -271,7 +295,7 @@ class InstructionTranslator(InstructionTranslatorBase):
         frame_locals: its bound arguments, by name (what the guards call ``L``).
         output: the OutputGraph to fill.
         break_at: stop before this step and make a ``Break`` (see [Note: graph breaks ...]).
-        break_info: the reason and location of that break, from the first attempt.
+        break_info: ``(reason, location, kind)`` of that break, from the first attempt.
     """
 
     def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
@@ -281,68 +305,101 @@ class InstructionTranslator(InstructionTranslatorBase):
                          output, FunctionSource())
         self.steps = 0
         self.break_at = break_at
-        self.break_info = break_info or ("", ())
+        self.break_info = tuple(break_info or ("", ())) + (None,) * (3 - len(break_info or ()))
         self.plan: Return | Break | None = None
-        self.protected = exception_table_ranges(fn.__code__)
+        self.try_ranges = try_block_ranges(fn.__code__)
+        self.checkpoint: int | None = None  # see [Note: where a frame can break]
 
     def run(self) -> None:
         while self.plan is None:
             if self.steps == self.break_at:
                 self.plan = self.make_break()
                 return
+            inst = self.instructions[self.ip]
+            in_try = self.in_try(inst)
+            if not self.stack and not in_try and self.output.count_calls() > 1:
+                self.checkpoint = self.steps
             self.steps += 1
             try:
                 self.step()
             except Unsupported as e:
-                raise BreakRequest(self.steps - 1, e.reason, self.output.location) from e
+                raise self.break_request(inst, in_try, e.reason) from e
             except (SkipFrame, BreakRequest):
                 raise
             except Exception as e:  # a bug in toycomp: break the graph rather than crash
                 reason = f"toycomp internal error: {type(e).__name__}: {e}"
-                raise BreakRequest(self.steps - 1, reason, self.output.location) from e
+                raise self.break_request(inst, in_try, reason) from e
+
+    def in_try(self, inst) -> bool:
+        """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` inside one)?"""
+        if "try" in self.blocks or any(lo <= inst.offset < hi for lo, hi in self.try_ranges):
+            return True
+        return any(getattr(v, "in_try", False) for v in self.stack)
+
+    def break_request(self, inst, in_try: bool, reason: str) -> BreakRequest:
+        """Where to break for ``reason`` raised at ``inst`` (see [Note: where a frame ...])."""
+        location = self.output.location
+        if is_resumable(inst) and not in_try:
+            if self.has_backedge(inst):
+                raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
+            return BreakRequest(self.steps - 1, reason, location)
+        where = "inside a try block" if in_try else f"at {inst.opname}"
+        if self.checkpoint is None:
+            raise SkipFrame(f"graph break {where}, with no earlier point to resume from "
+                            f"(as Dynamo): {reason}")
+        reason = (f"{reason} [{where}: the graph ends at the last resumable point and the rest "
+                  "of the frame runs eagerly (Dynamo: step_unsupported)]")
+        return BreakRequest(self.checkpoint, reason, location, kind="step")
 
     def do_return(self, value):
         self.plan = Return(value)
 
     def make_break(self) -> Break:
-        """The state before instruction ``ip``, split into what runs in Python and the rest."""
+        """The state before instruction ``ip``, split into what runs in Python and the rest.
+        The ``with`` blocks open there are exited at the end of the graph (the transformed
+        function re-enters them around the breaking instruction, the resume function for the
+        rest of the block)."""
         inst = self.instructions[self.ip]
-        reason, location = self.break_info
-        if self.block_depth or any(lo <= inst.offset < hi and not is_with
-                                   for lo, hi, is_with in self.protected):
-            raise SkipFrame(f"graph break inside a try block: {reason}")
-        if self.has_backedge():
-            raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
+        reason, location, kind = self.break_info
         last = self.ip + 1 >= len(self.instructions)
         nxt = None if last else self.instructions[self.ip + 1].offset
-        plan = self.break_plan(inst, nxt, reason, location)
+        if kind == "step":
+            assert not self.stack, "a checkpoint has an empty stack"
+            plan = Break(inst, "step", [], dict(self.symbolic_locals), reason, location,
+                         resume_offsets=[inst.offset])
+        else:
+            plan = self.break_plan(inst, nxt, reason, location)
         plan.cells = self.live_cells()
+        for var in reversed(plan.stack):
+            if isinstance(var, WithExitFunctionVariable):
+                var.ctx.exit(self)
         return plan
 
-    def has_backedge(self) -> bool:
-        """Is the instruction at ``ip`` inside a loop (a later jump goes back before it)?"""
-        here = self.instructions[self.ip].offset
-        return any(i.opname in JUMPS and i.argval < here for i in self.instructions[self.ip:])
+    def has_backedge(self, inst) -> bool:
+        """Is ``inst`` inside a loop: does a later jump, before the next return, go back before
+        it? (Dynamo's ``maybe_has_backedge`` heuristic.)"""
+        for later in self.instructions[self.index_of[inst.offset]:]:
+            if later.opname in ("RETURN_VALUE", "RETURN_CONST"):
+                return False
+            if later.opname in JUMPS and later.argval < inst.offset:
+                return True
+        return False
 
     def break_plan(self, inst, nxt, reason, location) -> Break:
-        if inst.opname in STACK_OPS and not (inst.opname == "LOAD_ATTR" and inst.arg & 1
-                                             and sys.version_info >= (3, 12)):
-            pops, fn = STACK_OPS[inst.opname]
-            operands = self.popn(pops)
-            call = (BuiltinVariable(fn(inst)), operands, {})
+        if inst.opname in STACK_OPS:
+            pops, operation, pushes = STACK_OPS[inst.opname]
+            fn, args = operation(inst, self.popn(pops))
             return Break(inst, "call", list(self.stack), dict(self.symbolic_locals), reason,
-                         location, call=call, resume_offsets=[nxt])
+                         location, call=(BuiltinVariable(fn), args, {}), resume_offsets=[nxt],
+                         pushes=pushes)
         if inst.opname in CALL_OPS:
             call = pop_call_operands(self, inst)
             return Break(inst, "call", list(self.stack), dict(self.symbolic_locals), reason,
                          location, call=call, resume_offsets=[nxt])
-        if inst.opname.startswith("POP_JUMP") and inst.opname.endswith(("TRUE", "FALSE")):
-            condition = self.pop()
-            targets = [nxt, inst.argval] if inst.opname.endswith("FALSE") else [inst.argval, nxt]
-            return Break(inst, "jump", list(self.stack), dict(self.symbolic_locals), reason,
-                         location, condition=condition, resume_offsets=targets)
-        return Break(inst, "step", list(self.stack), dict(self.symbolic_locals), reason, location,
-                     resume_offsets=[inst.offset])
+        condition = self.pop()  # a conditional jump (is_resumable)
+        targets = [nxt, inst.argval] if inst.opname.endswith("FALSE") else [inst.argval, nxt]
+        return Break(inst, "jump", list(self.stack), dict(self.symbolic_locals), reason,
+                     location, condition=condition, resume_offsets=targets)
 
     def live_cells(self) -> dict:
         """Cell variables of this frame that hold a value (passed on to a resume function)."""
@@ -350,15 +407,15 @@ class InstructionTranslator(InstructionTranslatorBase):
                 if name in self.code.co_cellvars and cell.contents is not None}
 
 
-def exception_table_ranges(code) -> list[tuple[int, int, bool]]:
-    """[start, end) offsets covered by an exception handler (3.11+), and whether the handler is
-    a ``with`` block's (a break there is allowed: the resume function leaves the block)."""
+def try_block_ranges(code) -> list[tuple[int, int]]:
+    """[start, end) offsets covered by an exception handler that is not a ``with`` block's
+    cleanup (3.11+'s exception table; 3.10 tracks ``SETUP_FINALLY`` blocks as it runs)."""
     entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
     insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     at = {inst.offset: k for k, inst in enumerate(insts)}
     ranges = []
     for e in entries:
         handler = insts[at[e.target]: at[e.target] + 2]
-        is_with = any(i.opname == "WITH_EXCEPT_START" for i in handler)
-        ranges.append((e.start, e.end, is_with))
+        if not any(i.opname == "WITH_EXCEPT_START" for i in handler):
+            ranges.append((e.start, e.end))
     return ranges

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from toycomp.capture.codegen import PyCodegen
-from toycomp.capture.resume_execution import make_resume_function
+from toycomp.capture.resume_execution import ReenterWith, make_resume_function
 from toycomp.capture.symbolic_convert import Break, Return
 from toycomp.capture.variables.base import NULL, Unsupported
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
@@ -132,17 +132,25 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     """The transformed function's last lines, and the resume functions they call."""
     if isinstance(plan, Return):
         return [f"return {emit(cg.reconstruct(plan.value), '__return_value')}"], {}
-    stack = [v if v is NULL else emit(cg.reconstruct(v), f"__stack{i}")
-             for i, v in enumerate(plan.stack)]
+    stack, nulls = [], []  # the rebuilt stack's names; the resume function's stack layout
+    for i, v in enumerate(plan.stack):
+        if isinstance(v, WithExitFunctionVariable):  # the resume function enters it again
+            factory, args = v.ctx.reenter()
+            stack.append(emit(cg.constant(factory), f"__stack{i}"))
+            nulls.append(ReenterWith(tuple(args)))
+        else:
+            stack.append(v if v is NULL else emit(cg.reconstruct(v), f"__stack{i}"))
+            nulls.append(v is NULL)
     tail = [f"# graph break at {plan.location[0]}:{plan.location[1]}: {plan.reason}"
             if plan.location else f"# graph break: {plan.reason}"]
     if plan.kind == "call":
-        tail += call_at_break(plan, cg, emit, stack)
-        stack.append("__result")
+        tail += call_at_break(plan, cg, emit)
+        if plan.pushes:
+            stack.append("__result")
+            nulls.append(False)
     live = {n: v for n, v in plan.locals.items() if not n.startswith("__stack")}  # prefix args
     locals_ = {name: emit(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}
     locals_ |= {name: emit(cg.reconstruct(v), f"__cell_{name}") for name, v in plan.cells.items()}
-    nulls = [v is NULL for v in stack]
     args = ", ".join([s for s in stack if s is not NULL] + list(locals_.values()))
     resume = {}
     for offset in plan.resume_offsets:
@@ -158,20 +166,20 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     return tail, resume
 
 
-def call_at_break(plan, cg, emit, stack: list) -> list[str]:
-    """Lines that make the call that broke the graph, in plain Python: ``__result = f(...)``.
-    ``stack`` holds the rebuilt stack's names (NULL where a NULL was)."""
+def call_at_break(plan, cg, emit) -> list[str]:
+    """Lines that make the call that broke the graph, in plain Python: ``__result = f(...)``,
+    inside the ``with`` blocks that were open there (entered again: the graph left them)."""
     callee, args, kwargs = plan.call
     call_expr = callable_expr(cg, callee, emit)
     parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
     parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
-    call = f"__result = {call_expr}({', '.join(parts)})"
-    exits = [name for v, name in zip(plan.stack, stack) if isinstance(v, WithExitFunctionVariable)]
-    if not exits:
+    call = f"{'__result = ' if plan.pushes else ''}{call_expr}({', '.join(parts)})"
+    contexts = [v.ctx.reenter() for v in plan.stack if isinstance(v, WithExitFunctionVariable)]
+    if not contexts:
         return [call]
-    # if the call raises, leave the `with` blocks it ran inside
-    return (["try:", f"    {call}", "except BaseException:"]
-            + [f"    {name}(None, None, None)" for name in reversed(exits)] + ["    raise"])
+    entered = ", ".join(f"{cg.constant(factory)}({', '.join(cg.constant(a) for a in args)})"
+                        for factory, args in contexts)
+    return [f"with {entered}:", f"    {call}"]
 
 
 def callable_expr(cg, callee, emit) -> str:

@@ -77,7 +77,12 @@ class TorchVariable(ValueVariable):
 
 
 class ContextManagerVariable(VariableTracker):
-    """A context manager; ``BEFORE_WITH`` calls ``enter``, the ``__exit__`` call ``exit``."""
+    """A context manager; ``BEFORE_WITH`` calls ``enter``, the ``__exit__`` call ``exit``.
+    ``reenter()`` is how to enter it again after a graph break: a callable and its arguments
+    (Dynamo: ``reconstruct_type`` and ``target_values``)."""
+
+    def reenter(self) -> tuple:
+        raise Unsupported(f"a graph break inside `with {self}`")
 
     def reconstruct(self, codegen):
         raise Unsupported("a graph break inside a `with` block")
@@ -99,6 +104,9 @@ class GradModeVariable(ContextManagerVariable):
     def exit(self, tx):
         set_grad(tx, self.prev)
         return ConstantVariable(None)
+
+    def reenter(self):
+        return torch.set_grad_enabled, (self.mode,)
 
 
 def set_grad(tx, mode: bool) -> None:
@@ -133,34 +141,25 @@ class AutocastVariable(ContextManagerVariable):
         tx.output.entered.remove(self.real)
         return ConstantVariable(None)
 
+    def reenter(self):
+        real = self.real or torch.autocast(*self.args, **self.kwargs)
+        return torch.autocast, (real.device, real.fast_dtype, real._enabled, real._cache_enabled)
+
 
 class WithExitFunctionVariable(VariableTracker):
     """The ``__exit__`` that ``BEFORE_WITH`` leaves on the stack; calling it exits the region.
 
-    At a graph break inside ``with torch.no_grad():`` the graph has already switched grad mode
-    off; the resume function finds a ``GradModeExit`` on its stack where ``__exit__`` was, and
-    calling it at the end of the block switches grad mode back."""
+    At a graph break inside the block it is not rebuilt as a value: the graph exits the region
+    at its end, the breaking instruction runs inside ``with <ctx.reenter()>:`` and the resume
+    function enters the region again where this ``__exit__`` was on the stack
+    (toycomp/capture/resume_execution.py). ``in_try``: the ``with`` is inside a ``try`` block."""
 
-    def __init__(self, ctx: ContextManagerVariable):
+    def __init__(self, ctx: ContextManagerVariable, in_try: bool = False):
         self.ctx = ctx
+        self.in_try = in_try
 
     def call_function(self, tx, args, kwargs):
         return self.ctx.exit(tx)
 
     def reconstruct(self, codegen):
-        if isinstance(self.ctx, GradModeVariable):
-            return codegen.constant(GradModeExit(self.ctx.prev))
-        raise Unsupported("a graph break inside a `with` block other than a grad-mode one")
-
-
-class GradModeExit:
-    """A ``with`` block's ``__exit__`` after a graph break: restores grad mode ``mode``."""
-
-    def __init__(self, mode: bool):
-        self.mode = mode
-
-    def __call__(self, *exc_info):
-        torch._C._set_grad_enabled(self.mode)
-
-    def __repr__(self):
-        return f"GradModeExit({self.mode})"
+        raise Unsupported("the __exit__ of a `with` block used as a value")
