@@ -160,3 +160,25 @@ def fake_on_device(t, device):  # pipeline.py: toycomp.explain on meta inputs co
         meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         fake = FakeTensor(t.fake_mode, meta, device)
     return fake.requires_grad_(t.requires_grad)
+
+
+# -- toycomp/exercises: real PyTorch's counterparts that the notebooks' checks compare with ----
+def make_fx(fn, *args, decomposition_table=None):  # exercises: PyTorch's ATen-level tracer
+    """``torch.fx.experimental.proxy_tensor.make_fx(fn, decomposition_table)(*args)``."""
+    from torch.fx.experimental.proxy_tensor import make_fx as _make_fx
+
+    return _make_fx(fn, decomposition_table=decomposition_table)(*args)
+
+
+def partitioner_size_of(node) -> int:  # exercises/nb02.py: what the min cut weighs a node by
+    """``torch._functorch.partitioners._size_of(node)``: bytes of ``node.meta["val"]``."""
+    from torch._functorch.partitioners import _size_of
+
+    return _size_of(node)
+
+
+def aten_decomposition(op):  # exercises/nb03.py: PyTorch's own decomposition of an ATen op
+    """``torch._decomp.decomposition_table[op]`` (None when PyTorch has none)."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(op)

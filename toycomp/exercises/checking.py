@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ import torch
 
 VERDICT_MIMETYPE = "application/vnd.toycomp.verdict+json"
 WIDTH = 100  # the longest line a verdict prints
+MAX_LINES = 4  # the most lines a hint or an error message takes
 
 # Every exercise defined so far, by id ("nb02.default_partition"), in definition order.
 EXERCISES: dict[str, Exercise] = {}
@@ -175,10 +177,16 @@ def expect_close(case: str, got: Any, expected: torch.Tensor, hint: str = "",
     if not isinstance(got, torch.Tensor):
         raise Failure(case, expected, got, hint or "return a tensor")
     if got.shape != expected.shape or got.dtype != expected.dtype:
-        want, have = describe(expected), describe(got)
+        want, have = Text(describe(expected)), Text(describe(got))
         raise Failure(case, want, have, hint or "check the shape and dtype of the result")
-    if not torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
-        raise Failure(case, expected, got, hint)
+    close = torch.isclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+    if not close.all():
+        if expected.numel() <= 8:
+            raise Failure(case, expected, got, hint)
+        where = [int(i) for i in (~close).nonzero()[0]]  # the first element that differs
+        at = f"{describe(expected)}, element {where}:"
+        raise Failure(case, Text(f"{at} {expected[tuple(where)].item():.6g}"),
+                      Text(f"{at} {got[tuple(where)].item():.6g}"), hint)  # fmt: skip
 
 
 def describe(t: torch.Tensor) -> str:
@@ -193,14 +201,25 @@ def shorten(text: str, width: int) -> str:
 
 
 def labelled(label: str, value: Any, raw: bool = False) -> str:
-    """``    expected: value``, the value shortened to fit the line."""
-    text = value if raw and isinstance(value, str) else show(value)
+    """``    expected: value``: a value shortened to fit the line; raw text (a hint, a message)
+    wrapped onto as many lines as it needs."""
     prefix = f"    {label:<9} "
-    return prefix + shorten(text, WIDTH - len(prefix))
+    if raw and isinstance(value, str):
+        lines = textwrap.wrap(" ".join(value.split()), WIDTH - len(prefix)) or [""]
+        if len(lines) > MAX_LINES:  # a long error message: its start says enough
+            lines = lines[: MAX_LINES - 1] + [shorten(lines[MAX_LINES - 1] + " ...", WIDTH)]
+        return "\n".join(p + line for p, line in zip([prefix] + [" " * len(prefix)] * 99, lines))
+    return prefix + shorten(show(value), WIDTH - len(prefix))
+
+
+class Text(str):
+    """A string that a verdict shows as it is (other strings are shown with their quotes)."""
 
 
 def show(value: Any) -> str:
     """A short, deterministic text for a value in a verdict."""
+    if isinstance(value, Text):
+        return str(value)
     if isinstance(value, torch.Tensor) and value.numel() > 8:
         flat = value.detach().flatten()[:4].tolist()
         head = ", ".join(f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
