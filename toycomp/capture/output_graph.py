@@ -161,6 +161,9 @@ class OutputGraph:
         if isinstance(var, DictVariable):
             return {k: self._convert(v, leaf) for k, v in var.items.items()}
         value = var.as_python_constant()
+        if hasattr(value, "__array__") and not isinstance(value, (int, float, complex)):
+            # an FX graph can hold only constants it can print as Python (not a NumPy array)
+            raise Unsupported(f"a {type(value).__name__} passed to a tensor operation")
         if isinstance(value, (int, float)) and type(value) not in (int, float, bool):
             return value.item() if hasattr(value, "item") else float(value)  # numpy scalars
         return value
