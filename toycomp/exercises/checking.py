@@ -110,6 +110,10 @@ class Verdict:
     def _repr_mimebundle_(self, include=None, exclude=None):
         return {"text/plain": self.text, VERDICT_MIMETYPE: self.record()}
 
+    def _ipython_display_(self) -> None:
+        """Nothing: the check displayed this verdict when it ran (a check cell's value would
+        otherwise show it a second time)."""
+
     def __repr__(self) -> str:
         return self.text
 
@@ -304,6 +308,6 @@ def show_verdict(verdict: Verdict) -> None:
         get_ipython = None
     shell = get_ipython() if get_ipython else None
     if shell is not None and getattr(shell, "kernel", None) is not None:
-        display(verdict)
+        display(verdict._repr_mimebundle_(), raw=True)
     else:
         print(verdict.text)
