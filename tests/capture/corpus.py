@@ -657,3 +657,79 @@ def break_in_except_handler(x):
         print("caught the shape error")
         w = z
     return w * 2
+
+
+# ----- objects of user classes made inside the function ----------------------------------------
+
+class Point:
+    def __init__(self, x, y):
+        self.x = x
+        self.y = y
+        self.moves = 0
+
+    def norm(self):
+        return (self.x ** 2 + self.y ** 2).sqrt()
+
+    def move(self, dx):
+        self.x = self.x + dx
+        self.moves += 1
+        return self
+
+    @property
+    def total(self):
+        return self.x + self.y
+
+
+class Point3(Point):
+    def __init__(self, x, y, z):
+        super().__init__(x, y)
+        self.z = z
+
+    def norm(self):
+        return (super().norm() ** 2 + self.z ** 2).sqrt()
+
+
+@case(lambda: [(t(3, seed=i), t(3, seed=i + 3)) for i in range(3)])
+def new_object_attributes_and_methods(a, b):
+    p = Point(a, b)
+    p.move(1.0).move(a)
+    return p.norm() * p.moves + p.total, isinstance(p, Point)
+
+
+@case(lambda: [(t(3, seed=i, grad=True), t(3, seed=i + 3)) for i in range(3)], grad=True)
+def new_object_returned_and_in_a_list(a, b):
+    p = Point3(a.sin(), b, a * b)
+    q = Point(p.norm(), 2.0)
+    pts = [p, q]
+    return pts, q, pts[0].z
+
+
+POINTS: list = []
+
+
+@dataclass
+class Pair:
+    a: torch.Tensor
+    b: float = 2.0
+    tags: list = field(default_factory=list)
+
+    def scaled(self):
+        return self.a * self.b
+
+
+@case(three(3), state=lambda: [(p.a.clone(), p.b, list(p.tags)) for p in POINTS],
+      reset=POINTS.clear)
+def new_dataclass_stored_in_a_global_list(x):
+    pair = Pair(x.cos())
+    pair.tags.append("made")
+    POINTS.append(pair)
+    return pair.scaled() + len(POINTS)
+
+
+@case(three(3), dynamo_differs="Dynamo 2.13 never starts tracing the resume function when an "
+      "object made in the frame is live across the break (1 graph); toycomp captures it (2)")
+def new_object_live_at_a_graph_break(x):
+    p = Point(x.sin(), x.cos())
+    print("moves so far:", p.moves)
+    p.move(2.0)
+    return p.norm(), p.moves

@@ -288,3 +288,57 @@ def test_an_unsupported_opcode_is_a_break_that_names_it():
     report = explain(f, x)
     assert report.graph_count == 1 and "DELETE_ATTR" in report.break_reasons[0]
     assert not hasattr(x, "shape_cache")
+
+
+class Vec:
+    def __init__(self, x, scale=2.0):
+        self.x = x * scale
+
+    def double(self):
+        self.x = self.x * 2
+        return self
+
+
+class Slotted:
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+
+class WithNew:
+    def __new__(cls, x):
+        obj = super().__new__(cls)
+        obj.made_by_new = True
+        return obj
+
+    def __init__(self, x):
+        self.x = x
+
+
+def test_a_new_user_object_is_traced_not_a_break():
+    def f(x):
+        v = Vec(x.sin()).double()
+        return v, v.x + 1
+
+    x = torch.randn(3)
+    report = explain(f, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    assert "object.__new__(" in report.transformed_code[0]
+    v, y = report.out
+    assert type(v) is Vec and y is not v.x
+    torch.testing.assert_close(v.x, x.sin() * 4)
+    torch.testing.assert_close(y, x.sin() * 4 + 1)
+
+
+@pytest.mark.parametrize("cls, why", [(Slotted, "__slots__"), (WithNew, "__new__")])
+def test_classes_the_tracer_cannot_model_break_with_a_named_reason(cls, why):
+    def f(x):
+        obj = cls(x.cos())
+        return obj.x * 2, type(obj).__name__
+
+    x = torch.randn(3)
+    report = explain(f, x)
+    assert any(why in r and cls.__name__ in r for r in report.break_reasons), report.break_reasons
+    torch.testing.assert_close(report.out[0], x.cos() * 2)
+    assert report.out[1] == cls.__name__

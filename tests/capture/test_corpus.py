@@ -33,7 +33,11 @@ def snapshot(value):
             else tuple(snapshot(v) for v in value)
     if isinstance(value, dict):
         return {k: snapshot(v) for k, v in value.items()}
-    return copy.deepcopy(value) if not isinstance(value, torch.nn.Module) else None
+    if isinstance(value, torch.nn.Module):
+        return None
+    if hasattr(value, "__dict__") and not isinstance(value, type):  # a user object: its state
+        return type(value).__qualname__, snapshot(vars(value))
+    return copy.deepcopy(value)
 
 
 def run(case, fn, calls):

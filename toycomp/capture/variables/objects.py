@@ -60,12 +60,13 @@ class UserDefinedObjectVariable(VariableTracker):
 
     def class_attr(self, tx, name):
         """Look ``name`` up on the class (functions become bound methods, properties run)."""
-        cls = type(self.value)
+        cls = self.python_type()
         try:
             attr = inspect.getattr_static(cls, name)
         except AttributeError:
             raise Unsupported(f"{cls.__name__} has no attribute {name!r}") from None
-        fn_source = self.source and AttrSource(AttrSource(self.source, "__class__"), name)
+        cls_source = self.class_source()
+        fn_source = cls_source and AttrSource(cls_source, name)
         if isinstance(attr, staticmethod):
             return tx.output.wrap(attr.__func__, fn_source)
         if isinstance(attr, classmethod):
@@ -77,6 +78,13 @@ class UserDefinedObjectVariable(VariableTracker):
             return UserMethodVariable(attr, self, fn_source)
         if callable(attr) and not isinstance(attr, type):
             raise Unsupported(f"method {cls.__name__}.{name} is not Python code")
+        return self.plain_class_attr(tx, name)
+
+    def class_source(self):
+        return self.source and AttrSource(self.source, "__class__")
+
+    def plain_class_attr(self, tx, name):
+        """A class attribute that is not a method (a constant, a nested class...)."""
         source = self.source and AttrSource(self.source, name)
         return tx.output.wrap(getattr(self.value, name), source)
 
@@ -149,11 +157,14 @@ class NNModuleVariable(UserDefinedObjectVariable):
 
 
 class UserDefinedClassVariable(ValueVariable):
-    """A class (guarded by identity): usable in isinstance and attribute reads, not called."""
+    """A class (guarded by identity): usable in isinstance and attribute reads; calling it makes
+    a ``NewObjectVariable`` (``why_not_constructible`` says which classes cannot)."""
 
     def var_getattr(self, tx, name):
-        attr = inspect.getattr_static(self.value, name)
         src = self.source and AttrSource(self.source, name)
+        if not any(name in vars(klass) for klass in self.value.__mro__):
+            return tx.output.wrap(getattr(self.value, name), src)  # from type: __name__...
+        attr = inspect.getattr_static(self.value, name)
         if isinstance(attr, (staticmethod, classmethod)):
             attr = attr.__func__
             if isinstance(inspect.getattr_static(self.value, name), classmethod):
@@ -161,7 +172,87 @@ class UserDefinedClassVariable(ValueVariable):
         return tx.output.wrap(attr, src)
 
     def call_function(self, tx, args, kwargs):
-        raise Unsupported(f"creating an object of user class {self.value.__qualname__}")
+        """``Point(x, y)``: a new object, tracked while tracing, ``__init__`` inlined on it."""
+        cls = self.value
+        why = why_not_constructible(cls)
+        if why:
+            raise Unsupported(f"creating an object of user class {cls.__qualname__}: {why}")
+        obj = NewObjectVariable(cls, self.source)
+        init = inspect.getattr_static(cls, "__init__")
+        if init is object.__init__:
+            if args or kwargs:
+                raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+            return obj
+        init_source = self.source and AttrSource(self.source, "__init__")
+        UserMethodVariable(init, obj, init_source).call_function(tx, args, kwargs)
+        return obj
+
+
+def why_not_constructible(cls) -> str | None:
+    """Why a new object of ``cls`` cannot be traced (None: it can). The tracer models an
+    object as ``object.__new__(cls)`` plus an instance ``__dict__`` of trackers."""
+    if type(cls) is not type:
+        return f"it has a metaclass ({type(cls).__name__})"
+    if cls.__new__ is not object.__new__:
+        return "it defines __new__ (or subclasses a builtin type)"
+    if any("__slots__" in vars(klass) for klass in cls.__mro__):
+        return "it has __slots__"
+    for hook in ("__setattr__", "__getattribute__", "__delattr__"):
+        if getattr(cls, hook) is not getattr(object, hook):
+            return f"it defines {hook}"
+    init = inspect.getattr_static(cls, "__init__")
+    if init is not object.__init__ and not isinstance(init, types.FunctionType):
+        return "its __init__ is not Python code"
+    return None
+
+
+class NewObjectVariable(UserDefinedObjectVariable):
+    """An object made by the traced code (``p = Point(x, y)``): no real object exists while
+    tracing; its attributes live in ``overrides``. Stores to it are not side effects: if it
+    escapes (returned, stored in a list or a global, live at a graph break) it is rebuilt
+    after the graph, in its final state::
+
+        __tmp0 = object.__new__(G['Point'])
+        __tmp0.x = __graph_out[0]
+        __tmp0.y = __graph_out[1]
+
+    NB: in PyTorch this is ``SideEffects.track_object_new`` and ``codegen_save_tempvars``."""
+
+    def __init__(self, cls, cls_source=None):
+        super().__init__(None, None)
+        del self.value  # no real object (``is`` compares trackers)
+        self.cls = cls
+        self.cls_source = cls_source
+
+    def python_type(self):
+        return self.cls
+
+    def instance_attr(self, tx, name):
+        return None  # the instance dict is ``overrides``
+
+    def class_source(self):
+        return self.cls_source
+
+    def plain_class_attr(self, tx, name):
+        source = self.cls_source and AttrSource(self.cls_source, name)
+        return tx.output.wrap(getattr(self.cls, name), source)
+
+    def setattr(self, tx, name, value):
+        if hasattr(inspect.getattr_static(self.cls, name, None), "__set__"):
+            raise Unsupported(f"store to the descriptor {self.cls.__name__}.{name}")
+        self.overrides[name] = value
+
+    def reconstruct(self, codegen):
+        if id(self) in codegen.temps:
+            return codegen.temps[id(self)]
+        cls = self.cls_source.code() if self.cls_source else codegen.constant(self.cls)
+        name = codegen.new_object(self, f"object.__new__({cls})")
+        for attr, value in self.overrides.items():
+            codegen.lines.append(f"{name}.{attr} = {codegen.reconstruct(value)}")
+        return name
+
+    def __repr__(self):
+        return f"NewObjectVariable({self.cls.__name__})"
 
 
 class SuperVariable(VariableTracker):
@@ -172,14 +263,25 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
-        mro = type(self.obj.value).__mro__
+        mro = self.obj.python_type().__mro__
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if isinstance(attr, types.FunctionType):
                     return UserMethodVariable(attr, self.obj, None)
+                if attr is object.__init__:  # super().__init__() at the top of a hierarchy
+                    return ObjectInitVariable()
                 raise Unsupported(f"super().{name} is not a Python function")
         raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class ObjectInitVariable(VariableTracker):
+    """``object.__init__`` bound to an object: takes no arguments, does nothing."""
+
+    def call_function(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("object.__init__() takes no arguments")
+        return ConstantVariable(None)
 
 
 class PythonModuleVariable(ValueVariable):
