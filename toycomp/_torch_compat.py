@@ -182,3 +182,69 @@ def aten_decomposition(op):  # exercises/nb03.py: PyTorch's own decomposition of
     from torch._decomp import decomposition_table
 
     return decomposition_table.get(op)
+
+
+# -- symbolic sizes (dynamic shapes) -----------------------------------------------------------
+def sym_expr(x):  # symbolic_shapes.py: the sympy expression of a SymInt / SymFloat / SymBool
+    """``s0 * 3`` for a SymInt standing for it (``x.node.expr``: SymNode is private)."""
+    return x.node.expr
+
+
+def sym_hint(x):  # symbolic_shapes.py: a SymInt's value on the example inputs
+    """The value a SymInt had on the inputs it was traced with (None for data-dependent ones)."""
+    return x.node.hint
+
+
+def _shape_env():
+    """A ``ShapeEnv`` naming its symbols s0, s1, ... in creation order (PyTorch >= 2.9 names
+    them by a hash of their source, s77, to keep names stable across recompiles)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    class SequentialShapeEnv(ShapeEnv):
+        def _generate_unique_id(self, source_name):
+            self.unique_ids.add(len(self.unique_ids))
+            return len(self.unique_ids) - 1
+
+    # Like Dynamo's defaults: an op whose output shape depends on data (nonzero) or an .item()
+    # raises, as it does without a ShapeEnv, rather than making a data-dependent symbol.
+    return SequentialShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+
+
+def symbolic_fake_tensor_mode():  # capture/output_graph.py: compile with dynamic shapes
+    """A fresh ``FakeTensorMode`` with a ``ShapeEnv``: fake tensors may have symbolic sizes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(shape_env=_shape_env())
+
+
+def fake_with_symbols(mode, t, dims: list, name: str):  # capture/output_graph.py
+    """``mode``'s fake tensor for ``t``; ``dims[i]`` says how dimension i is made: "static",
+    "dynamic" (a fresh symbol) or "duck" (the symbol of an earlier size with the same value).
+    ``name`` (the tensor's guard text) names its sizes in the ShapeEnv's messages."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    kinds = {"static": DimDynamic.STATIC, "dynamic": DimDynamic.DYNAMIC, "duck": DimDynamic.DUCK}
+    context = StatelessSymbolicContext(dynamic_sizes=[kinds[d] for d in dims])
+    return mode.from_tensor(t, symbolic_context=context, source=ConstantSource(name))
+
+
+def fake_mode_shape_env(mode):  # capture: the ShapeEnv of a FakeTensorMode (None: static)
+    return getattr(mode, "shape_env", None)
+
+
+def shape_env_guards(shape_env) -> list:  # capture/guard_builder.py: what the trace assumed
+    """The sympy conditions the trace relied on (``Eq(s0, s1)``, ``s0 > 4``), in order."""
+    return [guard.expr for guard in shape_env.guards]
+
+
+def symbol_range(shape_env, symbol) -> tuple:  # capture: the bounds a symbol was given
+    """(lower, upper) of a symbol's value range; None for an unbounded side."""
+    bounds = shape_env.var_to_range.get(symbol)
+    if bounds is None:
+        return None, None
+
+    def as_int(b):
+        return int(b) if getattr(b, "is_Integer", False) else None  # not int_oo, -int_oo
+
+    return as_int(bounds.lower), as_int(bounds.upper)

@@ -43,6 +43,7 @@ from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
 from toycomp.aot.functionalize import FunctionalRecorder
 from toycomp.aot.tensor_tracker import TensorTracker
 from toycomp.aot.partitioners import default_partition
+from toycomp.symbolic_shapes import is_symbolic
 from toycomp.aot.runtime_wrappers import (
     AOTOutput,
     offset_sensitive_inputs,
@@ -65,10 +66,19 @@ def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
     return outs
 
 
-def _clone_input(x: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    """A private copy of an input (same strides), so tracing never mutates the user's data."""
+def _requires_grad(x: Any) -> bool:
+    """Does this input need a gradient? (A size input, a SymInt or int, never does.)"""
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+def _clone_input(x: Any, requires_grad: bool) -> Any:
+    """A private copy of an input (same strides), so tracing never mutates the user's data.
+
+    A size input (a SymInt, with dynamic shapes: Dynamo's ``s0`` placeholders) is itself."""
+    if is_symbolic(x) or type(x) is int:
+        return x
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"toycomp.aot: inputs must be tensors, got {type(x).__name__}")
+        raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
     dense = is_dense(x)
     clone = copy_like(x, x) if dense else x.detach().clone(memory_format=torch.contiguous_format)
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
@@ -84,7 +94,7 @@ def _as_passed(primal: torch.Tensor) -> torch.Tensor:
     backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
     (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
     """
-    return primal.clone() if primal.requires_grad else primal
+    return primal.clone() if _requires_grad(primal) else primal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +114,8 @@ def _input_mutations(tracker: TensorTracker, passed: list, grad_fns: list, input
     """
     mutations = []
     for i, (p, placeholder) in enumerate(zip(passed, tracker.placeholders)):
+        if not isinstance(p, torch.Tensor):
+            continue  # a size
         node = tracker.read(p, f"the input-mutation epilogue (input {i})")
         if node is placeholder:
             continue
@@ -126,8 +138,10 @@ class _Trace:
     values: dict[str, torch.Tensor]  # real value of every node, by node name
 
     def examples(self, gm: fx.GraphModule) -> list[torch.Tensor]:
-        """The real values of ``gm``'s placeholders (the compilers' example inputs)."""
-        return [self.values[n.name] for n in gm.graph.nodes if n.op == "placeholder"]
+        """The real values of ``gm``'s placeholders (the compilers' example inputs); a size
+        computed in the graph is its SymInt (``meta["val"]``)."""
+        return [self.values.get(n.name, n.meta.get("val"))
+                for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
 
 def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
@@ -153,23 +167,23 @@ def _trace_backward(
                 for i in diff]  # fmt: skip
     for k, t in enumerate(tangents):
         recorder.tracker.placeholder(f"tangents_{k + 1}", t)
-    wrt = [p for p in primals if p.requires_grad]
+    wrt = [p for p in primals if _requires_grad(p)]
     grads = [None] * len(wrt)
     if diff:
         with recorder:
             grads = torch.autograd.grad([outs[i] for i in diff], wrt, tangents, allow_unused=True)
     it = iter(grads)
-    return [recorder.tracker.read(next(it), "gradient") if p.requires_grad else None
+    return [recorder.tracker.read(next(it), "gradient") if _requires_grad(p) else None
             for p in primals]  # fmt: skip
 
 
 def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
     tracker = TensorTracker()
     recorder = FunctionalRecorder(tracker)
-    primals = [_clone_input(x, joint and x.requires_grad) for x in inputs]
+    primals = [_clone_input(x, joint and _requires_grad(x)) for x in inputs]
     with torch.enable_grad() if joint else torch.no_grad():
         passed = [_as_passed(p) for p in primals]  # [Note: mutated inputs that require grad]
-        grad_fns = [p.grad_fn for p in passed]
+        grad_fns = [getattr(p, "grad_fn", None) for p in passed]
         for i, p in enumerate(passed):
             tracker.placeholder(f"primals_{i + 1}", p)
         with recorder:
@@ -184,6 +198,7 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
     tracker.graph.output((*out_nodes, *[m.node for m in mutations], *grad_nodes))
     tracker.graph.eliminate_dead_code()
+    tracker.bind_symbols()  # [Note: sizes in the recorded graph]
     tracker.graph.lint()
     gm = fx.GraphModule(tracker.constants, tracker.graph)
     gm.meta.update(
@@ -191,7 +206,7 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
         num_user_outputs=len(outs),
         mutated_inputs=[m.index for m in mutations],
         diff_outputs=diff_outputs,
-        requires_grad=[p.requires_grad for p in primals],
+        requires_grad=[_requires_grad(p) for p in primals],
         grad_inputs=[i for i, g in enumerate(grad_nodes) if g is not None],
         output_alias_info=output_alias_info(outs, passed),
     )
@@ -246,7 +261,7 @@ def aot_function(
     """
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
-    joint = torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs)
+    joint = torch.is_grad_enabled() and any(_requires_grad(x) for x in example_inputs)
     # [Note: tracing on fake tensors] Given the capture's fake tensors (shapes, strides,
     # dtypes, no data), the joint trace runs under their FakeTensorMode: no computation on
     # real data and no random numbers drawn. The compilers then get fake example inputs.

@@ -134,17 +134,22 @@ def functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[i
 
 
 # -- memory and layout --------------------------------------------------------------------------
-def copy_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible)."""
+def copy_like(t: torch.Tensor, like: torch.Tensor | tuple) -> torch.Tensor:
+    """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible);
+    ``like`` is a tensor or a (shape, strides) pair."""
+    shape, stride = (like.shape, like.stride()) if isinstance(like, torch.Tensor) else like
     try:
-        out = torch.empty_strided(like.shape, like.stride(), dtype=t.dtype, device=t.device)
+        out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
         return out.copy_(t.detach())
     except RuntimeError:  # e.g. expanded (stride 0) layouts cannot be written to
         return t.detach().clone(memory_format=torch.contiguous_format)
 
 
 def storage_key(t: torch.Tensor) -> tuple | None:
-    """Equal for tensors sharing a storage; None for an empty storage (shares nothing)."""
+    """Equal for tensors sharing a storage; None for an empty storage (shares nothing), and
+    for a size (an int or SymInt input)."""
+    if not isinstance(t, torch.Tensor):
+        return None
     storage = t.untyped_storage()
     if storage.nbytes() == 0:
         return None

@@ -54,11 +54,12 @@ import torch
 import torch.fx as fx
 
 from toycomp.aot.compile_utils import fx_graph_cse, is_random
+from toycomp.symbolic_shapes import free_symbols, hint, is_symbolic, sym_expr
 
 __all__ = [
-    "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph",
+    "RECOMPUTABLE_OPS", "VIEW_OPS", "default_partition", "extract_graph", "is_size",
     "min_cut_rematerialization_partition", "saved_bytes", "should_ban_recomputation",
-    "solve_min_cut",
+    "solve_min_cut", "with_sizes",
 ]  # fmt: skip
 
 aten = torch.ops.aten
@@ -120,6 +121,37 @@ def extract_graph(
     return fx.GraphModule(joint, graph)
 
 
+def is_size(node: fx.Node) -> bool:
+    """Does ``node`` compute a size (a SymInt or an int), not a tensor?"""
+    return is_symbolic(node.meta.get("val")) or type(node.meta.get("val")) is int
+
+
+def with_sizes(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.Node]) -> list:
+    """The saved values, tensors first, then the sizes the backward needs.
+
+    [Note: saving sizes] With dynamic shapes the backward's inputs have symbolic sizes
+    (``tangents_1`` is (s0, 3)), and its compiler must know every symbol of them at run time,
+    not only those its ops read. Like PyTorch's partitioner (``saved_sym_nodes``), we save a
+    node holding each such symbol (a SymInt primal, or ``aten.sym_size.int`` of a primal); the
+    forward returns them after the saved tensors, and the backward takes them in that order.
+    """
+    tensors = [n for n in saved if not is_size(n)]
+    sizes = [n for n in saved if is_size(n)]
+    bound = {sym_expr(n.meta["val"]) for n in sizes if is_symbolic(n.meta["val"])}
+    holders: dict = {}
+    for node in joint.graph.nodes:
+        val = node.meta.get("val")
+        if is_symbolic(val) and sym_expr(val).is_Symbol:
+            holders.setdefault(sym_expr(val), node)
+    for node in tensors + sizes + tangents:
+        for symbol in sorted(free_symbols(node.meta.get("val")) - bound, key=str):
+            if symbol not in holders:
+                raise RuntimeError(f"partitioner: no node of the joint graph holds {symbol}")
+            sizes.append(holders[symbol])
+            bound.add(symbol)
+    return tensors + sizes
+
+
 def _forward_nodes(fwd_outputs: list[fx.Node], primals: list[fx.Node]) -> set[fx.Node]:
     """The joint nodes that the forward graph holds.
 
@@ -127,8 +159,13 @@ def _forward_nodes(fwd_outputs: list[fx.Node], primals: list[fx.Node]) -> set[fx
     Exactly the ancestors of the forward outputs, plus every primal (the forward takes them
     all). A multi-output node (native_batch_norm...) cannot be saved as a tuple, so its
     getitem projections join the forward graph and are saved instead (PyTorch does the same).
+    A size computed from the primals alone (``3 * primals_1``, ``sym_size(primals_2, 0)``) is
+    a forward node too: saving it costs nothing, unlike the tensor it may be read from.
     """
     fwd_nodes = _ancestors(fwd_outputs) | set(primals)
+    for node in primals[0].graph.nodes if primals else ():
+        if is_size(node) and node.op == "call_function" and set(node.all_input_nodes) <= fwd_nodes:
+            fwd_nodes.add(node)
     for node in list(fwd_nodes):
         if isinstance(node.meta.get("val"), (tuple, list)):
             fwd_nodes.update(u for u in node.users if u.target is operator.getitem)
@@ -165,6 +202,8 @@ def default_partition(
     reached = _ancestors(bwd_outputs, stop=savable)
     bwd_nodes = {n for n in reached if n not in savable}
     saved = [n for n in joint.graph.nodes if n in reached and n in savable]
+    saved = with_sizes(joint, saved, tangents)  # [Note: saving sizes]
+    fwd_nodes |= _ancestors(saved)
     if any(_is_primal(n) for n in bwd_nodes) or any(_is_tangent(n) for n in fwd_nodes):
         raise RuntimeError("default_partition: primals/tangents ended up on the wrong side")
 
@@ -224,11 +263,13 @@ def _weight(node: fx.Node) -> float:
     ``recompute_views``): its base is, and the backward takes the view again for free.
     """
     val = node.meta.get("val")
+    if is_size(node):  # a number: as cheap as it gets ([Note: saving sizes])
+        return 1
     if not isinstance(val, torch.Tensor):
         return math.inf
     if getattr(node.target, "overloadpacket", None) in VIEW_OPS:
         return math.inf
-    return val.numel() * val.element_size()
+    return hint(val.numel()) * val.element_size()  # a symbolic size weighs its example value
 
 
 def _tangent_closure(joint: fx.GraphModule, tangents: list[fx.Node]) -> set[fx.Node]:
@@ -335,6 +376,7 @@ def min_cut_rematerialization_partition(
     reached = _ancestors(bwd_outputs, stop=cut)
     saved = [n for n in joint.graph.nodes if n in reached and n in cut]
     bwd_nodes = reached - cut
+    saved = with_sizes(joint, saved, tangents)  # [Note: saving sizes]
     fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
     banned = [n for n in bwd_nodes & fwd_nodes if _is_primal(n) or should_ban_recomputation(n)]
     if banned or any(_is_tangent(n) for n in fwd_nodes):  # impossible for a finite cut
@@ -348,4 +390,5 @@ def saved_bytes(forward: fx.GraphModule, saved_values: list[str]) -> int:
     """Bytes of the saved values (each counted as if it had its own storage: views and inputs
     may in fact share memory with tensors that are alive anyway)."""
     vals = {n.name: n.meta.get("val") for n in forward.graph.nodes}
-    return sum(vals[name].numel() * vals[name].element_size() for name in saved_values)
+    tensors = [vals[name] for name in saved_values if isinstance(vals[name], torch.Tensor)]
+    return sum(hint(t.numel()) * t.element_size() for t in tensors)  # sizes: example values

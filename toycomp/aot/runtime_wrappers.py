@@ -42,6 +42,7 @@ import torch
 import torch.fx as fx
 
 from toycomp.aot.functional_utils import copy_like, storage_key
+from toycomp.symbolic_shapes import SymbolicInputs, symbolic_inputs
 from toycomp.tensor_utils import same_strides
 
 __all__ = [
@@ -176,12 +177,12 @@ class AOTOutput:
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        inputs = [_with_layout(a, meta) for a, meta in zip(args, self._placeholder_vals)]
+        inputs = self._with_layouts(args)
         for i in self.offset_sensitive:
             if args[i].storage_offset() != 0:
                 raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
                                    "applies as_strided to it (traced with offset 0)")  # fmt: skip
-        needs_grad = torch.is_grad_enabled() and any(a.requires_grad for a in args)
+        needs_grad = torch.is_grad_enabled() and any(_requires_grad(a) for a in args)
         if needs_grad:
             self._check_requires_grad(args)
             outs = CompiledFunction.apply(self, *inputs)
@@ -215,7 +216,7 @@ class AOTOutput:
         if self.backward is None:
             raise RuntimeError("toycomp.aot: traced without autograd, but now an input "
                                "requires grad; trace again with the same requires_grad")
-        new_grads = [i for i, a in enumerate(args) if a.requires_grad and not self.requires_grad[i]]
+        new_grads = [i for i, a in enumerate(args) if _requires_grad(a) and not self.requires_grad[i]]
         if new_grads:
             raise RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not "
                                "when traced; trace again")
@@ -250,7 +251,7 @@ class AOTOutput:
             clash += [j for j in range(i) if out_keys[j] == key and j not in info.aliased_outputs]
             if key is not None and clash:  # a copy with eager's strides (traced in meta["val"])
                 eager = self.forward.graph.output_node().args[0][i].meta["val"]
-                outs[i] = copy_like(outs[i], eager)
+                outs[i] = copy_like(outs[i], self._concrete(eager, inputs))
                 out_keys[i] = storage_key(outs[i])
         return outs
 
@@ -269,6 +270,31 @@ class AOTOutput:
         """The traced (meta) value of each forward input, looked up once, not on every call."""
         return [n.meta["val"] for n in self._placeholders()]
 
+    # [Note: inputs with symbolic sizes] With dynamic shapes a forward input's traced value has
+    # sizes such as (s0, 3), and sizes are inputs too (Dynamo's s0). On each call we read every
+    # symbol's value from the first input that holds it (a size input, else a tensor's size),
+    # compute the shapes and strides all inputs must then have, and check them as for static
+    # inputs: a mismatch raises instead of running kernels on the wrong sizes.
+    @functools.cached_property
+    def _symbolic_inputs(self) -> SymbolicInputs | None:
+        return symbolic_inputs(self._placeholder_vals)
+
+    def _with_layouts(self, args: Sequence) -> list:
+        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes])."""
+        sym = self._symbolic_inputs
+        if sym is None:
+            return [_with_layout(a, m.shape, m.stride(), m.dtype)
+                    for a, m in zip(args, self._placeholder_vals)]  # fmt: skip
+        layouts = sym.layouts(args)
+        return [a if layout is None else _with_layout(a, *layout, m.dtype)
+                for a, m, layout in zip(args, self._placeholder_vals, layouts)]  # fmt: skip
+
+    def _concrete(self, meta: torch.Tensor, args: Sequence) -> tuple[tuple, tuple]:
+        """(shape, strides) of a traced value in the call with inputs ``args``."""
+        if self._symbolic_inputs is None:
+            return tuple(meta.shape), meta.stride()
+        return self._symbolic_inputs.evaluate(meta, args)
+
     def __repr__(self) -> str:
         parts = [
             f"AOTOutput(saved_values={self.saved_values}, num_fwd_outputs={self.num_fwd_outputs}"
@@ -283,14 +309,18 @@ class AOTOutput:
         printer.text(repr(self))
 
 
-def _with_layout(arg: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+def _requires_grad(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch.Tensor:
     """``arg`` with the strides it had when traced (a differentiable copy if they differ)."""
-    if not isinstance(arg, torch.Tensor) or (arg.shape, arg.dtype) != (meta.shape, meta.dtype):
-        raise RuntimeError(f"toycomp.aot: expected a {meta.dtype} tensor of shape "
-                           f"{tuple(meta.shape)} like when traced; trace again")  # fmt: skip
-    if arg.stride() == meta.stride() or same_strides(meta, arg):  # the first: a quick check
+    if not isinstance(arg, torch.Tensor) or (arg.shape, arg.dtype) != (shape, dtype):
+        raise RuntimeError(f"toycomp.aot: expected a {dtype} tensor of shape "
+                           f"{tuple(shape)} like when traced; trace again")  # fmt: skip
+    if arg.stride() == stride or same_strides((shape, stride), arg):  # the first: a quick check
         return arg
-    out = torch.empty_strided(meta.shape, meta.stride(), dtype=arg.dtype, device=arg.device)
+    out = torch.empty_strided(shape, stride, dtype=arg.dtype, device=arg.device)
     return out.copy_(arg)
 
 

@@ -47,7 +47,8 @@ from toycomp.aot.functional_utils import (
     same_view,
     storage_key,
 )
-from toycomp._torch_compat import no_fake_mode
+from toycomp._torch_compat import no_fake_mode, tree_map
+from toycomp.symbolic_shapes import is_symbolic, sym_expr, to_fx
 from toycomp.tensor_utils import to_meta_value
 
 __all__ = ["TensorTracker", "Tracked"]
@@ -69,11 +70,19 @@ class TensorTracker:
     """The graph being recorded and which node holds each real tensor's current value.
 
     Fields: ``graph``; ``constants`` (the ``get_attr`` tensors); ``values`` (each node's real
-    value: the example inputs of the compiled graphs); ``placeholders`` in order. Methods:
-    ``placeholder``, ``emit`` / ``emit_results`` (add nodes), ``track`` / ``retrack`` (a tensor
-    now holds a node's value), ``read`` (the node of a tensor's current value), ``lookup`` /
-    ``entry_for`` (its ``Tracked`` entry), ``aliases`` / ``same_storage`` (entries sharing its
-    memory) and ``snapshot`` (keep values an in-place op is about to overwrite).
+    value: the example inputs of the compiled graphs); ``placeholders`` in order; ``sym_nodes``
+    (the node computing each size expression). Methods: ``placeholder``, ``emit`` /
+    ``emit_results`` (add nodes), ``track`` / ``retrack`` (a tensor now holds a node's value),
+    ``read`` (the node of a tensor's current value, or of a SymInt), ``lookup`` / ``entry_for``
+    (its ``Tracked`` entry), ``aliases`` / ``same_storage`` (entries sharing its memory),
+    ``snapshot`` (keep values an in-place op is about to overwrite) and ``bind_symbols``.
+
+    [Note: sizes in the recorded graph] With dynamic shapes a size is a SymInt (``s0``, ``3*s0``)
+    and an op may take it as an argument (``aten.view(x, [3*s0])``). Sizes are values like
+    tensors: a SymInt input is a placeholder, and ``read`` gives the node computing a SymInt's
+    expression, built from the nodes holding its symbols ([Note: sizes are rebuilt from their
+    symbols] in toycomp/symbolic_shapes.py). A symbol with no SymInt input is read from the
+    first input tensor that has it as a size or stride (``aten.sym_size.int(primals_1, 0)``).
     """
 
     def __init__(self) -> None:
@@ -81,12 +90,14 @@ class TensorTracker:
         self.constants: dict[str, torch.Tensor] = {}
         self.values: dict[fx.Node, torch.Tensor] = {}  # real value of each node
         self.placeholders: list[fx.Node] = []
+        self.sym_nodes: dict[Any, fx.Node] = {}  # size expression -> the node computing it
         self._tracked: dict[int, Tracked] = {}
         self._by_storage: dict[tuple, dict[int, Tracked]] = defaultdict(dict)
 
     # -- adding nodes ----------------------------------------------------------------------
-    def placeholder(self, name: str, t: torch.Tensor) -> fx.Node:
-        """Add an input ``name`` after the previous ones; ``t`` holds its value."""
+    def placeholder(self, name: str, t: Any) -> fx.Node:
+        """Add an input ``name`` after the previous ones; ``t`` (a tensor or a SymInt) holds
+        its value."""
         if self.placeholders:
             with self.graph.inserting_after(self.placeholders[-1]):
                 node = self.graph.placeholder(name)
@@ -94,7 +105,12 @@ class TensorTracker:
             node = self.graph.placeholder(name)
         node.meta["val"] = _plain_meta(t)
         self.placeholders.append(node)
-        self.track(t, node)
+        if isinstance(t, torch.Tensor):
+            self.track(t, node)
+        else:  # a size: [Note: sizes in the recorded graph]
+            self.values[node] = t
+            if is_symbolic(t):
+                self.sym_nodes.setdefault(sym_expr(t), node)
         return node
 
     def emit(self, op: Any, args: tuple, kwargs: dict, val: Any, device: Any = None) -> fx.Node:
@@ -102,7 +118,9 @@ class TensorTracker:
 
         ``val`` is the real result (or a tensor laid out like it); when it is only a meta
         description, ``device`` says where the real result lives ([Note: a node's device]).
+        SymInts among the arguments are replaced by the nodes computing them.
         """
+        args, kwargs = tree_map(self.read_size, (args, kwargs))
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         node.meta["val"] = _plain_meta(val)
@@ -112,6 +130,10 @@ class TensorTracker:
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
         """One node per tensor result of ``node``: itself, or a getitem per tuple element."""
         if isinstance(val, torch.Tensor):
+            return [node]
+        if is_symbolic(val):  # aten.sym_size.int & co: the node computes that size from now on
+            self.sym_nodes.setdefault(sym_expr(val), node)
+            self.values[node] = val
             return [node]
         if not isinstance(val, (tuple, list)):
             raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
@@ -173,9 +195,10 @@ class TensorTracker:
                     self.values[entry.node] = copy_like(entry.tensor, entry.tensor)
 
     def read(self, t: Any, op: str) -> Any:
-        """The node holding ``t``'s current value (non-tensors are returned unchanged)."""
+        """The node holding ``t``'s current value, or computing the SymInt ``t`` (other values
+        are returned unchanged)."""
         if not isinstance(t, torch.Tensor):
-            return t
+            return self.read_size(t)
         entry = self.entry_for(t, op)
         if entry.stale:
             raise RuntimeError(
@@ -184,6 +207,49 @@ class TensorTracker:
                 "functionalised by toycomp; use an out-of-place op (x = x * 2, torch.where...)."
             )
         return entry.node
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def read_size(self, value: Any) -> Any:
+        """The node computing a SymInt (built on first use); other values unchanged."""
+        if not is_symbolic(value):
+            return value
+        expr = sym_expr(value)
+        if expr not in self.sym_nodes:
+            node = to_fx(expr, self.graph, self._symbol_node)
+            if not isinstance(node, fx.Node):  # a constant expression: the number itself
+                return node
+            self.sym_nodes[expr] = node
+        return self.sym_nodes[expr]
+
+    def _symbol_node(self, symbol: Any) -> fx.Node:
+        """The node holding ``symbol``: a SymInt input, or a size of an input tensor."""
+        if symbol in self.sym_nodes:
+            return self.sym_nodes[symbol]
+        for node in self.placeholders:
+            val = self.values[node]
+            if not isinstance(val, torch.Tensor):
+                continue
+            for op, sizes in ((aten.sym_size.int, val.shape), (aten.sym_stride.int, val.stride())):
+                for dim, size in enumerate(sizes):
+                    if is_symbolic(size) and sym_expr(size) == symbol:
+                        with self.graph.inserting_after(self.placeholders[-1]):
+                            read = self.graph.call_function(op, (node, dim))
+                        read.meta["val"] = size
+                        self.values[read] = size
+                        self.sym_nodes[symbol] = read
+                        return read
+        raise RuntimeError(f"toycomp.aot: no input holds the size {symbol}")
+
+    def bind_symbols(self) -> None:
+        """A node for every symbol of the inputs' sizes (the partitioners save those the
+        backward needs: its inputs' sizes must be known there too)."""
+        for node in list(self.placeholders):
+            val = self.values[node]
+            sizes = (*val.shape, *val.stride()) if isinstance(val, torch.Tensor) else ()
+            for size in sizes:
+                if is_symbolic(size):
+                    for symbol in sym_expr(size).free_symbols:
+                        self._symbol_node(symbol)
 
     def _unknown(self, t: torch.Tensor, op: str) -> Tracked:
         # [Note: tensors the recorder did not see being made]
