@@ -108,7 +108,7 @@ def _generate(code, offset, nulls, local_names) -> tuple[types.CodeType, int]:
     prefix = []
     for i, kind in enumerate(nulls):
         if kind is True:
-            prefix.append(Instr("PUSH_NULL"))
+            prefix.append(push_null())
         elif kind is False:
             prefix.append(Instr("LOAD_FAST", f"__stack{i}"))
         else:
@@ -134,6 +134,21 @@ def _generate(code, offset, nulls, local_names) -> tuple[types.CodeType, int]:
     keep_exception_depths(code, instrs, dict(zip(map(id, real), originals)))
     stacksize = code.co_stacksize + len(prefix) + 4
     return bc.to_code(stacksize=stacksize, compute_exception_stack_depths=False), len(prefix)
+
+
+def call_through(fn, *args, **kwargs):
+    """3.10's stand-in for a NULL below a callable (see ``push_null``)."""
+    return fn(*args, **kwargs)
+
+
+def push_null() -> Instr:
+    """The NULL that 3.10's LOAD_METHOD pushes below a plain callable ([NULL, fn, args...]).
+    3.11+ has PUSH_NULL; 3.10 cannot push a NULL, so it pushes ``call_through`` instead, which
+    CALL_METHOD then calls as the "method" with ``fn`` as its "self": ``call_through(fn, *args)``.
+    """
+    if sys.version_info >= (3, 11):
+        return Instr("PUSH_NULL")
+    return Instr("LOAD_CONST", call_through)
 
 
 def keep_exception_depths(code, instrs, original_of: dict) -> None:
