@@ -9,6 +9,8 @@
 #                           every notebook; ARGS go to pytest (paths among them replace the
 #                           default targets)
 #   ./dev.sh python [ARGS]  setup, then run the venv's python
+#   ./dev.sh student [NN..] setup, then generate the student notebooks notebooks/0N_*.ipynb from
+#                           the solved ones in notebooks/solutions/ (all, or those numbered NN)
 #
 # Set-up is idempotent: it reinstalls only when requirements.txt, pyproject.toml, this script or the
 # Python version changed (a hash stamp kept in .venv). Environment: PYTHON picks the interpreter
@@ -19,12 +21,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 STAMP="$VENV/.toycomp-setup-stamp"
-NOTEBOOKS=(
-    notebooks/01_graph_capture.ipynb
-    notebooks/02_aot_autograd.ipynb
-    notebooks/03_prims.ipynb
-    notebooks/04_inductor_triton.ipynb
-)
+# The notebooks nbval checks: the ones students open, notebooks/0*.ipynb, and the solved ones
+# they are generated from, notebooks/solutions/0*.ipynb (python -m toycomp.exercises generate).
+NOTEBOOK_GLOBS=(notebooks/0*.ipynb notebooks/solutions/0*.ipynb)
 SANITIZE="$ROOT/.ci/nbval_sanitize.cfg"
 # Stable set/dict-of-str ordering in pytest and in the notebook kernels it (or JupyterLab) starts,
 # so that notebook outputs produced by `./dev.sh lab` match those of `./dev.sh test`.
@@ -242,12 +241,13 @@ cmd_test() {
         esac
     done
     if [ ${#targets[@]} -eq 0 ]; then
-        # The four chapters must exist; any further notebook in notebooks/ is checked too.
-        local notebooks=("${NOTEBOOKS[@]}") nb
-        for nb in notebooks/*.ipynb; do
-            case " ${notebooks[*]} " in *" $nb "*) ;; *) [ -e "$nb" ] && notebooks+=("$nb") ;; esac
-        done
+        local notebooks=() nb
+        for nb in "${NOTEBOOK_GLOBS[@]}"; do [ -e "$nb" ] && notebooks+=("$nb"); done
+        [ ${#notebooks[@]} -gt 0 ] || die "no notebooks found in notebooks/"
         check_notebooks "${notebooks[@]}" || die "fix the notebooks above"
+        # The student notebooks must be what the solved ones generate (sources; nbval checks
+        # the outputs of both).
+        "$VPY" -m toycomp.exercises check || die "the student notebooks are stale (./dev.sh student)"
         targets=(tests "${notebooks[@]}")
     fi
     command -v dot >/dev/null 2>&1 \
@@ -274,8 +274,9 @@ main() {
         lab) cmd_lab "$@" ;;
         test) cmd_test "$@" ;;
         python) setup && exec "$VPY" "$@" ;;
+        student) setup && exec "$VPY" -m toycomp.exercises generate "$@" ;;
         *)
-            sed -n '2,15p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
+            sed -n '2,17p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
             [ -z "$sub" ] || [ "$sub" = help ]
             ;;
     esac

@@ -1,0 +1,48 @@
+"""``python -m toycomp.exercises``: generate the student notebooks, check them, grade a notebook.
+
+    python -m toycomp.exercises generate [02 03 ...]   solved -> student notebooks (executed)
+    python -m toycomp.exercises check                  exit 1 if a student notebook is stale
+    python -m toycomp.exercises grade NOTEBOOK... [--no-run]   score tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from toycomp.exercises import grading, notebooks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toycomp.exercises", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="write notebooks/0N_*.ipynb from notebooks/solutions/")
+    gen.add_argument("names", nargs="*", help="notebook numbers (02 03 ...); default: all")
+    gen.add_argument("--no-run", action="store_true", help="do not execute them")
+    sub.add_parser("check", help="fail if a student notebook is not what generate makes")
+    grade = sub.add_parser("grade", help="run a notebook's checks and print a score table")
+    grade.add_argument("notebooks", nargs="+")
+    grade.add_argument("--no-run", action="store_true", help="read the saved outputs instead")
+    args = parser.parse_args(argv)
+
+    if args.command == "generate":
+        for path in notebooks.generate(args.names, run=not args.no_run):
+            print(f"wrote {path.relative_to(notebooks.ROOT)}")
+        return 0
+    if args.command == "check":
+        problems = notebooks.check_generated()
+        for line in problems:
+            print(f"ERROR: {line}", file=sys.stderr)
+        if problems:
+            print("regenerate them: python -m toycomp.exercises generate", file=sys.stderr)
+            return 1
+        print(f"student notebooks up to date ({len(notebooks.solved_notebooks())} generated)")
+        return 0
+    for path in args.notebooks:
+        print(grading.format_table(path, grading.grade(path, run=not args.no_run)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
