@@ -514,6 +514,18 @@ def aliased_arguments(a, c):
     return c * 2
 
 
+def _views_of_one_tensor():
+    a, b = t(4), t(6, seed=1)
+    return [(t(3), t(3, seed=1)), (a, a.view(-1)), (b[:3], b[2:5]), (a, a), (t(3, seed=2), t(3))]
+
+
+@case(_views_of_one_tensor)
+def aliased_views_in_place(a, c):
+    a.mul_(2)
+    c.add_(1)
+    return a + c, c.sum()
+
+
 @case(three(3), dynamo_differs="Dynamo traces NumPy on tensors (torch._numpy); toycomp breaks")
 def numpy_on_tensor_data_breaks(x):
     y = x * 2

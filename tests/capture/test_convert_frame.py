@@ -342,3 +342,93 @@ def test_classes_the_tracer_cannot_model_break_with_a_named_reason(cls, why):
     assert any(why in r and cls.__name__ in r for r in report.break_reasons), report.break_reasons
     torch.testing.assert_close(report.out[0], x.cos() * 2)
     assert report.out[1] == cls.__name__
+
+
+def functional_backend(gm, example_inputs):
+    """Runs the graph on copies of its inputs and copies the mutated ones back, as AOTAutograd's
+    functionalised graphs behave: a placeholder never sees another one's updates."""
+    def run(*args):
+        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        versions = [getattr(c, "_version", None) for c in copies]
+        out = gm.forward(*copies)
+        with torch.no_grad():  # (kernels such as batch_norm's update buffers unversioned)
+            for a, c, v in zip(args, copies, versions):
+                if isinstance(c, torch.Tensor) and (c._version != v or not torch.equal(a, c)):
+                    a.copy_(c)
+        return out
+    return run
+
+
+def _mutate_one_read_other(a, c):
+    a.add_(1)
+    return c * 2
+
+
+ALIASED_CALLS = {
+    "view": lambda t: (t, t.view(-1)),
+    "slice": lambda t: (t[:3], t[1:]),
+    "same object": lambda t: (t, t),
+    "distinct": lambda t: (t, t.clone()),
+}
+
+
+def test_arguments_that_share_memory_match_eager_when_the_graph_mutates_one():
+    cf = compile_frame(_mutate_one_read_other, functional_backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in ["distinct", "view", "slice", "same object", "distinct", "view"]:
+            got_t, want_t = torch.arange(4.0), torch.arange(4.0)
+            got = cf(*ALIASED_CALLS[name](got_t))
+            want = _mutate_one_read_other(*ALIASED_CALLS[name](want_t))
+            torch.testing.assert_close(got, want, msg=name)
+            torch.testing.assert_close(got_t, want_t, msg=name)
+    messages = [str(w.message) for w in caught]
+    assert any("shares memory" in m and "L['a'] and L['c']" in m for m in messages), messages
+    source = "\n".join(e.check.source for e in cf.entries)
+    assert "not shares_memory(L['a'], L['c'])" in source and "L['c'] is L['a']" in source
+
+
+def test_reading_two_views_of_one_tensor_needs_no_guard():
+    def f(a, c):
+        return a + c
+
+    cf = compile_frame(f, functional_backend)
+    t = torch.arange(3.0)
+    torch.testing.assert_close(cf(t, t.clone()), f(t, t.clone()))
+    torch.testing.assert_close(cf(t, t.view(-1)), f(t, t.view(-1)))
+    assert len(cf.entries) == 1 and "shares_memory" not in cf.entries[0].check.source
+
+
+GLOBAL_W = torch.ones(3)
+
+
+def test_an_argument_that_is_a_global_tensor_is_guarded():
+    def reads(x):
+        return x + GLOBAL_W
+
+    def mutates(x):
+        x.add_(1)
+        return GLOBAL_W * 2
+
+    for fn in (reads, mutates):
+        cf = compile_frame(fn, functional_backend)
+        for arg in ["other", "global", "other", "global"]:
+            GLOBAL_W.fill_(1.0)
+            got = cf(GLOBAL_W if arg == "global" else torch.zeros(3)).clone()
+            GLOBAL_W.fill_(1.0)
+            want = fn(GLOBAL_W if arg == "global" else torch.zeros(3))
+            torch.testing.assert_close(got, want, msg=f"{fn.__name__}, {arg}")
+    GLOBAL_W.fill_(1.0)
+
+
+def test_views_sharing_memory_through_the_whole_pipeline():
+    import toycomp
+
+    cf = toycomp.compile(_mutate_one_read_other)
+    for name in ["distinct", "view"]:
+        got_t, want_t = torch.arange(3.0), torch.arange(3.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = cf(*ALIASED_CALLS[name](got_t))
+        torch.testing.assert_close(got, _mutate_one_read_other(*ALIASED_CALLS[name](want_t)))
+        torch.testing.assert_close(got_t, want_t)

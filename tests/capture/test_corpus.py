@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.capture.corpus import CASES, KW
+from tests.capture.test_convert_frame import functional_backend
 from toycomp.capture.convert_frame import compile_frame, explain
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -97,7 +98,7 @@ def test_matches_eager(name):
     case = CASES[name]
     calls = case.calls()
     expected = run(case, case.fn, calls)
-    compiled = compile_frame(case.fn, lambda gm, example_inputs: gm.forward)
+    compiled = compile_frame(case.fn, functional_backend)
     got = run(case, compiled, calls)
     for i, (e, g) in enumerate(zip(expected, got)):
         for field, ev, gv in zip(FIELDS, e, g):

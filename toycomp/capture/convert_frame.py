@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp.capture.output_graph import OutputGraph
+from toycomp.capture.output_graph import AliasedInputs, OutputGraph
 from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
 from toycomp.capture.transformed_code import TransformedCode, build_transformed
 from toycomp.capture.variables.base import SkipFrame, Unsupported
@@ -158,12 +158,25 @@ class CompiledFrame:
                                             self.context.frame_for, index)
         except Unsupported as e:
             return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
+        except AliasedInputs as e:  # guarded: only inputs aliased this way run eagerly
+            return self.eager_entry(output, e.reason)
         check = output.guards.compile()
         plan = tx.plan
         is_break = isinstance(plan, Break)
         self.context.log.append(CompileRecord(
             self.fn.__qualname__, transformed, check.source,
             plan.reason if is_break else None, plan.location if is_break else None))
+        return CacheEntry(check, transformed)
+
+    def eager_entry(self, output, reason: str) -> CacheEntry:
+        """An entry that runs ``fn`` eagerly for the inputs its guards accept."""
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warnings.warn(f"toycomp: {self.fn.__qualname__}: {reason}", stacklevel=4)
+        check = output.guards.compile()
+        transformed = TransformedCode(self.fn, f"# {self.fn.__qualname__} runs eagerly: {reason}")
+        self.context.log.append(CompileRecord(self.fn.__qualname__, transformed, check.source,
+                                              f"runs eagerly: {reason}"))
         return CacheEntry(check, transformed)
 
     def give_up(self, reason: str) -> None:

@@ -120,8 +120,14 @@ class GuardBuilder:
         self.add(f"list({source.name()}.keys()) == {self.constant(list(keys))}")
 
     def alias_match(self, a: Source, b: Source, same: bool) -> None:
-        """Which tensor arguments are the same object (``a.add_(1); return c * 2``)."""
+        """Which tensor inputs are the same object (``a.add_(1); return c * 2``)."""
         self.add(f"{a.name()} {'is' if same else 'is not'} {b.name()}")
+
+    def storage_overlap(self, a: Source, b: Source, overlap: bool) -> None:
+        """Whether two tensor inputs share memory (``t`` and ``t.view(-1)``), when the graph
+        mutates one of them (Dynamo: ``STORAGE_OVERLAPPING``)."""
+        self.env["shares_memory"] = shares_memory
+        self.add(f"{'' if overlap else 'not '}shares_memory({a.name()}, {b.name()})")
 
     def global_state(self) -> None:
         """Grad mode, autocast state and the default dtype, as they are now."""
@@ -137,6 +143,15 @@ class GuardBuilder:
     def compile(self) -> Callable[[dict, dict], bool]:
         """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
         return compile_check(self.conditions, self.env, self.named)
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Are ``a`` and ``b`` the same tensor or views of one storage? (Tensors with no memory,
+    on the meta device or empty, share none.)"""
+    if a is b:
+        return True
+    ptr = a.untyped_storage().data_ptr()
+    return ptr != 0 and ptr == b.untyped_storage().data_ptr() and a.device == b.device
 
 
 def compile_check(

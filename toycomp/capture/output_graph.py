@@ -3,8 +3,9 @@
 The interpreter hands every tensor operation to ``create_call``, which adds one node to
 ``self.graph`` and runs the operation on fake tensors (``FakeTensorMode``: metadata, no data) so
 the result's shape and dtype are known. Tensors read from outside become placeholders through
-``add_input``, which also guards their metadata and which arguments alias each other. Nothing
-here computes on the user's data, and no random numbers are drawn.
+``add_input``, which also guards their metadata and which inputs are the same object; closing
+the graph guards which inputs it mutates share memory with another ([Note: inputs that share
+memory]). Nothing here computes on the user's data, and no random numbers are drawn.
 
 >>> import torch
 >>> from toycomp.capture.sources import LocalSource
@@ -31,7 +32,7 @@ import torch.fx
 
 import toycomp._torch_compat as compat
 from toycomp.capture.codegen import PyCodegen
-from toycomp.capture.guard_builder import GuardBuilder
+from toycomp.capture.guard_builder import GuardBuilder, shares_memory
 from toycomp.capture.side_effects_replay import SideEffects
 from toycomp.capture.sources import AttrSource, LocalSource, Source, placeholder_name
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
@@ -78,15 +79,10 @@ class OutputGraph:
         if source is None:
             raise Unsupported("a tensor read from a place with no source")
         for other_source, other, var in self.inputs:
-            if other is value:
-                if is_argument(source) and is_argument(other_source):
-                    self.guards.alias_match(source, other_source, True)
+            if other is value:  # one placeholder for both: valid only while they are one
+                self.guards.alias_match(source, other_source, True)
                 return TensorVariable(var.proxy, var.example, source, var.cls)
         self.guards.tensor_match(source, value)
-        if is_argument(source):
-            for other_source, _, _ in self.inputs:
-                if is_argument(other_source):
-                    self.guards.alias_match(source, other_source, False)
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
         if first is None:  # (inserting_before(None) would put it first)
             node = self.graph.placeholder(placeholder_name(source))
@@ -95,6 +91,7 @@ class OutputGraph:
                 node = self.graph.placeholder(placeholder_name(source))
         fake = self.fake_mode.from_tensor(value)
         node.meta["example_value"] = fake
+        node.meta["version"] = fake._version  # an in-place op on it bumps it (guard_aliasing)
         node.meta["source"] = source.name()
         var = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, var))
@@ -181,13 +178,56 @@ class OutputGraph:
         """Close the graph: it returns ``outputs``' tensors, as a tuple."""
         self.graph.output(tuple(v.proxy for v in outputs))
         self.graph.lint()
+        self.guard_aliasing()
         return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+
+    def guard_aliasing(self) -> None:
+        """Guard which inputs the graph mutates share memory with another input; raise
+        ``AliasedInputs`` if one does now (see [Note: inputs that share memory])."""
+        mutated = [(s, v) for s, v, var in self.inputs
+                   if var.example._version != var.proxy.meta["version"]]
+        shared, done = [], set()
+        for ms, mv in mutated:
+            for s, v, _ in self.inputs:
+                pair = frozenset((ms, s))
+                if s is ms or pair in done or not (is_argument(s) or is_argument(ms)):
+                    continue
+                done.add(pair)
+                overlap = shares_memory(mv, v)
+                self.guards.storage_overlap(ms, s, overlap)
+                if overlap:  # (the same object twice is one placeholder: compiled, not here)
+                    self.guards.alias_match(ms, s, False)
+                    shared.append(f"{ms.name()} and {s.name()}")
+        if shared:
+            raise AliasedInputs(
+                f"the graph mutates an input that shares memory with another input "
+                f"({', '.join(shared)}: views of one tensor); toycomp runs the function eagerly "
+                "for such inputs (AOTAutograd would compile a synthetic base)")
 
     def example_inputs(self) -> list[torch.Tensor]:
         return [n.meta["example_value"] for n in self.graph.nodes if n.op == "placeholder"]
 
     def input_sources(self) -> list[Source]:
         return [source for source, _, var in self.inputs if var.source is source]
+
+
+class AliasedInputs(Exception):
+    """The graph cannot be used for these inputs; they are guarded, and run eagerly.
+
+    [Note: inputs that share memory]
+    Two input tensors may be views of one storage (``f(t, t.view(-1))``). The graph treats
+    its placeholders as independent, and AOTAutograd functionalises in-place updates, so if the
+    graph mutates one of them, the other would be read stale: silently wrong. Reads alone are
+    harmless. So after tracing, for each input the graph mutates (its fake tensor's version
+    counter moved) and each other input, a guard records whether they share memory now; if
+    one pair does, this entry runs the function eagerly (with a warning) instead of compiling.
+    The same object passed twice is one placeholder, guarded by ``is``. Dynamo guards
+    ``STORAGE_OVERLAPPING`` and AOTAutograd compiles a "synthetic base" for such inputs
+    (torch/_functorch/_aot_autograd/input_output_analysis.py)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class NamedTupleVariable(TupleVariable):
