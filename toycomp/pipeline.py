@@ -46,6 +46,7 @@ from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
 from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
+from toycomp.symbolic_shapes import is_symbolic
 
 # How AOT splits the joint graph: "min_cut" saves less and recomputes cheap pointwise work in the
 # backward (TorchInductor's choice); "default" saves every forward value the backward reads.
@@ -148,9 +149,11 @@ class GraphCompiler:
         self.log: list[CompiledEntry] = []  # both, in compile order
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        on_meta = any(t.device.type == "meta" for t in example_inputs)
+        on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta"
+                      for t in example_inputs)  # fmt: skip
         if on_meta:  # toycomp.explain on meta inputs: compile as for CPU tensors, run nothing
-            example_inputs = [fake_on_device(t, torch.device("cpu")) for t in example_inputs]
+            example_inputs = [fake_on_device(t, torch.device("cpu"))
+                              if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
             aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend, self.partition)
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
@@ -246,8 +249,14 @@ def compile(  # noqa: A001 (torch.compile's name)
     return OptimizedFunction(fn, backend, partition)
 
 
-def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
-    """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4."""
+def toycomp_backend(
+    gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], backend: str | None = None
+) -> Callable:
+    """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4.
+
+    ``backend`` picks the code generator as in ``toycomp.compile`` (pass it with
+    ``functools.partial(toycomp_backend, backend="triton")``). Graphs with symbolic sizes
+    (``dynamic=True``, automatic dynamic shapes) are compiled once for every size."""
     for node in gm.graph.nodes:  # AOT treats get_attr tensors as constants (no gradient)
         value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
         if isinstance(value, torch.Tensor) and value.requires_grad:
@@ -256,5 +265,16 @@ def toycomp_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
                 "toycomp needs parameters as graph inputs (torch._dynamo.config."
                 "inline_inbuilt_nn_modules=True, the default)"
             )
-    aot, _ = compile_stages_2_to_4(gm, example_inputs, None, "min_cut")
+    examples = dynamo_examples(gm, example_inputs)
+    aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
     return lambda *args: aot(*args)
+
+
+def dynamo_examples(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    """What stages 2-4 trace a Dynamo graph on: the real example tensors, or, for a graph with
+    symbolic sizes (SymInt inputs: ``dynamic=True`` or automatic dynamic shapes), Dynamo's own
+    fake tensors with those symbols (``meta["example_value"]``), as ``aot_module_simplified``
+    does: the real tensors have lost the symbols."""
+    if not any(is_symbolic(x) for x in example_inputs):
+        return example_inputs
+    return [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]

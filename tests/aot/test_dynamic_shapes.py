@@ -171,3 +171,30 @@ def test_inputs_that_disagree_with_the_traced_sizes_raise():
         aot(4, torch.randn(5, 3))  # s0 is 4, but the tensor says 5
     with pytest.raises(RuntimeError, match="shape"):
         aot(5, torch.randn(5, 4))  # the static dimension changed
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+def test_dynamos_dynamic_graphs_through_aot(dynamic):
+    """Dynamo's graphs with SymInt inputs (dynamic=True, or automatic dynamic shapes after a
+    size change) go through AOT on Dynamo's fake tensors (stages 3-4 replaced by running the
+    graphs); one symbolic graph serves every batch size."""
+    from toycomp.pipeline import dynamo_examples
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        examples = dynamo_examples(gm, example_inputs)
+        graphs.append([type(e).__name__ for e in examples])
+        aot = aot_function(gm, examples, partition_fn=min_cut_rematerialization_partition)
+        return lambda *args: aot(*args)
+
+    def fn(x, w):
+        return (torch.tanh(x @ w).view(x.shape[0], -1) * x.shape[0]).sum(1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    w = torch.randn(4, 6, requires_grad=True)
+    check_against_eager(lambda *a: (compiled(*a),), fn,
+                        lambda n: [torch.randn(n, 4, requires_grad=True), w], sizes=(3, 8, 5, 2))
+    assert len(graphs) == (1 if dynamic else 2)
+    assert graphs[-1][0] == "SymInt"  # the last graph takes the batch size as an input
