@@ -248,3 +248,15 @@ def symbol_range(shape_env, symbol) -> tuple:  # capture: the bounds a symbol wa
         return int(b) if getattr(b, "is_Integer", False) else None  # not int_oo, -int_oo
 
     return as_int(bounds.lower), as_int(bounds.upper)
+
+
+# -- symbolic sizes in stages 3-4 (prims/symbolic_sizes.py, inductor/sizevars.py) -------------
+def shape_env_of(x):  # inductor/sizevars.py: the ShapeEnv owning a SymInt's symbols (or None)
+    return x.node.shape_env
+
+
+def symbol_order(shape_env, symbol) -> int:  # inductor/sizevars.py: s77 was made first -> 0
+    """The position of ``symbol`` among the ShapeEnv's backed symbols (-1: not one of them)."""
+    values = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13; 2.11: var_to_val
+    values = shape_env.var_to_val if values is None else values
+    return list(values).index(symbol) if symbol in values else -1

@@ -14,6 +14,16 @@ with what the variables' ranges say. A view is a substitution of variables in su
     >>> index_bounds(1000*i0 + i1, {i0: 8, i1: 1000})
     (0, 7999)
 
+With dynamic shapes, sizes are expressions over the size symbols ``s0, s1, ...`` (each a size
+that is at least 2: sizes 0 and 1 are always specialised), and the same rules hold for every
+value of them::
+
+    >>> s0 = size_symbol(0)
+    >>> simplify_index(FloorDiv(s0*i0 + i1, s0), {i0: 8, i1: s0})
+    i0
+    >>> index_bounds(s0*i0 + i1, {i0: 8, i1: s0})
+    (0, 8*s0 - 1)
+
 NB: in PyTorch this lives in torch/utils/_sympy/functions.py (FloorDiv, ModularIndexing),
 torch/_inductor/sizevars.py (``SizeVarAllocator.simplify_with_ranges``) and
 torch/utils/_sympy/value_ranges.py (``bound_sympy``).
@@ -58,6 +68,82 @@ def index_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
 x, r = sympy.symbols("x r", integer=True, nonnegative=True)
 
 
+# [Note: size symbols]
+# A dynamic size is a symbol ``s0, s1, ...`` (sizevars.py makes them from PyTorch's SymInts).
+# It is integer and positive for sympy, and toycomp knows one more fact: it is at least 2,
+# because sizes 0 and 1 are always specialised (they change broadcasting and strides). Every
+# decision taken on symbolic sizes must hold for every such value: ``known_nonnegative`` proves
+# ``e >= 0`` by writing each symbol as ``2 + t`` with ``t >= 0`` and checking that every term of
+# the expanded polynomial is nonnegative (a sufficient test: it never proves a falsehood, and may
+# fail to prove a truth, which then makes the caller take the cautious path: no fusion, a
+# realized copy, 64-bit indices). Index variables (``i0``, ``x``, ``r``) are nonnegative.
+SIZE_SYMBOL_MIN = 2
+
+
+def size_symbol(k: int) -> sympy.Symbol:
+    """The size symbol ``s<k>``."""
+    return sympy.Symbol(f"s{k}", integer=True, positive=True)
+
+
+def is_size_symbol(symbol: sympy.Basic) -> bool:
+    return isinstance(symbol, sympy.Symbol) and symbol == size_symbol_named(symbol.name)
+
+
+def size_symbol_named(name: str) -> sympy.Symbol | None:
+    if name[:1] != "s" or not name[1:].isdigit():
+        return None
+    return size_symbol(int(name[1:]))
+
+
+def size_symbols(*exprs) -> list[sympy.Symbol]:
+    """The size symbols in ``exprs`` (ints, sympy expressions, tuples of them), ``s2`` < ``s10``."""
+    found: set[sympy.Symbol] = set()
+    for e in exprs:
+        if isinstance(e, (tuple, list)):
+            found.update(size_symbols(*e))
+        elif isinstance(e, sympy.Basic):
+            found.update(v for v in e.free_symbols if is_size_symbol(v))
+    return sorted(found, key=lambda v: int(v.name[1:]))
+
+
+def is_static(value) -> bool:
+    """An int, or a sympy expression without symbols."""
+    return not isinstance(value, sympy.Basic) or not value.free_symbols
+
+
+def known_nonnegative(expr) -> bool:
+    """True when ``expr >= 0`` for all values of its variables (see [Note: size symbols])."""
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return bool(expr >= 0)
+    shift = {v: v + SIZE_SYMBOL_MIN for v in expr.free_symbols if is_size_symbol(v)}
+    for term in sympy.Add.make_args(sympy.expand(expr.subs(shift, simultaneous=True))):
+        coeff, rest = term.as_coeff_Mul()
+        if coeff < 0 or not all(_nonnegative_factor(f) for f in sympy.Mul.make_args(rest)):
+            return False
+    return True
+
+
+def _nonnegative_factor(f: sympy.Expr) -> bool:
+    if isinstance(f, sympy.Pow):
+        return f.exp.is_Integer and f.exp > 0 and _nonnegative_factor(f.base)
+    return bool(f.is_nonnegative) or isinstance(f, FloorDiv) or f.is_number and f >= 0
+
+
+def known_equal(a, b) -> bool:
+    """``a == b`` for every value of the symbols (ints or sympy expressions)."""
+    if is_static(a) and is_static(b):
+        return a == b
+    return sympy.expand(sympy.sympify(a) - b) == 0
+
+
+def known_less(a, b) -> bool:
+    """``a < b`` for every value of the symbols."""
+    if is_static(a) and is_static(b):
+        return a < b
+    return known_nonnegative(sympy.sympify(b) - a - 1)
+
+
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     strides, running = [], 1
     for n in reversed(size):
@@ -70,7 +156,7 @@ def linear_index(
     idx: tuple[sympy.Expr, ...], stride: tuple[int, ...], offset: int = 0
 ) -> sympy.Expr:
     """``offset + sum(i * s)``: the memory position of element ``idx`` of a strided tensor."""
-    return sympy.Integer(offset) + sympy.Add(*(i * s for i, s in zip(idx, stride)))
+    return sympy.sympify(offset) + sympy.Add(*(i * s for i, s in zip(idx, stride)))
 
 
 def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr, ...]:
@@ -89,10 +175,11 @@ def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr
 
 
 def numel(size: tuple[int, ...]) -> int:
+    """The product of ``size``: an int, or an expanded sympy expression (``4*s0``)."""
     total = 1
     for n in size:
         total *= n
-    return total
+    return total if is_static(total) else sympy.expand(total)
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
@@ -108,42 +195,91 @@ def _simplify_floordiv(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sym
     if not expr.args:
         return expr
     args = [_simplify_floordiv(a, ranges) for a in expr.args]
-    if not isinstance(expr, FloorDiv) or not args[1].is_Integer or args[1] <= 0:
+    if not isinstance(expr, FloorDiv) or not _known_positive(args[1]):
         return expr.func(*args)
-    divisor = int(args[1])
+    divisor = args[1]
     whole, rest = sympy.Integer(0), sympy.Integer(0)
     for term in sympy.Add.make_args(sympy.expand(args[0])):
-        coeff, _ = term.as_coeff_Mul()
-        if coeff.is_Integer and int(coeff) % divisor == 0:
+        if _divides(divisor, term):
             whole += term
         else:
             rest += term
     # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d
     bounds = index_bounds(rest, ranges)
-    if bounds is not None and bounds[0] >= 0 and bounds[1] < divisor:
+    if bounds is not None and known_nonnegative(bounds[0]) and known_less(bounds[1], divisor):
         return sympy.expand(whole / divisor)
     return sympy.expand(whole / divisor) + FloorDiv(rest, divisor)
 
 
-def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+def _known_positive(divisor: sympy.Expr) -> bool:
+    if divisor.is_Integer:
+        return divisor > 0
+    return known_nonnegative(divisor - 1)
+
+
+def _divides(divisor: sympy.Expr, term: sympy.Expr) -> bool:
+    """``term`` is ``divisor`` times a polynomial with integer coefficients."""
+    if divisor.is_Integer:
+        coeff, _ = term.as_coeff_Mul()
+        return coeff.is_Integer and int(coeff) % int(divisor) == 0
+    quotient = sympy.cancel(term / divisor)
+    numerator, denominator = sympy.fraction(quotient)
+    return denominator == 1 and quotient.as_coeff_Mul()[0].is_Integer
+
+
+Bounds = tuple[sympy.Expr, sympy.Expr]
+
+
+def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> Bounds | None:
     """Smallest and largest value of ``expr`` when each variable ``v`` of ``ranges`` runs over
-    ``range(ranges[v])``; None when unknown (another symbol, or a function other than FloorDiv
-    by a positive constant). Used to simplify ``//`` and to choose 32- or 64-bit indices."""
+    ``range(ranges[v])``; None when unknown (a function other than FloorDiv by a positive
+    divisor, a product whose signs are unknown). Used to simplify ``//`` and to choose 32- or
+    64-bit indices. Ints when everything is static; with size symbols (not in ``ranges``: one
+    value for the whole kernel) the bounds are expressions in them, e.g. ``(0, 8*s0 - 1)``."""
     if expr.is_Integer:
         return int(expr), int(expr)
     if expr.is_Symbol:
-        return (0, ranges[expr] - 1) if expr in ranges else None
+        if expr in ranges:
+            return 0, _static(ranges[expr] - 1)
+        return (expr, expr) if is_size_symbol(expr) else None
     parts = [index_bounds(a, ranges) for a in expr.args]
     if any(p is None for p in parts):
         return None
     if isinstance(expr, sympy.Add):
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        return _static(sum(p[0] for p in parts)), _static(sum(p[1] for p in parts))
     if isinstance(expr, sympy.Mul):
+        return _product_bounds(parts)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+        return _product_bounds([parts[0]] * int(expr.exp))
+    if isinstance(expr, FloorDiv) and parts[1][0] == parts[1][1] and _known_positive(
+        sympy.sympify(parts[1][0])
+    ):
+        d = parts[1][0]
+        return _static(FloorDiv(parts[0][0], d)), _static(FloorDiv(parts[0][1], d))
+    return None
+
+
+def _product_bounds(parts: list[Bounds]) -> Bounds | None:
+    if all(is_static(a) and is_static(b) for a, b in parts):
         lo, hi = 1, 1
         for a, b in parts:
             corners = (lo * a, lo * b, hi * a, hi * b)
             lo, hi = min(corners), max(corners)
         return lo, hi
-    if isinstance(expr, FloorDiv) and parts[1][0] == parts[1][1] and parts[1][0] > 0:
-        return parts[0][0] // parts[1][0], parts[0][1] // parts[1][0]
-    return None
+    # Symbolic: every factor nonnegative, except perhaps one negative constant.
+    negative = [p for p in parts if is_static(p[1]) and p[1] < 0 and p[0] == p[1]]
+    rest = [p for p in parts if p not in negative]
+    if len(negative) > 1 or not all(known_nonnegative(a) for a, _ in rest):
+        return None
+    lo = _static(sympy.Mul(*(a for a, _ in rest)))
+    hi = _static(sympy.Mul(*(b for _, b in rest)))
+    if negative:
+        c = negative[0][0]
+        lo, hi = _static(c * hi), _static(c * lo)
+    return lo, hi
+
+
+def _static(value):
+    """A sympy number as a Python int (static results stay ints), an expression expanded."""
+    value = sympy.sympify(value)
+    return int(value) if value.is_Integer else sympy.expand(value)

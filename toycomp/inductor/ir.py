@@ -43,6 +43,8 @@ from typing import Callable, Iterator, Union
 import sympy
 import torch
 
+from toycomp.inductor import indexing
+
 Number = Union[int, float, bool]
 
 
@@ -242,6 +244,20 @@ class InputBuffer:
 
 
 @dataclass(frozen=True)
+class SizeInput:
+    """A graph input that is a size, not a tensor: a Python int at run time (Dynamo passes the
+    batch size ``s0`` to backends; AOT saves sizes for the backward). ``expr`` is its value in
+    the size symbols, usually one symbol (``s0``). PyTorch: a ``sympy.Expr`` in
+    ``GraphLowering.graph_inputs``."""
+
+    name: str
+    expr: object  # int | sympy.Expr
+
+    def __repr__(self) -> str:
+        return f"input {self.name} = {self.expr}"
+
+
+@dataclass(frozen=True)
 class ConstantBuffer:
     """A tensor stored in the graph itself (an FX ``get_attr`` node, e.g. ``torch.tensor([1.,
     2.])`` in the traced code): read like an input, but bound once when the graph is compiled;
@@ -352,9 +368,9 @@ Buffer = Union[InputBuffer, ConstantBuffer, Pointwise, Reduction, ExternKernel]
 class LoweredGraph:
     """Lowering's result: the buffers to compute, in order, and what the graph returns."""
 
-    inputs: tuple[InputBuffer, ...]
+    inputs: tuple[InputBuffer | SizeInput, ...]
     nodes: tuple[Union[Pointwise, Reduction, ExternKernel], ...]
-    outputs: tuple[TensorArg | None, ...]
+    outputs: tuple[TensorArg | None | int | sympy.Expr, ...]  # sizes too (saved for backward)
     device: torch.device
     constants: tuple[ConstantBuffer, ...] = ()
     # Per output: the strides eager gives it where they differ from ``outputs``' (else None);
@@ -362,7 +378,10 @@ class LoweredGraph:
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
 
     def __repr__(self) -> str:
-        lines = [f"input {b.name}{list(b.size)} {b.dtype}" for b in self.inputs]
+        lines = [
+            repr(b) if isinstance(b, SizeInput) else f"input {b.name}{list(b.size)} {b.dtype}"
+            for b in self.inputs
+        ]
         lines += [f"constant {c.name}{list(c.size)} {c.dtype}" for c in self.constants]
         lines += [repr(node) for node in self.nodes]
         return "\n".join(lines + [_return_line(self.outputs)])
@@ -417,11 +436,19 @@ class Kernel:
     """
 
     name: str
-    numel: int
-    rnumel: int
+    numel: int | sympy.Expr  # with dynamic shapes, an expression in the sizes: 4*s0
+    rnumel: int | sympy.Expr
     loops: tuple[Loop, ...]
     buffer_dtypes: tuple[tuple[str, torch.dtype], ...]  # every buffer read or written
     origins: tuple[str, ...]  # the FX nodes fused here, for the generated comment
+
+    def size_symbols(self) -> tuple[sympy.Symbol, ...]:
+        """The size symbols (``s0, s1...``) the kernel takes as arguments: those of its numel,
+        rnumel and indices (ordered by number; none for a static kernel)."""
+        values = [stmt.value for loop in self.loops for stmt in loop.body]
+        indices = [e.index for e in walk(*values) if isinstance(e, (Load, IndexValue))]
+        indices += [s.index for loop in self.loops for s in loop.body if isinstance(s, Store)]
+        return tuple(indexing.size_symbols(self.numel, self.rnumel, *indices))
 
     def reads(self) -> tuple[str, ...]:
         """Buffers loaded by this kernel (in first-use order)."""
@@ -458,10 +485,10 @@ class ScheduledGraph:
     It prints as pseudo-code, one line per allocation and extern call, a block per kernel.
     """
 
-    inputs: tuple[InputBuffer, ...]
+    inputs: tuple[InputBuffer | SizeInput, ...]
     allocations: tuple[AllocatedBuffer, ...]
     steps: tuple[Union[Kernel, ExternKernel], ...]
-    outputs: tuple[TensorArg | None, ...]
+    outputs: tuple[TensorArg | None | int | sympy.Expr, ...]
     device: torch.device
     constants: tuple[ConstantBuffer, ...] = ()
     output_strides: tuple[tuple[int, ...] | None, ...] = ()

@@ -46,9 +46,16 @@ import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
 from toycomp.inductor import indexing, ir, lowering_rules  # noqa: F401  (fills LOWERINGS)
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
-from toycomp.inductor.tensor_value import TensorValue, as_strided_view, strided_load, tree_size
+from toycomp.inductor.sizevars import SizeVars, is_symbolic
+from toycomp.inductor.tensor_value import (
+    TensorMeta,
+    TensorValue,
+    as_strided_view,
+    strided_load,
+    tree_size,
+)
 from toycomp.prims.decomp_table import EXTERN_OPS
-from toycomp.tensor_utils import same_strides, to_meta, to_meta_value
+from toycomp.tensor_utils import to_meta, to_meta_value
 
 SUPPORTED_DTYPES = {
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -99,6 +106,7 @@ class GraphLowering:
         self.output_strides: tuple[tuple[int, ...] | None, ...] = ()
         self.current_origin = ""
         self.device = _graph_device(gm, self.example_inputs)
+        self.sizevars = SizeVars(self.example_inputs)  # SymInts -> s0, s1... (dynamic shapes)
 
     def run(self) -> ir.LoweredGraph:
         n_placeholders = sum(node.op == "placeholder" for node in self.gm.graph.nodes)
@@ -127,9 +135,13 @@ class GraphLowering:
         )
 
     def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
+        if isinstance(tensor, (int, torch.SymInt)) and not isinstance(tensor, bool):
+            self.env[node] = self.meta[node] = self.sizevars.expr(tensor)  # a size: s0
+            self.inputs.append(ir.SizeInput(node.name, self.env[node]))
+            return
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
-        size, stride = tuple(tensor.shape), tuple(tensor.stride())
+        size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
         elsewhere = tensor.device if tensor.device != self.device else None  # an extern's cpu seed
         self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype, elsewhere))
         self.meta[node] = to_meta(tensor)
@@ -151,7 +163,9 @@ class GraphLowering:
         self.env[node] = strided_load(node.name, size, stride, value.dtype)
 
     def call_function(self, node: Node) -> None:
-        if node.target is operator.getitem:  # one tensor of an extern call's tuple result
+        if is_symbolic(self.meta[node]) or isinstance(self.meta[node], int):
+            self.env[node] = self.sizevars.expr(self.meta[node])  # sym_size(x, 0) * 4: 4*s0
+        elif node.target is operator.getitem:  # one tensor of an extern call's tuple result
             source, index = node.args
             if not isinstance(self.env.get(source), tuple):
                 raise LoweringError(f"toycomp cannot lower {node.name!r}: getitem of {source}")
@@ -171,12 +185,12 @@ class GraphLowering:
         args, kwargs = _map_nodes((node.args, node.kwargs), self.env.__getitem__)
         self.current_origin = _origin(node)
         try:
-            value = rule(self, self.meta[node], *args, **kwargs)
+            value = rule(self, self.tensor_meta(self.meta[node]), *args, **kwargs)
         except NotImplementedError:  # a rule may decline a case: run the prim eagerly instead
             return self.extern(node, _kernel_name(node), fallback=True)
         except Exception as e:
             raise LoweringError(f"lowering {node.name!r} ({_kernel_name(node)}) failed: {e}") from e
-        _check_matches_meta(node, value, self.meta[node])
+        _check_matches_meta(node, value, self.tensor_meta(self.meta[node]))
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
         if len(node.users) >= 2 and tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
@@ -188,8 +202,8 @@ class GraphLowering:
             return self.multi_output_extern(node, kernel, fallback, out)
         if not isinstance(out, torch.Tensor):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns a {type(out).__name__}")
-        args, kwargs = _map_nodes((node.args, node.kwargs), self.realize)
-        size, stride = tuple(out.shape), tuple(out.stride())
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.extern_arg)
+        size, stride = self.sizevars.shape(out), self.sizevars.stride(out)
         name = self.new_name()
         self.nodes.append(
             ir.ExternKernel(
@@ -204,7 +218,7 @@ class GraphLowering:
         FX graph reads them through ``getitem`` nodes (env holds a tuple of TensorValues)."""
         if not all(isinstance(t, torch.Tensor) or t is None for t in out):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns non-tensors: {out}")
-        args, kwargs = _map_nodes((node.args, node.kwargs), self.realize)
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.extern_arg)
         if not any(isinstance(t, torch.Tensor) for t in out):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns no tensor")
         name = self.new_name()
@@ -213,7 +227,7 @@ class GraphLowering:
             if t is None:
                 values.append(None)
                 continue
-            size, stride = tuple(t.shape), tuple(t.stride())
+            size, stride = self.sizevars.shape(t), self.sizevars.stride(t)
             outputs.append(ir.MultiOutput(f"{name}_{k}", k, size, stride, t.dtype))
             values.append(strided_load(outputs[-1].name, size, stride, t.dtype))
         self.nodes.append(
@@ -227,13 +241,37 @@ class GraphLowering:
     def output(self, node: Node) -> None:
         results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
         for r in results:
-            if r is not None and not isinstance(r, Node):
+            if r is not None and not isinstance(r, (Node, int)):
                 raise LoweringError(f"graph output {r!r} is not a tensor")
-        self.outputs = tuple(None if r is None else self.realize(r) for r in results)
+        self.outputs = tuple(  # an int: a static size that AOT saves for the backward
+            r if r is None or isinstance(r, int) else self.extern_arg(r) for r in results
+        )
         vals = node.meta.get("val")
         vals = vals if isinstance(vals, (tuple, list)) else (vals,)
         if len(vals) == len(self.outputs):
-            self.output_strides = tuple(map(_eager_stride, self.outputs, vals))
+            self.output_strides = tuple(map(self.eager_stride, self.outputs, vals))
+
+    def extern_arg(self, node: Node) -> ir.TensorArg | int | Any:
+        """A tensor argument of an extern call (or a graph output) realized; a size as is."""
+        value = self.env[node]
+        return value if not isinstance(value, TensorValue) else self.realize(node)
+
+    def tensor_meta(self, t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(self.sizevars.shape(t), t.dtype)
+
+    def eager_stride(self, arg: Any, val: Any) -> tuple | None:
+        """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None.
+
+        Eager strides matter for the forward's saved tensors: AOT compiles the backward for them
+        (a chunk of a bigger tensor keeps that tensor's strides; our realized copy is contiguous).
+        """
+        if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
+            return None
+        size, stride = self.sizevars.shape(val), self.sizevars.stride(val)
+        if not _same_sizes(size, arg.size):
+            return None
+        kept = [(a, b) for n, a, b in zip(size, arg.stride, stride) if not indexing.known_less(n, 2)]
+        return None if all(indexing.known_equal(a, b) for a, b in kept) else stride
 
     def realize(self, node: Node) -> ir.TensorArg:
         """Make ``node``'s value exist in memory and return how to read it (see the Note)."""
@@ -272,15 +310,8 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.devic
     return torch.device("cpu")
 
 
-def _eager_stride(arg: ir.TensorArg | None, val: Any) -> tuple[int, ...] | None:
-    """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None.
-
-    Eager strides matter for the forward's saved tensors: AOT compiles the backward for them
-    (a chunk of a bigger tensor keeps that tensor's strides; our realized copy is contiguous).
-    """
-    if arg is None or not isinstance(val, torch.Tensor) or tuple(val.shape) != arg.size:
-        return None
-    return None if same_strides((arg.size, arg.stride), val) else tuple(val.stride())
+def _same_sizes(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
 def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
@@ -289,6 +320,8 @@ def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return to_meta(val)
+    if is_symbolic(val) or (isinstance(val, int) and not prims.is_prim(node.target)):
+        return val  # a size computation (sym_size, operator.mul on SymInts)
     if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
         return meta[node.args[0]][node.args[1]]
     if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
@@ -334,8 +367,8 @@ def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
     ) and isinstance(meta[node], torch.Tensor)
 
 
-def _check_matches_meta(node: Node, value: TensorValue, out: torch.Tensor) -> None:
-    if value.size != tuple(out.shape) or value.dtype != out.dtype:
+def _check_matches_meta(node: Node, value: TensorValue, out: TensorMeta) -> None:
+    if not _same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
         raise LoweringError(
             f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
             f"eager gives {list(out.shape)} {out.dtype}"

@@ -39,15 +39,18 @@ if TYPE_CHECKING:
 
 
 # --- pointwise --------------------------------------------------------------------------------
-def _constant(value: prims.Number, dtype: torch.dtype) -> ir.Constant:
-    """A Python number in a loop body, as the eager reference sees it: converted to ``dtype``."""
+def _constant(value: prims.Number, dtype: torch.dtype) -> ir.Constant | ir.IndexValue:
+    """A Python number in a loop body, as the eager reference sees it: converted to ``dtype``.
+    A size (``mean`` divides by ``s0``) is the value of that expression, computed in ``dtype``."""
+    if not indexing.is_static(value):
+        return ir.IndexValue(value, dtype)
     return ir.Constant(ir.convert_number(value, dtype), dtype)
 
 
 def _pointwise_rule(name: str) -> Rule:
     def rule(g: GraphLowering, out: torch.Tensor, *args: Any) -> TensorValue:
         tensors = [a for a in args if isinstance(a, TensorValue)]
-        if any(t.size != tuple(out.shape) for t in tensors):
+        if any(not _same_size(t.size, tuple(out.shape)) for t in tensors):
             raise LoweringError(f"{name}: operands must have one shape (broadcast_in_dim first)")
         # Numbers take the dtype of the tensor the eager reference converts them like.
         operands = args[1:] if name == "where" else args
@@ -98,6 +101,10 @@ def _convert_element_type(g, out, a: TensorValue, dtype: torch.dtype) -> TensorV
     if a.dtype == dtype:
         return a
     return TensorValue(a.size, dtype, ir.Op("convert_element_type", (a.body,), dtype))
+
+
+def _same_size(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -182,4 +189,5 @@ def _full(g, out, shape, value, dtype, device) -> TensorValue:
 
 @register_lowering(prims.iota)
 def _iota(g, out, length, dtype, device) -> TensorValue:
-    return TensorValue((length,), dtype, ir.IndexValue(indexing.index_vars("i", 1)[0], dtype))
+    index = ir.IndexValue(indexing.index_vars("i", 1)[0], dtype)
+    return TensorValue(tuple(out.shape), dtype, index)

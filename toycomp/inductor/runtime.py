@@ -48,6 +48,11 @@ def resolve_extern(kernel: str) -> Callable[..., Any]:
         raise RuntimeError(f"extern kernel {kernel!r} not found") from e
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``: the number of blocks of ``b`` covering ``a`` (a Triton grid)."""
+    return -(-a // b)
+
+
 def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
     """The view ``TensorArg(buffer, size, stride, offset)``: offset counts from ``t``'s start."""
     return t.as_strided(size, stride, t.storage_offset() + offset)

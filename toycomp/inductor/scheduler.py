@@ -188,10 +188,10 @@ def _node_group(node: Pointwise | Reduction) -> tuple[int, int]:
 def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
     """``group`` with ``node`` added, or None if the fusion rules forbid it."""
     numel, rnumel = _node_group(node)
-    if isinstance(node, Pointwise) or (numel, rnumel) == (group.numel, group.rnumel):
+    if isinstance(node, Pointwise) or _same_group((numel, rnumel), (group.numel, group.rnumel)):
         nodes, (numel, rnumel) = [node], (group.numel, group.rnumel)
         new = _Group(numel, rnumel, list(group.entries))
-    elif group.rnumel == 1:  # a reduction turns a pointwise kernel into a reduction kernel
+    elif indexing.known_equal(group.rnumel, 1):  # a reduction makes it a reduction kernel
         nodes, new = [e.node for e in group.entries] + [node], _Group(numel, rnumel)
     else:
         return None
@@ -244,20 +244,27 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
     ivars = indexing.index_vars("i", len(node.size))
     if isinstance(node, Reduction):
-        if _node_group(node) != (numel, rnumel):
+        if not _same_group(_node_group(node), (numel, rnumel)):
             return None
         rvars = indexing.index_vars("r", len(node.reduction_size))
         index = unflatten_index(indexing.x, node.size)
         index += unflatten_index(indexing.r, node.reduction_size)
         return dict(zip(ivars + rvars, index)), True
-    if indexing.numel(node.size) == numel:
+    if indexing.known_equal(indexing.numel(node.size), numel):
         return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
     for k in range(len(node.size) + 1):  # split the dims: outer ones follow x, inner ones r
         outer, inner = node.size[:k], node.size[k:]
-        if rnumel > 1 and (indexing.numel(outer), indexing.numel(inner)) == (numel, rnumel):
+        split = (indexing.numel(outer), indexing.numel(inner))
+        if indexing.known_less(1, rnumel) and _same_group(split, (numel, rnumel)):
             index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
             return dict(zip(ivars, index)), True
     return None
+
+
+def _same_group(a: tuple, b: tuple) -> bool:
+    """Equal (numel, rnumel) for every value of the size symbols: with dynamic shapes a fusion
+    is decided only on what holds for all sizes (``4*s0`` is ``s0*4``, never ``s1``)."""
+    return all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
 def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
@@ -267,7 +274,7 @@ def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
 # --- which buffers survive -----------------------------------------------------------------------
 def _live_nodes(lowered: ir.LoweredGraph) -> list:
     """The nodes some output depends on (dead buffers are dropped)."""
-    live = {o.buffer for o in lowered.outputs if o is not None}
+    live = {o.buffer for o in lowered.outputs if isinstance(o, ir.TensorArg)}
     kept = []
     for node in reversed(lowered.nodes):
         defined = node.buffers() if isinstance(node, ExternKernel) else (node.name,)
@@ -279,7 +286,7 @@ def _live_nodes(lowered: ir.LoweredGraph) -> list:
 
 def _stored_buffers(groups: list[_Group], outputs) -> set[str]:
     """Buffers that must be in memory: graph outputs and buffers read by another step."""
-    stored = {o.buffer for o in outputs if o is not None}
+    stored = {o.buffer for o in outputs if isinstance(o, ir.TensorArg)}
     owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
     for k, group in enumerate(groups):
         reads = buffer_reads(group.extern) if group.extern else group.reads()

@@ -32,6 +32,15 @@ from toycomp.inductor import indexing, ir
 
 
 @dataclass(frozen=True)
+class TensorMeta:
+    """What a lowering rule knows of its result: ``shape`` (ints, or sympy expressions in the
+    size symbols ``s0, s1...`` with dynamic shapes) and ``dtype``; like a meta tensor's."""
+
+    shape: tuple
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
 class TensorValue:
     """An unrealized tensor: ``body`` computes element ``(i0, i1, ...)`` of a ``size`` tensor
     (PyTorch's ``TensorBox``). ``origins``: the FX nodes whose work is inlined in ``body``."""
@@ -59,11 +68,21 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
     index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
     strides = [sympy.diff(index, v) for v in ivars]
     offset = index.subs({v: 0 for v in ivars})
-    if not all(s.is_Integer and s >= 0 for s in strides) or not offset.is_Integer:
+    if not all(_size_like(s) and indexing.known_nonnegative(s) for s in strides + [offset]):
         return None
     if sympy.expand(index - indexing.linear_index(ivars, strides, offset)) != 0:
         return None
-    return ir.TensorArg(value.body.buffer, value.size, tuple(map(int, strides)), int(offset))
+    strides, offset = tuple(map(_as_size, strides)), _as_size(offset)
+    return ir.TensorArg(value.body.buffer, value.size, strides, offset)
+
+
+def _size_like(e: sympy.Expr) -> bool:
+    """An integer, or an expression in the size symbols only (a symbolic stride: ``s1``)."""
+    return e.is_Integer or all(indexing.is_size_symbol(v) for v in e.free_symbols)
+
+
+def _as_size(e: sympy.Expr):
+    return int(e) if e.is_Integer else e
 
 
 def tree_size(expr: ir.Expr, limit: int) -> int:

@@ -47,10 +47,13 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp.inductor import ir
+import sympy
+
+from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
-from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
+from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, IndexPrinter
 from toycomp.inductor.runtime import (
+    cdiv,
     check_extern,
     check_input,
     reinterpret_tensor,
@@ -137,7 +140,7 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
 def fresh_outputs(scheduled: ir.ScheduledGraph) -> tuple[bool, ...]:
     """Which outputs are kernel-written buffers returned once (see ``CompiledGraph``)."""
     written = {b for step in scheduled.steps if isinstance(step, ir.Kernel) for b in step.writes()}
-    names = [o.buffer if o is not None else None for o in scheduled.outputs]
+    names = [o.buffer if isinstance(o, ir.TensorArg) else None for o in scheduled.outputs]
     return tuple(n in written and names.count(n) == 1 for n in names)
 
 
@@ -169,7 +172,8 @@ class WrapperCodegen:
         self.calls = {g.name: g.call for g in generated}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.constants = {c.name for c in scheduled.constants}
-        for buf in (*scheduled.inputs, *scheduled.constants, *scheduled.allocations):
+        self.tensor_inputs = [b for b in scheduled.inputs if isinstance(b, ir.InputBuffer)]
+        for buf in (*self.tensor_inputs, *scheduled.constants, *scheduled.allocations):
             self.layouts[buf.name] = (tuple(buf.size), tuple(buf.stride))
         for step in scheduled.steps:
             if isinstance(step, ir.ExternKernel):
@@ -177,9 +181,12 @@ class WrapperCodegen:
                 for o in step.outputs:
                     self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
         taken = set(_namespace(torch.device("cpu"))) | set(self.calls)
-        for name in self.layouts:
-            if not name.isidentifier() or name in taken:
+        sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
+        for name in [*self.layouts, *sizes]:
+            is_symbol = indexing.size_symbol_named(name) is not None
+            if not name.isidentifier() or name in taken or is_symbol:
                 raise ValueError(f"buffer name {name!r} cannot be a wrapper variable")
+        self.symbols = symbol_sources(scheduled.inputs)
 
     def generate(self) -> str:
         code = IndentedBuffer()
@@ -190,15 +197,17 @@ class WrapperCodegen:
         with code.indent():
             names = [b.name for b in self.graph.inputs]
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
-            for b in self.graph.inputs:
-                layout = f"{tuple(b.size)}, {tuple(b.stride)}, {b.dtype}"
+            for symbol, source in self.symbols.items():  # dynamic shapes: the sizes of this call
+                code.writeline(f"{symbol} = {source}")
+            for b in self.tensor_inputs:
+                layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
                 where = "device" if b.device in (None, self.graph.device) else self._render(b.device)
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
             last_use = self._last_uses()
             for i, step in enumerate(self.graph.steps):
                 self._allocate_for(code, step, allocs)
-                code.writeline(self._step_line(step))
+                code.writelines(self._step_line(step).split("\n"))
                 if isinstance(step, ir.ExternKernel):
                     code.writelines(_check_extern_lines(step))
                 dead = [b for b, j in last_use.items() if j == i]
@@ -229,8 +238,10 @@ class WrapperCodegen:
     def _output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:
         if arg is None:
             return "None"
+        if not isinstance(arg, ir.TensorArg):  # a size (AOT saves s0 for the backward)
+            return render_size(arg)
         if stride is not None:  # eager lays this output out otherwise: copy it there
-            return f"restride({self._view(arg)}, {stride})"
+            return f"restride({self._view(arg)}, {render_tuple(stride)})"
         if arg.buffer in self.constants:  # a fresh tensor per call, as eager returns
             return f"{self._view(arg)}.clone()"
         return self._view(arg)
@@ -239,7 +250,7 @@ class WrapperCodegen:
         """Step index after which each intermediate buffer is dead (outputs, inputs and
         constants never: a ``del`` of a constant would make it a local of ``call``)."""
         keep = {b.name for b in self.graph.inputs} | self.constants
-        keep |= {o.buffer for o in self.graph.outputs if o is not None}
+        keep |= {o.buffer for o in self.graph.outputs if isinstance(o, ir.TensorArg)}
         last: dict[str, int] = {}
         for i, step in enumerate(self.graph.steps):
             if isinstance(step, ir.Kernel):
@@ -254,7 +265,8 @@ class WrapperCodegen:
         size, stride = tuple(arg.size), tuple(arg.stride)
         if self.layouts.get(arg.buffer) == (size, stride) and arg.offset == 0:
             return arg.buffer
-        return f"reinterpret_tensor({arg.buffer}, {size}, {stride}, {arg.offset})"
+        view = f"{render_tuple(size)}, {render_tuple(stride)}, {render_size(arg.offset)}"
+        return f"reinterpret_tensor({arg.buffer}, {view})"
 
     def _render(self, value: Any) -> str:
         """Python source for one extern-kernel argument."""
@@ -269,6 +281,8 @@ class WrapperCodegen:
             return f"float({str(value)!r})"
         if isinstance(value, torch.device):
             return f"torch.device({str(value)!r})"
+        if isinstance(value, sympy.Expr):  # a size: s0, 4*s0
+            return render_size(value)
         if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
             return repr(value)
         if isinstance(value, (torch.layout, torch.memory_format)):
@@ -283,7 +297,7 @@ def _check_extern_lines(step: ir.ExternKernel) -> list[str]:
     ]
     lines = []
     for value, out in results:
-        layout = f"{tuple(out.size)}, {tuple(out.stride)}, {out.dtype}"
+        layout = f"{render_tuple(out.size)}, {render_tuple(out.stride)}, {out.dtype}"
         lines.append(f"{out.name} = check_extern({value}, {layout}, {out.name!r})")
     return lines
 
@@ -301,8 +315,51 @@ def _tensor_args(value: Any) -> list[str]:
 
 
 def _empty(a: ir.AllocatedBuffer) -> str:
-    layout = f"{tuple(a.size)}, {tuple(a.stride)}, dtype={a.dtype}, device=device"
+    layout = f"{render_tuple(a.size)}, {render_tuple(a.stride)}, dtype={a.dtype}, device=device"
     return f"{a.name} = empty_strided({layout})"
+
+
+# --- dynamic shapes: sizes in the wrapper -------------------------------------------------
+# [Note: sizes at call time]
+# With dynamic shapes the wrapper is the one place that learns the sizes: it reads each size
+# symbol from the first input that has it as a size, a stride or a value (``s0 =
+# primals_3.size(0)``, or ``s0 = primals_1`` for a SymInt input), then every check, allocation,
+# view and kernel call computes with ``s0``. A symbol that appears twice (two dims that share
+# it) is read once and checked by ``check_input`` on the other: a call that breaks the relation
+# is an error, never a wrong index (the caller's shape guards normally recompile first).
+def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
+    """Each size symbol of ``inputs`` -> Python source reading it from the call's arguments."""
+    sources: dict[sympy.Symbol, str] = {}
+    for b in inputs:
+        if isinstance(b, ir.SizeInput) and isinstance(b.expr, sympy.Symbol):
+            sources.setdefault(b.expr, b.name)
+    for what in ("size", "stride"):
+        for b in inputs:
+            for dim, value in enumerate(getattr(b, what, ())):
+                if isinstance(value, sympy.Symbol):
+                    sources.setdefault(value, f"{b.name}.{what}({dim})")
+    needed = indexing.size_symbols(*(_symbolic_parts(b) for b in inputs))
+    missing = [s for s in needed if s not in sources]
+    if missing:
+        raise NotImplementedError(f"toycomp wrapper: no input gives the size {missing[0]} alone")
+    return dict(sorted(sources.items(), key=lambda item: int(item[0].name[1:])))
+
+
+def _symbolic_parts(b) -> tuple:
+    return (b.expr,) if isinstance(b, ir.SizeInput) else (*b.size, *b.stride)
+
+
+def render_size(value) -> str:
+    """A size as Python source: ``8``, ``s0``, ``4*s0``."""
+    return str(value) if indexing.is_static(value) else IndexPrinter().doprint(value)
+
+
+def render_tuple(values) -> str:
+    """A tuple of sizes as Python source: ``(8, 16)``, ``(s0,)``, ``(4*s0, 3)``."""
+    if all(indexing.is_static(v) for v in values):
+        return repr(tuple(int(v) for v in values))
+    items = [render_size(v) for v in values]
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
 # --- what the generated wrapper sees (the functions it calls are in runtime.py) ----------
@@ -324,4 +381,6 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "restride": restride,
         "check_input": check_input,
         "check_extern": check_extern,
+        "cdiv": cdiv,
+        "reduction_blocks": triton.reduction_blocks,
     }

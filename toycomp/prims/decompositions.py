@@ -46,9 +46,17 @@ import torch
 from torch import fx
 
 import toycomp.prims as prims
-from toycomp._torch_compat import OpOverload, overload_name, returns_alias, schema_of
+from toycomp._torch_compat import (
+    OpOverload,
+    overload_name,
+    returns_alias,
+    is_fake,
+    schema_of,
+)
 from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
 from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
+from toycomp.prims.helpers import is_symbolic
+from toycomp.prims.symbolic_sizes import SymbolicSizes, is_size_computation, symbolic_fake_mode
 from toycomp.tensor_utils import to_meta
 
 aten = torch.ops.aten
@@ -89,10 +97,14 @@ class Proxy:
         return f"Proxy({self.node.name}: {self.dtype} {list(self.shape)})"
 
 
-def _node_of(value: Any) -> Any:
+def _node_of(value: Any, sym_node: Any = None) -> Any:
+    """Proxies -> their FX nodes; SymInts -> ``sym_node(value)`` (the node computing them)."""
+
     def to_node(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             raise TypeError("a decomposition captured a real tensor; use prims.full for constants")
+        if is_symbolic(v) and sym_node is not None:
+            return sym_node(v)
         return v.node if isinstance(v, Proxy) else v
 
     return fx.node.map_aggregate(value, to_node)
@@ -110,6 +122,7 @@ class DecompTracer:
         self.origin = ""  # name of the ATen node being decomposed
         self.emitted: list[fx.Node] = []
         self.alias_root: dict[fx.Node, fx.Node] = {}  # in-place result -> storage owner
+        self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
         """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result.
@@ -124,9 +137,9 @@ class DecompTracer:
         else:
             val, device = _eval_op_on_meta(target, args, kwargs)
         name = target.__name__ if prims.is_prim(target) else _op_name(target)
-        node = self.graph.create_node(
-            "call_function", target, _node_of(tuple(args)), _node_of(dict(kwargs)), name
-        )
+        node_args = _node_of(tuple(args), self.sizes.node)
+        node_kwargs = _node_of(dict(kwargs), self.sizes.node)
+        node = self.graph.create_node("call_function", target, node_args, node_kwargs, name)
         node.meta["val"] = val
         node.meta["aten_origin"] = self.origin
         self.emitted.append(node)
@@ -152,8 +165,29 @@ def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch
     if "device" in bound.arguments:  # creation prims: evaluate on meta, remember the real device
         device = torch.device(bound.arguments["device"])
         bound.arguments["device"] = "meta"
-    val = prims.PRIM_INFO[prim].ref(*_meta_of(bound.args), **_meta_of(bound.kwargs))
+    args, kwargs = _meta_of(bound.args), _meta_of(bound.kwargs)
+    if prims.prim_kind(prim) is prims.PrimKind.POINTWISE:
+        args = _numbers_as_fake(prim, args)
+    val = prims.PRIM_INFO[prim].ref(*args, **kwargs)
     return val, device
+
+
+def _numbers_as_fake(prim: Any, args: tuple) -> tuple:
+    """With dynamic shapes (fake meta values), a pointwise prim's number operands become 0-d
+    fake tensors of the operands' dtype, as the prim's reference would make them (its
+    ``torch.tensor`` would not be fake); a SymInt operand becomes 1 (the value does not matter
+    for the shape, and reading it would specialise the size)."""
+    operands = args[1:] if prim is prims.where else args  # where's numbers follow a or b
+    tensors = [a for a in operands if isinstance(a, torch.Tensor)]
+    if not any(is_fake(t) for t in tensors):
+        return args
+    like = tensors[0]
+    return tuple(
+        torch.full((), 1 if is_symbolic(a) else a, dtype=like.dtype, device="meta")
+        if isinstance(a, (bool, int, float)) or is_symbolic(a)
+        else a
+        for a in args
+    )
 
 
 def _eval_op_on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
@@ -184,7 +218,7 @@ def _check_contract(prim: Any, args: tuple) -> None:
             raise TypeError(f"prims.where needs a bool condition, got {args[0].dtype}")
         operands = args[1:]
     tensors = [a for a in args if isinstance(a, Proxy)]
-    if len({tuple(t.shape) for t in tensors}) > 1:
+    if any(tuple(t.shape) != tuple(tensors[0].shape) for t in tensors[1:]):  # (SymInts: no set)
         raise TypeError(f"prims.{prim.__name__}: operands of different shapes {operands}")
     dtypes = {t.dtype for t in operands if isinstance(t, Proxy)}
     if len(dtypes) > 1:
@@ -192,10 +226,10 @@ def _check_contract(prim: Any, args: tuple) -> None:
     if not dtypes:
         return  # only numbers: the reference itself refuses
     for number in (a for a in operands if not isinstance(a, Proxy)):
-        if not isinstance(number, (bool, int, float)):
+        if not isinstance(number, (bool, int, float, torch.SymInt, torch.SymFloat)):
             raise TypeError(f"prims.{prim.__name__}: unexpected operand {number!r}")
         dtype = next(iter(dtypes))
-        if isinstance(number, float) and not dtype.is_floating_point:
+        if isinstance(number, (float, torch.SymFloat)) and not dtype.is_floating_point:
             raise TypeError(f"prims.{prim.__name__}: float {number} with a {dtype} tensor")
 
 
@@ -210,6 +244,11 @@ def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Grap
     Returns:
         A new GraphModule that computes the same values; see ``fallbacks`` for the ATen ops kept.
     """
+    with symbolic_fake_mode(example_inputs):  # dynamic shapes: meta values with SymInt sizes
+        return _decompose(gm, example_inputs)
+
+
+def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
     graph = fx.Graph()
     tracer = DecompTracer(graph)
     env: dict[fx.Node, Any] = {}
@@ -217,11 +256,12 @@ def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Grap
     for node in gm.graph.nodes:
         tracer.origin = node.name
         if node.op in ("placeholder", "get_attr"):
-            env[node] = _copy_input(gm, graph, node, inputs)
+            env[node] = _copy_input(gm, graph, node, inputs, tracer.sizes)
         elif node.op == "call_function":
             env[node] = _decompose_node(tracer, node, env)
         elif node.op == "output":
-            out = graph.output(_node_of(fx.node.map_arg(node.args[0], env.__getitem__)))
+            outputs = fx.node.map_arg(node.args[0], env.__getitem__)
+            out = graph.output(_node_of(outputs, tracer.sizes.node))
             out.meta["aten_origin"] = node.name
             out.meta["val"] = _output_vals(node, env)
         else:
@@ -242,16 +282,24 @@ def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
     return fx.node.map_arg(node.args[0], val)
 
 
-def _copy_input(gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, inputs: Any) -> Proxy:
+def _copy_input(
+    gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, inputs: Any, sizes: "SymbolicSizes"
+) -> Any:
     if node.op == "placeholder":
         value = next(inputs, None)
         new = graph.placeholder(node.name)
     else:
         value = getattr(gm, node.target)
         new = graph.get_attr(node.target)
+    if node.op == "placeholder" and isinstance(value, (int, torch.SymInt)):  # a size: s0
+        new.meta["val"], new.meta["aten_origin"] = value, node.name
+        sizes.add_input(new, value)
+        return value
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"toycomp.decompositions: input {node.name} is not a tensor: {value!r}")
     new.meta["val"], new.meta["aten_origin"] = to_meta(value), node.name
+    if node.op == "placeholder":
+        sizes.add_input(new, new.meta["val"])
     return Proxy(new, new.meta["val"], value.device)
 
 
@@ -259,6 +307,8 @@ def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]
     args = fx.node.map_arg(node.args, env.__getitem__)
     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
     target = node.target
+    if is_size_computation(node):  # sym_size(x, 0) * 4: computed now, a node again where used
+        return target(*_meta_of(args), **_meta_of(kwargs))
     if target is operator.getitem:
         src = args[0]
         return src[args[1]] if isinstance(src, (list, tuple)) else tracer.emit(target, args, {})

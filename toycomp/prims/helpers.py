@@ -44,8 +44,20 @@ class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)
 KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
 
 
+def is_symbolic(x: Any) -> bool:
+    """A SymInt / SymFloat / SymBool: a number known only as an expression in the sizes
+    (``mean`` over a dynamic dim divides by ``s0``)."""
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def is_number(x: Any) -> bool:
-    return isinstance(x, (bool, int, float))
+    return isinstance(x, (bool, int, float)) or is_symbolic(x)
+
+
+def number_dtype(x: Any) -> torch.dtype:
+    """``python_number_dtype``, also for symbolic numbers (a SymInt is an int64 number)."""
+    plain = {torch.SymBool: True, torch.SymInt: 1, torch.SymFloat: 1.0}.get(type(x), x)
+    return python_number_dtype(plain)
 
 
 def _category(dtype: torch.dtype) -> int:
@@ -67,7 +79,7 @@ def result_type(*args: Any) -> torch.dtype:
     tiers: list[list[torch.dtype]] = [[], [], []]
     for a in args:
         if is_number(a):
-            tiers[2].append(python_number_dtype(a))
+            tiers[2].append(number_dtype(a))
         else:
             tiers[1 if a.ndim == 0 else 0].append(a.dtype)
     result: torch.dtype | None = None
@@ -151,9 +163,16 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
+    """``tuple(a) == tuple(b)``, comparing no sizes when the ranks differ: a tuple compares its
+    items before its lengths, and with dynamic shapes comparing ``s0`` with ``10`` records a
+    guard (``s0 != 10``) that would recompile the graph when a batch of 10 comes."""
+    return len(a) == len(b) and tuple(a) == tuple(b)
+
+
 def broadcast_to(a: Any, shape: Sequence[int]) -> Any:
     """``a`` broadcast to ``shape`` with ``broadcast_in_dim`` (numbers, None, exact fits pass)."""
-    if a is None or is_number(a) or tuple(a.shape) == tuple(shape):
+    if a is None or is_number(a) or same_shape(a.shape, shape):
         return a
     offset = len(shape) - a.ndim
     if offset < 0 or broadcast_shapes(a.shape, shape) != tuple(shape):
@@ -196,7 +215,7 @@ def reduction_dims(a: Any, dims: Sequence[int] | int | None) -> list[int]:
 
 def reshape(a: Any, shape: Sequence[int]) -> Any:
     """``prims.reshape`` unless ``a`` already has ``shape``."""
-    return a if tuple(a.shape) == tuple(shape) else prims.reshape(a, list(shape))
+    return a if same_shape(a.shape, shape) else prims.reshape(a, list(shape))
 
 
 def reduce(prim: Any, a: Any, dims: Sequence[int] | int | None, keepdim: bool) -> Any:

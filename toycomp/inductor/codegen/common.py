@@ -137,6 +137,8 @@ class IndexPrinter(StrPrinter):
         return f"(({base}) {self.floordiv} ({divisor}))"
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
+        if expr.exp.is_Integer and expr.exp > 0:  # s0**2, from sizes (s0, s0): s0*s0
+            return "*".join([self.parenthesize(expr.base, 100)] * int(expr.exp))
         raise NotImplementedError(f"index expression {expr} (powers are not supported)")
 
     def _print_Function(self, expr: sympy.Function) -> str:
@@ -301,7 +303,8 @@ class KernelCodegen:
 
     def check_index(self, index: sympy.Expr) -> None:
         allowed = {indexing.x, indexing.r} if self.in_r_loop else {indexing.x}
-        extra = sympy.sympify(index).free_symbols - allowed
+        free = sympy.sympify(index).free_symbols - allowed
+        extra = {v for v in free if not indexing.is_size_symbol(v)}  # sizes s0, s1 are arguments
         if extra:
             where = "an r loop" if self.in_r_loop else "an x-only loop"
             raise ValueError(f"{self.kernel.name}: index {index} uses {extra} in {where}")

@@ -54,7 +54,7 @@ import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp.inductor import cache, ir
+from toycomp.inductor import cache, indexing, ir
 from toycomp.inductor.codegen import libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
@@ -259,8 +259,10 @@ class CppKernelCodegen(KernelCodegen):
     def codegen_kernel(self) -> str:
         k = self.kernel
         body = IndentedBuffer()
-        parallel = k.numel * k.rnumel >= PARALLEL_MIN_ELEMENTS
-        parallel_r = k.numel == 1 and k.rnumel >= PARALLEL_REDUCTION_MIN_RNUMEL
+        parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
+        parallel_r = None
+        if indexing.known_equal(k.numel, 1):
+            parallel_r = self.parallel_if(k.rnumel, PARALLEL_REDUCTION_MIN_RNUMEL)
         for loop in k.loops:
             self.codegen_loop_code(body, loop, parallel_r)
         code = IndentedBuffer()
@@ -272,16 +274,17 @@ class CppKernelCodegen(KernelCodegen):
         code.writeline(f'extern "C" void {k.name}({self.signature()})')
         code.writeline("{")
         with code.indent():
-            if k.numel == 1:
+            if indexing.known_equal(k.numel, 1):
                 code.writeline("const int64_t xindex = 0;")
                 code.splice(body)
             else:
                 # A pointwise kernel's x loop is its only loop: vectorise it too.
                 simd = all(not loop.over_r and _independent_iterations(loop) for loop in k.loops)
-                pragma = " ".join(["parallel for"] * parallel + ["simd"] * simd)
+                pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
                 if pragma:
-                    code.writeline(f"#pragma omp {pragma}")
-                code.writeline(f"for (int64_t xindex = 0; xindex < {k.numel}; xindex++)")
+                    code.writeline(f"#pragma omp {pragma}{parallel or ''}")
+                numel = self.print_index(k.numel)
+                code.writeline(f"for (int64_t xindex = 0; xindex < {numel}; xindex++)")
                 code.writeline("{")
                 with code.indent():
                     code.splice(body)
@@ -289,7 +292,15 @@ class CppKernelCodegen(KernelCodegen):
         code.writeline("}")
         return PREAMBLE + "\n" + code.getvalue()
 
-    def codegen_loop_code(self, body: IndentedBuffer, loop: ir.Loop, parallel_r: bool) -> None:
+    def parallel_if(self, elements, minimum: int) -> str | None:
+        """Whether a loop over ``elements`` runs on all cores: None (no), "" (yes), or, when
+        ``elements`` is symbolic, an OpenMP clause deciding it at run time: ``if(parallel:
+        4*s0 >= 16384)`` (a kernel serves every size, small and big)."""
+        if indexing.is_static(elements):
+            return "" if elements >= minimum else None
+        return f" if(parallel: {self.print_index(elements)} >= {minimum})"
+
+    def codegen_loop_code(self, body: IndentedBuffer, loop: ir.Loop, parallel_r) -> None:
         self.new_sections()
         self.loop_reductions = []
         self.codegen_loop(loop)
@@ -299,11 +310,13 @@ class CppKernelCodegen(KernelCodegen):
             return
         body.splice(self.prefix)
         clauses = "".join(f" reduction({c})" for c in self.loop_reductions)
-        if parallel_r:
-            body.writeline(f"#pragma omp parallel for{' simd' if clauses else ''}{clauses}")
+        if parallel_r is not None:
+            simd = " simd" if clauses else ""
+            body.writeline(f"#pragma omp parallel for{simd}{clauses}{parallel_r}")
         elif clauses or _independent_iterations(loop):
             body.writeline(f"#pragma omp simd{clauses}")
-        body.writeline(f"for (int64_t rindex = 0; rindex < {self.kernel.rnumel}; rindex++)")
+        rnumel = self.print_index(self.kernel.rnumel)
+        body.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
         body.writeline("{")
         with body.indent():
             for section in (self.loads, self.compute, self.stores):
@@ -317,6 +330,7 @@ class CppKernelCodegen(KernelCodegen):
         for buffer, arg in self.args.items():
             const = "" if buffer in writes else "const "
             params.append(f"{const}{cpp_type(self.dtypes[buffer])}* {arg}")
+        params += [f"const int64_t {s}" for s in self.kernel.size_symbols()]
         return ", ".join(params)
 
 
@@ -368,8 +382,10 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
     cg = CppKernelCodegen(kernel)
     source = cg.codegen_kernel()
-    ptrs = ", ".join(f"{buffer}.data_ptr()" for buffer in cg.args)
-    return GeneratedKernel(kernel.name, "cpp", source, kernel.origins, f"{kernel.name}({ptrs})")
+    args = [f"{buffer}.data_ptr()" for buffer in cg.args]
+    args += [str(s) for s in kernel.size_symbols()]  # dynamic shapes: the sizes, at call time
+    call = f"{kernel.name}({', '.join(args)})"
+    return GeneratedKernel(kernel.name, "cpp", source, kernel.origins, call)
 
 
 def load(generated: GeneratedKernel) -> Callable[..., None]:
@@ -390,6 +406,9 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     fn = getattr(lib, generated.name)
     # Declared argument types let ctypes take the ints from data_ptr() directly: the call is
     # on every kernel launch, so it stays one ctypes call with no Python wrapper around it.
-    fn.argtypes = [ctypes.c_void_p] * generated.call.count(".data_ptr()")
+    args = generated.call[generated.call.index("(") + 1 : -1].split(", ")
+    fn.argtypes = [
+        ctypes.c_void_p if a.endswith(".data_ptr()") else ctypes.c_int64 for a in args if a
+    ]  # pointers, then the sizes s0, s1... of a kernel with dynamic shapes
     fn.restype = None
     return fn

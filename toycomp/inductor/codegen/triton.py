@@ -52,6 +52,7 @@ from toycomp.inductor.codegen.common import (
     LOW_PRECISION,
     GeneratedKernel,
     IndentedBuffer,
+    IndexPrinter,
     KernelCodegen,
     compute_dtype,
     operand_dtype,
@@ -84,16 +85,47 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
 
 
+# [Note: Triton with dynamic shapes]
+# A kernel whose sizes are symbols takes them as arguments (``s0``, then ``xnumel`` and
+# ``rnumel`` computed from them by the wrapper) and its grid, ``cdiv(xnumel, XBLOCK)``, is
+# computed at each call. Block sizes that would depend on a symbolic size are chosen without
+# it: a pointwise kernel takes XBLOCK = 1024, a persistent reduction (static rnumel) takes
+# BLOCK_ELEMENTS // RBLOCK rows per program. A symbolic rnumel cannot be proven <= 4096, so that
+# reduction loops over r; its XBLOCK and RBLOCK are launch parameters chosen at each call by
+# ``reduction_blocks`` from the actual sizes, with the static rule (a 32-column row is one
+# 32-wide step, not a 1024-wide mostly masked one); Triton compiles one variant per distinct
+# block size (a power of 2), the source and toycomp's cache entry stay one. Indices whose range
+# cannot be bounded are 64-bit.
 def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
-    """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``."""
+    """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``; empty
+    for a reduction over a symbolic rnumel (``reduction_blocks`` picks them at each call)."""
+    static_numel = indexing.is_static(kernel.numel)
     if not any(loop.over_r for loop in kernel.loops):
-        xblock = min(POINTWISE_XBLOCK, next_power_of_2(kernel.numel))
+        xblock = POINTWISE_XBLOCK
+        if static_numel:
+            xblock = min(POINTWISE_XBLOCK, next_power_of_2(kernel.numel))
         return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
+    if not indexing.is_static(kernel.rnumel):
+        return {}
     if kernel.rnumel <= PERSISTENT_MAX_RNUMEL:
         rblock = next_power_of_2(kernel.rnumel)
-        xblock = min(next_power_of_2(kernel.numel), max(1, BLOCK_ELEMENTS // rblock))
+        xblock = max(1, BLOCK_ELEMENTS // rblock)
+        if static_numel:
+            xblock = min(next_power_of_2(kernel.numel), xblock)
     else:
         rblock, xblock = LOOPED_RBLOCK, 1
+    return _reduction_meta(xblock, rblock)
+
+
+def reduction_blocks(numel: int, rnumel: int) -> dict[str, int]:
+    """Block sizes of a looped reduction for these sizes (see [Note: Triton with dynamic
+    shapes]); the generated wrapper calls it before each launch."""
+    rblock = min(LOOPED_RBLOCK, next_power_of_2(rnumel))
+    xblock = min(next_power_of_2(numel), max(1, BLOCK_ELEMENTS // rblock))
+    return _reduction_meta(xblock, rblock)
+
+
+def _reduction_meta(xblock: int, rblock: int) -> dict[str, int]:
     return {
         "XBLOCK": xblock,
         "RBLOCK": rblock,
@@ -109,16 +141,21 @@ class TritonKernelCodegen(KernelCodegen):
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
         self.blocks = block_sizes(kernel)
-        self.is_reduction = "RBLOCK" in self.blocks
-        self.persistent = self.is_reduction and kernel.rnumel <= PERSISTENT_MAX_RNUMEL
+        self.is_reduction = any(loop.over_r for loop in kernel.loops)
+        self.persistent = self.is_reduction and indexing.known_less(
+            kernel.rnumel, PERSISTENT_MAX_RNUMEL + 1
+        )
         self.int64_index = self._needs_int64()
 
     def _needs_int64(self) -> bool:
         """Some index may leave int32's range (the masked lanes of the last block included)."""
         k, b = self.kernel, self.blocks
+        if not b:  # block sizes chosen at run time
+            return True
+        rnumel = k.rnumel if not indexing.is_static(k.rnumel) else max(k.rnumel, 1)
         ranges = {
             indexing.x: k.numel + b["XBLOCK"],
-            indexing.r: max(k.rnumel, 1) + b.get("RBLOCK", 1),
+            indexing.r: rnumel + b.get("RBLOCK", 1),
         }
         indices = [
             e.index
@@ -129,7 +166,9 @@ class TritonKernelCodegen(KernelCodegen):
         ]
         for index in indices:
             bounds = indexing.index_bounds(sympy.sympify(index), ranges)
-            if bounds is None or max(-bounds[0], bounds[1]) >= 2**31 - 1:
+            if bounds is None or not all(indexing.is_static(b) for b in bounds):
+                return True  # (a symbolic size may be large)
+            if max(-bounds[0], bounds[1]) >= 2**31 - 1:
                 return True
         return False
 
@@ -151,6 +190,9 @@ class TritonKernelCodegen(KernelCodegen):
         if not index.free_symbols:  # a block pointer is needed for a block mask
             itype = "tl.int64" if self.int64_index else "tl.int32"
             text = f"tl.full({self.shape(False)}, {text}, {itype})"
+        elif not index.free_symbols & {indexing.x, indexing.r}:  # only sizes: s0 - 1
+            itype = "tl.int64" if self.int64_index else "tl.int32"
+            text = f"tl.zeros({self.shape(False)}, {itype}) + ({text})"
         return f"{self.args[buffer]} + ({text})"
 
     # --- the backend methods --------------------------------------------------------------------
@@ -225,6 +267,9 @@ class TritonKernelCodegen(KernelCodegen):
             code = f"tl.full({self.shape(self.in_r_loop)}, {text}, {triton_type(exact)})"
             if exact != dtype:
                 code = triton_convert(code, dtype, exact)
+        elif not index.free_symbols & {indexing.x, indexing.r}:  # a size (mean's s0): a block
+            block = f"(tl.zeros({self.shape(self.in_r_loop)}, tl.int64) + ({text}))"
+            code = triton_convert(block, dtype, torch.int64)
         else:
             code = triton_convert(f"({text})", dtype)
         return self.cse.generate(self.compute, code, dtype)
@@ -263,8 +308,10 @@ class TritonKernelCodegen(KernelCodegen):
         return header + "".join(h + "\n\n" for h in helpers) + source
 
     def signature(self) -> list[str]:
-        params = [*self.args.values(), "xnumel"]
-        if self.is_reduction:  # constexpr: `range(0, rnumel, RBLOCK)` must see an int (Triton 3.6)
+        params = [*self.args.values(), *map(str, self.kernel.size_symbols()), "xnumel"]
+        if self.is_reduction and not indexing.is_static(self.kernel.rnumel):
+            params.append("rnumel")  # symbolic: one compiled kernel for every size
+        elif self.is_reduction:  # constexpr: `range(0, rnumel, RBLOCK)` must see an int (3.6)
             params.append("rnumel: tl.constexpr")
         params.append("XBLOCK: tl.constexpr")
         if self.is_reduction:
@@ -334,12 +381,26 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """Triton source for ``kernel`` plus the wrapper line that launches it."""
     cg = TritonKernelCodegen(kernel)
     source = cg.codegen_kernel()
+    numel, rnumel = (_python(n) for n in (kernel.numel, kernel.rnumel))
+    sizes = [*map(str, kernel.size_symbols()), numel] + ([rnumel] if cg.is_reduction else [])
+    args = ", ".join([*cg.args, *sizes])
     meta = dict(cg.blocks)
-    grid = f"({-(-kernel.numel // meta['XBLOCK'])},)"
-    sizes = [str(kernel.numel)] + ([str(kernel.rnumel)] if cg.is_reduction else [])
+    if not meta:  # a symbolic rnumel: block sizes for this call's sizes
+        call = f"blocks = reduction_blocks({numel}, {rnumel})\n"
+        call += f"{kernel.name}[(cdiv({numel}, blocks['XBLOCK']),)]({args}, **blocks)"
+        return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
+    if indexing.is_static(kernel.numel):
+        grid = f"({-(-kernel.numel // meta['XBLOCK'])},)"
+    else:
+        grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
-    call = f"{kernel.name}[{grid}]({', '.join([*cg.args, *sizes])}, {kwargs})"
+    call = f"{kernel.name}[{grid}]({args}, {kwargs})"
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
+
+
+def _python(size) -> str:
+    """A size as the wrapper's Python source: ``1000``, ``4*s0``."""
+    return str(size) if indexing.is_static(size) else IndexPrinter().doprint(size)
 
 
 def load(generated: GeneratedKernel, device: torch.device) -> Any:

@@ -1,0 +1,116 @@
+"""Stage 4, symbolic sizes: PyTorch's SymInts -> sympy expressions over ``s0, s1, ...``.
+
+Input -> output: the sizes, strides and SymInt inputs of a graph traced with dynamic shapes
+(SymInts of a torch ``ShapeEnv``, whose symbols PyTorch names ``s77``, ``s27``...) -> Python ints
+where a size is static, else sympy expressions over toycomp's size symbols ``s0, s1, ...``,
+numbered in the order the ShapeEnv created them (so the forward and the backward graphs of one
+trace agree, and the kernels read the same on every PyTorch version)::
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda a: a * 2, tracing_mode="symbolic")(torch.empty(8, 3))
+    >>> fake = next(iter(gm.graph.nodes)).meta["val"]  # a fake tensor of size (s77, s27)
+    >>> sizes = SizeVars()
+    >>> sizes.shape(fake), sizes.stride(fake), sizes.shape(torch.empty(8, 3))
+    ((s0, s1), (s1, 1), (8, 3))
+
+Static tensors give plain ints, so a static graph compiles exactly as before. Sizes 0 and 1 are
+always specialised: a symbol that PyTorch allows to be 0 or 1 is refused (NotImplementedError,
+so the graph runs eagerly, visibly), since toycomp's decisions assume every symbol >= 2 (see
+[Note: size symbols] in indexing.py).
+
+NB: in PyTorch this lives in torch/_inductor/sizevars.py (``SizeVarAllocator``: simplification
+with ranges, ``statically_known_*``, the kernel size arguments ``ks0, ks1``) and
+torch/fx/experimental/symbolic_shapes.py (``ShapeEnv``, the symbols and their guards).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from toycomp._torch_compat import shape_env_of, sym_expr, symbol_order, symbol_range
+from toycomp.inductor import indexing
+
+Size = int | sympy.Expr
+
+
+def is_symbolic(value: Any) -> bool:
+    """A SymInt / SymFloat / SymBool (PyTorch's symbolic numbers)."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+class SizeVars:
+    """Translates one graph's SymInts into expressions over ``s0, s1, ...``.
+
+    ``values`` (the graph's example inputs) name the ShapeEnv when a SymInt does not (AOT may
+    hand its SymInt inputs over without one: the sizes of the fake tensors have it).
+    """
+
+    def __init__(self, values: list | None = None) -> None:
+        self.renames: dict[sympy.Symbol, sympy.Symbol] = {}  # ShapeEnv symbol -> s<k>
+        self.shape_env = None
+        for v in values or ():
+            for s in (*v.shape, *v.stride()) if isinstance(v, torch.Tensor) else (v,):
+                if self.shape_env is None and is_symbolic(s):
+                    self.shape_env = shape_env_of(s)
+
+    def expr(self, value: Any) -> Size:
+        """An int or SymInt -> an int or an expression over toycomp's size symbols."""
+        if not is_symbolic(value):
+            return value
+        expr = sym_expr(value)
+        if not isinstance(expr, sympy.Basic) or expr.is_number:
+            return int(expr) if isinstance(value, torch.SymInt) else expr
+        for symbol in expr.free_symbols:
+            if symbol not in self.renames:
+                shape_env = shape_env_of(value) or self.shape_env
+                self.renames[symbol] = self._rename(shape_env, symbol)
+        return to_toycomp(expr, self.renames)
+
+    def shape(self, t: torch.Tensor) -> tuple[Size, ...]:
+        return tuple(self.expr(s) for s in t.shape)
+
+    def stride(self, t: torch.Tensor) -> tuple[Size, ...]:
+        return tuple(self.expr(s) for s in t.stride())
+
+    def _rename(self, shape_env: Any, symbol: sympy.Symbol) -> sympy.Symbol:
+        if shape_env is None:
+            raise NotImplementedError(f"toycomp: size {symbol} belongs to no ShapeEnv")
+        order, (lower, _) = symbol_order(shape_env, symbol), symbol_range(shape_env, symbol)
+        if order < 0:
+            raise NotImplementedError(f"toycomp: size {symbol} has no example value (unbacked)")
+        if lower is None or lower < indexing.SIZE_SYMBOL_MIN:
+            raise NotImplementedError(
+                f"toycomp: size {symbol} may be smaller than {indexing.SIZE_SYMBOL_MIN} "
+                "(toycomp needs sizes 0 and 1 specialised)"
+            )
+        return indexing.size_symbol(order)
+
+
+def to_toycomp(expr: sympy.Expr, renames: dict[sympy.Symbol, sympy.Symbol]) -> sympy.Expr:
+    """A ShapeEnv expression with its symbols renamed and PyTorch's integer functions
+    (``FloorDiv``, ``ModularIndexing``, ``CleanDiv``, ``Mod``) spelled with toycomp's FloorDiv."""
+    if isinstance(expr, sympy.Symbol):
+        return renames[expr]
+    if not expr.args:
+        return expr
+    args = [to_toycomp(a, renames) for a in expr.args]
+    name = type(expr).__name__
+    if name in ("FloorDiv", "CleanDiv"):
+        return indexing.FloorDiv(*args)
+    if name == "ModularIndexing":  # (base // divisor) % modulus
+        base, divisor, modulus = args
+        return _mod(indexing.FloorDiv(base, divisor), modulus)
+    if name in ("Mod", "PythonMod"):
+        return _mod(*args)
+    if isinstance(expr, (sympy.Add, sympy.Mul)) or (
+        isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0
+    ):
+        return expr.func(*args)
+    raise NotImplementedError(f"toycomp: symbolic size {expr} ({name} is not supported)")
+
+
+def _mod(base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr:
+    return base - divisor * indexing.FloorDiv(base, divisor)
