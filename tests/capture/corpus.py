@@ -745,3 +745,13 @@ def new_object_live_at_a_graph_break(x):
     print("moves so far:", p.moves)
     p.move(2.0)
     return p.norm(), p.moves
+
+
+@case(lambda: [(t(3, seed=i) * (1 if i != 1 else -10),) for i in range(3)])
+def jump_inside_enable_grad_already_on(x):
+    with torch.enable_grad():  # grad mode does not change: no node, as Dynamo coalesces them
+        y = x * 2
+        if y.sum() > 0:
+            y = y * 3
+        print("in enable_grad")
+    return y

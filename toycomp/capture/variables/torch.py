@@ -110,8 +110,12 @@ class GradModeVariable(ContextManagerVariable):
 
 
 def set_grad(tx, mode: bool) -> None:
-    tx.output.create_call("call_function", torch._C._set_grad_enabled, [ConstantVariable(mode)], {})
-    torch._C._set_grad_enabled(mode)
+    """Switch grad mode in the graph and for real; no node when it is already ``mode`` (the
+    guards pin the mode at the graph's start; Dynamo also coalesces these)."""
+    if torch.is_grad_enabled() != mode:
+        tx.output.create_call("call_function", torch._C._set_grad_enabled,
+                              [ConstantVariable(mode)], {})
+        torch._C._set_grad_enabled(mode)
 
 
 class AutocastVariable(ContextManagerVariable):
