@@ -260,3 +260,8 @@ def symbol_order(shape_env, symbol) -> int:  # inductor/sizevars.py: s77 was mad
     values = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13; 2.11: var_to_val
     values = shape_env.var_to_val if values is None else values
     return list(values).index(symbol) if symbol in values else -1
+
+
+def dynamo_marked_dims(t) -> set:  # capture/dynamic_shapes.py: torch._dynamo.mark_dynamic's
+    """Dimensions ``torch._dynamo.mark_dynamic`` marked on ``t`` (a private attribute)."""
+    return set(getattr(t, "_dynamo_dynamic_indices", ()))

@@ -190,14 +190,20 @@ class OptimizedFunction:
     toycomp/aot/runtime_wrappers.py is another thing: AOTAutograd's ``autograd.Function``.)
     """
 
-    def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut") -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        backend: str | None,
+        partition: str = "min_cut",
+        dynamic: bool | None = None,
+    ) -> None:
         self.fn = fn
         self.backend = backend
         self.partition = partition
         name = getattr(fn, "__qualname__", type(fn).__name__)
         self.compiler = GraphCompiler(backend, partition, name)
         self.entries = self.compiler.entries
-        self.context = CompileContext(self.compiler, RECOMPILE_LIMIT)
+        self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
         self.frame = self.context.frame_for(frame_target(fn))
 
     @property
@@ -227,6 +233,7 @@ def compile(  # noqa: A001 (torch.compile's name)
     fn: Callable,
     backend: str | None = None,
     partition: str = "min_cut",
+    dynamic: bool | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
@@ -238,6 +245,11 @@ def compile(  # noqa: A001 (torch.compile's name)
             Triton on CPU tensors runs through Triton's interpreter).
         partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
             or ``"default"`` (save every forward value the backward reads).
+        dynamic: as in ``torch.compile``: ``None`` specialises every size at first, and a
+            recompile caused by a size change traces that dimension as a symbol (one graph for
+            every batch size); ``True`` makes every size a symbol from the start; ``False``
+            never does. ``toycomp.mark_dynamic(x, dim)`` makes a dimension a symbol in every
+            mode. Sizes 0 and 1 are always specialised.
 
     Returns:
         A callable with the same results, gradients and Python side effects as ``fn``. A new
@@ -246,7 +258,9 @@ def compile(  # noqa: A001 (torch.compile's name)
         frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
     """
     check_choices(backend, partition)
-    return OptimizedFunction(fn, backend, partition)
+    if dynamic not in (None, True, False):
+        raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
+    return OptimizedFunction(fn, backend, partition, dynamic)
 
 
 def toycomp_backend(

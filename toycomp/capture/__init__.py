@@ -21,6 +21,7 @@ Files, in reading order:
     instructions_flow.py   calls, functions, jumps, loops, ``with``, generators
     variables/             the variable trackers (tensors, constants, lists, modules, functions...)
     sources.py             where each value came from; guard_builder.py: guards from the sources
+    dynamic_shapes.py      automatic dynamic shapes: which sizes become symbols; shape guards
     output_graph.py        the FX graph, built on fake tensors
     side_effects_replay.py Python mutations recorded while tracing, replayed after the graph
     codegen.py             traced values back into Python expressions

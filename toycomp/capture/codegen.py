@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from toycomp.capture.sources import Source
+from toycomp.capture.variables.base import Unsupported
+from toycomp.symbolic_shapes import is_symbolic, sym_expr, to_text
 
 _LITERALS = (int, float, str, bool, type(None), bytes)
 
@@ -53,7 +55,8 @@ def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> st
 class PyCodegen:
     """Collects statements (``lines``), globals for them (``env``) and the graph's outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, symbols: dict | None = None) -> None:
+        self.symbols: dict = symbols or {}  # symbol -> where it is read (``x.size(0)``)
         self.lines: list[str] = []
         self.env: dict[str, Any] = {"torch": torch}
         self.outputs: list = []  # TensorVariables the graph must return, in order
@@ -67,6 +70,8 @@ class PyCodegen:
 
     def constant(self, value: Any) -> str:
         """``value`` as a literal, or as a name bound to it in ``env`` (``__sin_3``)."""
+        if is_symbolic(value) or isinstance(value, tuple) and any(map(is_symbolic, value)):
+            return self.size_expression(value)
         text = known_text(value, self.env, _LITERALS)
         if text is not None:
             return text
@@ -81,6 +86,19 @@ class PyCodegen:
         name = f"__{''.join(c if c.isalnum() else '_' for c in name)}_{len(self.env)}"
         self.env[name] = value
         return name
+
+    def size_expression(self, value: Any) -> str:
+        """A size (a SymInt, or a shape holding some) as Python over the frame's inputs: with
+        dynamic shapes ``n = x.shape[0]`` is ``x.size(0)`` after a graph break, never the
+        value it had while tracing."""
+        if isinstance(value, tuple):
+            items = "".join(f"{self.constant(v)}, " for v in value)
+            return f"torch.Size(({items}))" if isinstance(value, torch.Size) else f"({items})"
+        expr = sym_expr(value)
+        missing = expr.free_symbols - set(self.symbols)
+        if missing:
+            raise Unsupported(f"a size ({expr}) whose symbols are not read from an input")
+        return f"({to_text(expr, self.symbols)})"
 
     def graph_output(self, var) -> str:
         for i, out in enumerate(self.outputs):

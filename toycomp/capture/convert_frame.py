@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 
+from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
 from toycomp.capture.output_graph import AliasedInputs, OutputGraph
 from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
 from toycomp.capture.transformed_code import TransformedCode, build_transformed
@@ -66,6 +67,7 @@ class CompileRecord:
     guards: str
     break_reason: str | None = None
     break_location: tuple | None = None
+    shapes: DynamicShapes | None = None  # the symbols, dynamic dims and shape guards
 
 
 @dataclass
@@ -74,6 +76,7 @@ class CompileContext:
 
     compile_graph: Callable
     recompile_limit: int = RECOMPILE_LIMIT
+    dynamic: bool | None = None  # sizes as symbols: None after a size change, True: always
     frames: dict = field(default_factory=dict)  # function -> CompiledFrame
     log: list = field(default_factory=list)  # CompileRecords, in compile order
 
@@ -98,6 +101,7 @@ class CompiledFrame:
         self.entries: list[CacheEntry] = []
         self.skip_reason: str | None = None
         self.warned: set[str] = set()
+        self.frame_state = FrameState()  # the inputs' sizes so far: automatic dynamic shapes
         self.__name__ = fn.__name__
         self.__wrapped__ = fn
 
@@ -131,13 +135,18 @@ class CompiledFrame:
     def compile(self, L: dict) -> CacheEntry | None:
         """Trace on fake tensors (restarting once at a graph break) and build an entry."""
         break_at = info = None
+        symbolic = False
         while True:
-            output = OutputGraph(self.fn, self.fn.__globals__)
+            output = OutputGraph(self.fn, self.fn.__globals__, self.context.dynamic,
+                                 self.frame_state, symbolic)
             output.guards.env["F"] = self.fn
             saved = global_state()
             try:
                 tx = InstructionTranslator(self.fn, L, output, break_at, info)
                 tx.run()
+            except RestartWithSymbols:  # a size turned out dynamic: trace with a ShapeEnv
+                symbolic = True
+                continue
             except BreakRequest as e:
                 if break_at is not None and e.step <= break_at:
                     return self.give_up(f"trace did not repeat: {e.reason}")
@@ -160,12 +169,13 @@ class CompiledFrame:
             return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
         except AliasedInputs as e:  # guarded: only inputs aliased this way run eagerly
             return self.eager_entry(output, e.reason)
+        shapes = output.install_shape_guards()  # after stages 2-4, which may add some
         check = output.guards.compile()
         plan = tx.plan
         is_break = isinstance(plan, Break)
         self.context.log.append(CompileRecord(
             self.fn.__qualname__, transformed, check.source,
-            plan.reason if is_break else None, plan.location if is_break else None))
+            plan.reason if is_break else None, plan.location if is_break else None, shapes))
         return CacheEntry(check, transformed)
 
     def eager_entry(self, output, reason: str) -> CacheEntry:
@@ -173,6 +183,7 @@ class CompiledFrame:
         if reason not in self.warned:
             self.warned.add(reason)
             warnings.warn(f"toycomp: {self.fn.__qualname__}: {reason}", stacklevel=4)
+        output.install_shape_guards()
         check = output.guards.compile()
         transformed = TransformedCode(self.fn, f"# {self.fn.__qualname__} runs eagerly: {reason}")
         self.context.log.append(CompileRecord(self.fn.__qualname__, transformed, check.source,
@@ -196,15 +207,19 @@ def restore_global_state(state: tuple) -> None:
     torch._C._set_grad_enabled(state[0])
 
 
-def compile_frame(fn: Callable, compile_graph: Callable, recompile_limit: int = RECOMPILE_LIMIT):
+def compile_frame(fn: Callable, compile_graph: Callable, recompile_limit: int = RECOMPILE_LIMIT,
+                  dynamic: bool | None = None):
     """``fn`` compiled lazily: traced on its first call, then served from its cache.
 
     Args:
         fn: a Python function (or bound method).
-        compile_graph: ``(gm, example_fake_inputs) -> callable(*real_inputs) -> tuple``.
+        compile_graph: ``(gm, example_fake_inputs) -> callable(*real_inputs) -> tuple``; with
+            dynamic shapes some example inputs are SymInts (the sizes), real ints at run time.
         recompile_limit: entries per function before new guard failures run eagerly.
+        dynamic: ``None``: sizes that changed since an earlier compile become symbols;
+            ``True``: every size (but 0 and 1); ``False``: none but ``mark_dynamic``'s.
     """
-    return CompileContext(compile_graph, recompile_limit).frame_for(fn)
+    return CompileContext(compile_graph, recompile_limit, dynamic).frame_for(fn)
 
 
 @dataclass

@@ -76,8 +76,12 @@ class GuardBuilder:
 
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 
-    def tensor_match(self, source: Source, t: torch.Tensor) -> None:
-        """Type, shape, strides, dtype, device and requires_grad of a tensor."""
+    def tensor_match(self, source: Source, t: torch.Tensor, sizes=None, strides=None) -> None:
+        """Type, shape, strides, dtype, device and requires_grad of a tensor.
+
+        With dynamic shapes, ``sizes`` / ``strides`` say what to check of each dimension: a
+        number, None (a symbol: checked by the shape guards, ``L['x'].size(0) >= 2``) or the
+        text of an expression it must equal (``L['x'].size(0)``)."""
         v = source.name()
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
         if "." in v or v.count("[") > 1:  # an attribute chain: read it once, name it (t0, ...)
@@ -88,11 +92,28 @@ class GuardBuilder:
             v = name
         else:
             self.add(f"type({v}) is {cls}")
-        self.add(f"{v}.shape == {tuple(t.shape)!r}")
-        self.add(f"{v}.stride() == {tuple(t.stride())!r}")
+        if sizes is None:
+            self.add(f"{v}.shape == {tuple(t.shape)!r}")
+            self.add(f"{v}.stride() == {tuple(t.stride())!r}")
+        else:
+            self.symbolic_layout(v, sizes, strides)
         self.add(f"{v}.dtype == {t.dtype}")
         self.add(f"{v}.device == {self.constant(t.device)}")
         self.add(f"{v}.requires_grad is {t.requires_grad}")
+
+    def symbolic_layout(self, v: str, sizes: list, strides: list) -> None:
+        """A tensor's layout when some sizes are symbols: its number of dimensions, then each
+        size and stride that is not a symbol of its own (``L['x'].size(1) == 3``)."""
+        self.add(f"{v}.dim() == {len(sizes)}")
+        for d, size in enumerate(sizes):
+            if size is not None:
+                self.add(f"{v}.size({d}) == {size}")
+        if all(isinstance(st, int) for st in strides):  # one check for all (contiguous...)
+            self.add(f"{v}.stride() == {tuple(strides)!r}")
+            return
+        for d, stride in enumerate(strides):
+            if stride is not None:
+                self.add(f"{v}.stride({d}) == {stride}")
 
     def constant_match(self, source: Source, value: Any) -> None:
         """A Python value, by type and value (``True == 1``, so the type is checked too)."""

@@ -32,6 +32,15 @@ import torch.fx
 
 import toycomp._torch_compat as compat
 from toycomp.capture.codegen import PyCodegen
+from toycomp.capture.dynamic_shapes import (
+    DynamicShapes,
+    FrameState,
+    RestartWithSymbols,
+    dim_kinds,
+    layout_guard_parts,
+    new_symbols,
+    shape_guard_lines,
+)
 from toycomp.capture.guard_builder import GuardBuilder, shares_memory
 from toycomp.capture.side_effects_replay import SideEffects
 from toycomp.capture.sources import AttrSource, LocalSource, Source, placeholder_name
@@ -44,6 +53,7 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
 )
 from toycomp.capture.variables.tensor import TensorVariable
+from toycomp.symbolic_shapes import is_symbolic, sym_expr, to_fx
 
 
 class OpaqueVariable(VariableTracker):
@@ -56,11 +66,22 @@ class OpaqueVariable(VariableTracker):
 class OutputGraph:
     """One graph under construction, for the frame of ``fn`` with globals ``f_globals``."""
 
-    def __init__(self, fn, f_globals: dict):
+    def __init__(self, fn, f_globals: dict, dynamic: bool | None = False,
+                 frame_state: FrameState | None = None, symbolic: bool = False):
         self.fn = fn
         self.root_globals = f_globals
         self.graph = torch.fx.Graph()
-        self.fake_mode = compat.fake_tensor_mode()
+        # [Note: automatic dynamic shapes] in capture/dynamic_shapes.py: a ShapeEnv only when
+        # some size will be a symbol; a static trace stays exactly as it was without one.
+        self.dynamic, self.frame_state = dynamic, frame_state or FrameState()
+        symbolic = symbolic or dynamic is True or self.frame_state.has_dynamic()
+        self.fake_mode = compat.symbolic_fake_tensor_mode() if symbolic else \
+            compat.fake_tensor_mode()
+        self.shape_env = compat.fake_mode_shape_env(self.fake_mode)
+        self.symbols: dict = {}  # symbol -> its source (``L['x'].size(0)``)
+        self.sym_nodes: dict = {}  # size expression -> the node computing it
+        self.dynamic_dims: dict[str, list[int]] = {}  # input -> its dimensions traced as symbols
+        self.graph_inputs: list[Source] = []  # where each placeholder is read from, in order
         self.guards = GuardBuilder()
         self.guards.global_state()
         self.side_effects = SideEffects(self.check_replayable)
@@ -82,20 +103,72 @@ class OutputGraph:
             if other is value:  # one placeholder for both: valid only while they are one
                 self.guards.alias_match(source, other_source, True)
                 return TensorVariable(var.proxy, var.example, source, var.cls)
-        self.guards.tensor_match(source, value)
-        first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-        if first is None:  # (inserting_before(None) would put it first)
-            node = self.graph.placeholder(placeholder_name(source))
-        else:
-            with self.graph.inserting_before(first):
-                node = self.graph.placeholder(placeholder_name(source))
-        fake = self.fake_mode.from_tensor(value)
-        node.meta["example_value"] = fake
+        fake = self.fake_tensor(value, source)
+        node = self.placeholder(placeholder_name(source), fake, source)
         node.meta["version"] = fake._version  # an in-place op on it bumps it (guard_aliasing)
-        node.meta["source"] = source.name()
         var = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, var))
         return var
+
+    def placeholder(self, name: str, example: Any, source: Source) -> torch.fx.Node:
+        """A new graph input, after the others, read from ``source`` on every call."""
+        first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
+        if first is None:  # (inserting_before(None) would put it first)
+            node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_before(first):
+                node = self.graph.placeholder(name)
+        node.meta["example_value"] = example
+        node.meta["source"] = source.name()
+        self.graph_inputs.append(source)
+        return node
+
+    # ----- symbolic sizes (dynamic shapes) ----------------------------------------------------
+
+    def fake_tensor(self, value: torch.Tensor, source: Source) -> torch.Tensor:
+        """``value``'s fake tensor, its sizes symbols where they are dynamic, and its guards.
+        Each new symbol becomes a graph input (``s0``, read from ``x.size(0)``), before the
+        tensor's, as in Dynamo's graphs."""
+        kinds = dim_kinds(value, source, self.dynamic, self.frame_state)
+        if self.shape_env is None:
+            if any(k != "static" for k in kinds):
+                raise RestartWithSymbols()
+            self.guards.tensor_match(source, value)
+            return self.fake_mode.from_tensor(value)
+        fake = compat.fake_with_symbols(self.fake_mode, value, kinds, source.name())
+        for symbol, size_source, size in new_symbols(fake, source, self.symbols):
+            self.sym_nodes[symbol] = self.placeholder(str(symbol), size, size_source)
+        if any(k != "static" for k in kinds):
+            dims = [d for d, n in enumerate(fake.shape) if is_symbolic(n)]
+            self.dynamic_dims[source.name()] = dims
+        sizes, strides = layout_guard_parts(fake, source, self.symbols)
+        self.guards.tensor_match(source, value, sizes, strides)
+        return fake
+
+    def size_node(self, value: Any) -> Any:
+        """The node computing a SymInt (``s0 * 2``) from the symbols' inputs; a number for a
+        constant one ([Note: sizes are rebuilt from their symbols], toycomp/symbolic_shapes.py)."""
+        expr = sym_expr(value)
+        if expr not in self.sym_nodes:
+            node = to_fx(expr, self.graph, self.sym_nodes.__getitem__)
+            if not isinstance(node, torch.fx.Node):
+                return node
+            self.sym_nodes[expr] = node
+        return self.sym_nodes[expr]
+
+    def install_shape_guards(self) -> DynamicShapes | None:
+        """After stages 2-4 ran (they may assume things about sizes too): the shape guards."""
+        if self.shape_env is None:
+            return None
+        lines = shape_guard_lines(self.shape_env, self.symbols)
+        for line in lines:
+            self.guards.add(line)
+        symbols = {str(s): src.name() for s, src in self.symbols.items()}
+        return DynamicShapes(symbols, dict(self.dynamic_dims), lines)
+
+    def symbol_code(self) -> dict:
+        """Each symbol as the transformed function reads it (``x.size(0)``)."""
+        return {s: src.code() for s, src in self.symbols.items()}
 
     # ----- calls ----------------------------------------------------------------------------
 
@@ -139,25 +212,30 @@ class OutputGraph:
         if result is None:  # called for its effect (torch._C._set_grad_enabled): keep the node
             return ConstantVariable(None)
         self.graph.erase_node(node)  # metadata such as torch.numel(x): a constant
-        if isinstance(result, (int, float, bool, torch.Size, torch.dtype, torch.device, tuple)):
+        if is_symbolic(result) or isinstance(result, (int, float, bool, torch.Size, torch.dtype,
+                                                      torch.device, tuple)):
             return ConstantVariable(result)
         raise Unsupported(f"{node.target} returned a {type(result).__name__}")
 
     def as_node(self, var):
-        return self._convert(var, lambda v: v.proxy)
+        return self._convert(var, lambda v: v.proxy, self.size_node)
 
     def as_fake(self, var):
         return self._convert(var, lambda v: v.example if isinstance(v, TensorVariable) else None)
 
-    def _convert(self, var, leaf):
+    def _convert(self, var, leaf, size=None):
         if isinstance(var, (TensorVariable, OpaqueVariable)):
             return leaf(var)
         if isinstance(var, BaseListVariable):
-            items = [self._convert(v, leaf) for v in var.items(self)]
+            items = [self._convert(v, leaf, size) for v in var.items(self)]
             return tuple(items) if isinstance(var, TupleVariable) else items
         if isinstance(var, DictVariable):
-            return {k: self._convert(v, leaf) for k, v in var.items.items()}
+            return {k: self._convert(v, leaf, size) for k, v in var.items.items()}
         value = var.as_python_constant()
+        if size is not None and is_symbolic(value):  # a size (x.shape[0] * 2): graph nodes
+            return size(value)
+        if size is not None and isinstance(value, tuple) and any(map(is_symbolic, value)):
+            return tuple(size(v) if is_symbolic(v) else v for v in value)  # a shape
         if hasattr(value, "__array__") and not isinstance(value, (int, float, complex)):
             # an FX graph can hold only constants it can print as Python (not a NumPy array)
             raise Unsupported(f"a {type(value).__name__} passed to a tensor operation")
@@ -169,7 +247,7 @@ class OutputGraph:
 
     def check_replayable(self, record) -> None:
         """Raise Unsupported now if ``record`` could not be written as Python later."""
-        record.codegen(PyCodegen())
+        record.codegen(PyCodegen(self.symbol_code()))
 
     def count_calls(self) -> int:
         return sum(n.op in ("call_function", "call_method") for n in self.graph.nodes)
@@ -208,7 +286,7 @@ class OutputGraph:
         return [n.meta["example_value"] for n in self.graph.nodes if n.op == "placeholder"]
 
     def input_sources(self) -> list[Source]:
-        return [source for source, _, var in self.inputs if var.source is source]
+        return list(self.graph_inputs)
 
 
 class AliasedInputs(Exception):

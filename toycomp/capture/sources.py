@@ -14,9 +14,11 @@ inputs back through the same sources on every call. A source renders two ways:
 "G['LOG'][0]"
 >>> cell_source(GlobalSource("helper"), 1).name()
 "G['helper'].__closure__[1].cell_contents"
+>>> TensorPropertySource(LocalSource("x"), "size", 0).code()
+'x.size(0)'
 
 NB: in PyTorch this lives in torch/_dynamo/source.py (LocalSource, GlobalSource, ChainedSource,
-AttrSource, GetItemSource, ...; ``Source.name()`` is the guard expression).
+AttrSource, GetItemSource, TensorPropertySource...; ``Source.name()`` is the guard expression).
 """
 
 from __future__ import annotations
@@ -101,6 +103,18 @@ class GetItemSource(ChainedSource):
 
     def suffix(self):
         return f"[{self.index!r}]"
+
+
+@dataclass(frozen=True)
+class TensorPropertySource(ChainedSource):
+    """A size, stride or the storage offset of the tensor at ``base``: ``L['x'].size(0)``
+    (where a symbol of dynamic shapes is read)."""
+
+    prop: str  # "size", "stride" or "storage_offset"
+    index: int | None = None
+
+    def suffix(self):
+        return f".{self.prop}({'' if self.index is None else self.index})"
 
 
 @dataclass(frozen=True)

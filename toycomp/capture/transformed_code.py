@@ -82,7 +82,7 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
         frame_compiler: ``function -> compiled function`` for resume functions and helpers.
         graph_index: the number in ``__compiled_fn_<k>``.
     """
-    cg = PyCodegen()
+    cg = PyCodegen(output.symbol_code())
     body: list[str] = []
 
     def emit(expr: str, name: str) -> str:  # bind a rebuilt value to a temporary
