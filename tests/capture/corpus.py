@@ -755,3 +755,11 @@ def jump_inside_enable_grad_already_on(x):
             y = y * 3
         print("in enable_grad")
     return y
+
+
+@case(lambda: [(t(3, seed=i, grad=True), i < 2) for i in range(3)],
+      state=torch.is_grad_enabled, reset=lambda: torch.set_grad_enabled(True))
+def set_grad_enabled_as_a_call_outlives_the_frame(x, off):
+    torch.set_grad_enabled(not off)
+    y = x * 2
+    return y, y.requires_grad

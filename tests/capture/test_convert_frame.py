@@ -346,11 +346,13 @@ def test_classes_the_tracer_cannot_model_break_with_a_named_reason(cls, why):
 
 def functional_backend(gm, example_inputs):
     """Runs the graph on copies of its inputs and copies the mutated ones back, as AOTAutograd's
-    functionalised graphs behave: a placeholder never sees another one's updates."""
+    functionalised graphs behave: a placeholder never sees another one's updates, and grad mode
+    switched inside the graph does not outlive it."""
     def run(*args):
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         versions = [getattr(c, "_version", None) for c in copies]
-        out = gm.forward(*copies)
+        with torch.set_grad_enabled(torch.is_grad_enabled()):
+            out = gm.forward(*copies)
         with torch.no_grad():  # (kernels such as batch_norm's update buffers unversioned)
             for a, c, v in zip(args, copies, versions):
                 if isinstance(c, torch.Tensor) and (c._version != v or not torch.equal(a, c)):
@@ -432,3 +434,17 @@ def test_views_sharing_memory_through_the_whole_pipeline():
             got = cf(*ALIASED_CALLS[name](got_t))
         torch.testing.assert_close(got, _mutate_one_read_other(*ALIASED_CALLS[name](want_t)))
         torch.testing.assert_close(got_t, want_t)
+
+
+def test_grad_mode_switched_by_a_call_stays_switched_after_the_frame():
+    def f(x):
+        torch.set_grad_enabled(False)
+        return x * 2
+
+    try:
+        for cf in (f, compile_frame(f, functional_backend)):
+            torch.set_grad_enabled(True)
+            out = cf(torch.ones(2, requires_grad=True))
+            assert not out.requires_grad and not torch.is_grad_enabled(), cf
+    finally:
+        torch.set_grad_enabled(True)

@@ -89,6 +89,17 @@ class StoreGlobal:
         return f"{where}[{self.name!r}] = {cg.reconstruct(self.value)}"
 
 
+@dataclass
+class SetGradMode:
+    """The frame leaves grad mode switched (``torch.set_grad_enabled(False)`` as a call): the
+    graph's own switch does not outlive it, so the mode is set again after it."""
+
+    mode: bool
+
+    def codegen(self, cg) -> str:
+        return f"torch.set_grad_enabled({self.mode})"
+
+
 class SideEffects:
     """The recorded mutations, in program order. ``check`` tries to write one as Python."""
 
@@ -108,6 +119,9 @@ class SideEffects:
 
     def record_store_global(self, globals_source, name, value):
         self.add(StoreGlobal(globals_source, name, value))
+
+    def record_grad_mode(self, mode: bool):
+        self.add(SetGradMode(mode))
 
     def codegen(self, cg) -> list[str]:
         return [record.codegen(cg) for record in self.records]

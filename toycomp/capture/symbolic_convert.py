@@ -52,6 +52,8 @@ import operator
 import sys
 from dataclasses import dataclass, field
 
+import torch
+
 from toycomp.capture import instructions_containers  # noqa: F401 (registers its HANDLERS)
 from toycomp.capture.instructions import COMPARE_OPS, HANDLERS
 from toycomp.capture.instructions_flow import pop_call_operands
@@ -309,12 +311,13 @@ class InstructionTranslator(InstructionTranslatorBase):
         self.plan: Return | Break | None = None
         self.try_ranges = try_block_ranges(fn.__code__)
         self.checkpoint: int | None = None  # see [Note: where a frame can break]
+        self.grad_mode_at_start = torch.is_grad_enabled()
 
     def run(self) -> None:
         while self.plan is None:
             if self.steps == self.break_at:
                 self.plan = self.make_break()
-                return
+                break
             inst = self.instructions[self.ip]
             in_try = self.in_try(inst)
             if not self.stack and not in_try and self.output.count_calls() > 1:
@@ -329,6 +332,8 @@ class InstructionTranslator(InstructionTranslatorBase):
             except Exception as e:  # a bug in toycomp: break the graph rather than crash
                 reason = f"toycomp internal error: {type(e).__name__}: {e}"
                 raise self.break_request(inst, in_try, reason) from e
+        if torch.is_grad_enabled() != self.grad_mode_at_start:  # torch.set_grad_enabled(False)
+            self.output.side_effects.record_grad_mode(torch.is_grad_enabled())
 
     def in_try(self, inst) -> bool:
         """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` inside one)?"""
