@@ -198,11 +198,15 @@ def to_text(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
 
 # -- as FX nodes (AOT's graphs) ---------------------------------------------------------------
 def to_fx(
-    expr: sympy.Basic, graph: fx.Graph, symbol_node: Callable[[sympy.Symbol], fx.Node]
+    expr: sympy.Basic,
+    graph: fx.Graph,
+    symbol_node: Callable[[sympy.Symbol], fx.Node],
+    meta_key: str = "val",
 ) -> fx.Node | int:
     """``expr`` computed by new nodes of ``graph`` (``operator.mul``, ``operator.floordiv``...,
     as in PyTorch's graphs) from the nodes ``symbol_node`` gives for its symbols; a number for
-    a constant expression. Every new node gets ``meta["val"]``, computed on the symbols' vals.
+    a constant expression. Every new node gets ``meta[meta_key]`` (``"val"``; capture's graphs
+    say ``"example_value"``), computed on the symbols' values.
 
     [Note: sizes are rebuilt from their symbols] A SymInt does not remember the operations that
     made it, only its expression (``3*s0``): the recorder sees ``aten.view(x, [3*s0])`` but
@@ -214,9 +218,9 @@ def to_fx(
     first_new = len(graph.nodes)
     result = interpret(sympy.sympify(expr), lambda s: fx.Proxy(symbol_node(s), tracer))
     for node in list(graph.nodes)[first_new:]:
-        if "val" not in node.meta:
-            args = fx.node.map_arg(node.args, lambda n: n.meta["val"])
-            node.meta["val"] = node.target(*args)
+        if meta_key not in node.meta:
+            args = fx.node.map_arg(node.args, lambda n: n.meta[meta_key])
+            node.meta[meta_key] = node.target(*args)
     return result.node if isinstance(result, fx.Proxy) else result
 
 

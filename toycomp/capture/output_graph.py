@@ -150,7 +150,7 @@ class OutputGraph:
         constant one ([Note: sizes are rebuilt from their symbols], toycomp/symbolic_shapes.py)."""
         expr = sym_expr(value)
         if expr not in self.sym_nodes:
-            node = to_fx(expr, self.graph, self.sym_nodes.__getitem__)
+            node = to_fx(expr, self.graph, self.sym_nodes.__getitem__, "example_value")
             if not isinstance(node, torch.fx.Node):
                 return node
             self.sym_nodes[expr] = node
@@ -236,6 +236,10 @@ class OutputGraph:
             return size(value)
         if size is not None and isinstance(value, tuple) and any(map(is_symbolic, value)):
             return tuple(size(v) if is_symbolic(v) else v for v in value)  # a shape
+        if size is not None and isinstance(value, slice):  # x[: n // 2]
+            parts = [size(v) if is_symbolic(v) else v for v in (value.start, value.stop,
+                                                                  value.step)]  # fmt: skip
+            return slice(*parts)
         if hasattr(value, "__array__") and not isinstance(value, (int, float, complex)):
             # an FX graph can hold only constants it can print as Python (not a NumPy array)
             raise Unsupported(f"a {type(value).__name__} passed to a tensor operation")
