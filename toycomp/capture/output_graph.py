@@ -105,7 +105,7 @@ class OutputGraph:
                 return TensorVariable(var.proxy, var.example, source, var.cls)
         fake = self.fake_tensor(value, source)
         node = self.placeholder(placeholder_name(source), fake, source)
-        node.meta["version"] = fake._version  # an in-place op on it bumps it (guard_aliasing)
+        node.meta["version"] = None if fake.is_inference() else fake._version  # see mutated()
         var = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, var))
         return var
@@ -266,10 +266,9 @@ class OutputGraph:
     def guard_aliasing(self) -> None:
         """Guard which inputs the graph mutates share memory with another input; raise
         ``AliasedInputs`` if one does now (see [Note: inputs that share memory])."""
-        mutated = [(s, v) for s, v, var in self.inputs
-                   if var.example._version != var.proxy.meta["version"]]
+        updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
         shared, done = [], set()
-        for ms, mv in mutated:
+        for ms, mv in updated:
             for s, v, _ in self.inputs:
                 pair = frozenset((ms, s))
                 if s is ms or pair in done or not (is_argument(s) or is_argument(ms)):
@@ -323,6 +322,12 @@ class NamedTupleVariable(TupleVariable):
         if name in self.fields:
             return self._items[self.fields.index(name)]
         raise Unsupported(f"named tuple has no field {name!r}")
+
+
+def mutated(var: TensorVariable) -> bool:
+    """Did the graph update this input in place (its fake tensor's version counter moved)?
+    Inference tensors have no counter: they count as mutated (the safe side)."""
+    return var.example.is_inference() or var.example._version != var.proxy.meta["version"]
 
 
 def is_argument(source: Source) -> bool:
