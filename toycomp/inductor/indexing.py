@@ -117,11 +117,29 @@ def known_nonnegative(expr) -> bool:
     if expr.is_number:
         return bool(expr >= 0)
     shift = {v: v + SIZE_SYMBOL_MIN for v in expr.free_symbols if is_size_symbol(v)}
-    for term in sympy.Add.make_args(sympy.expand(expr.subs(shift, simultaneous=True))):
+    shifted = expr.subs(shift, simultaneous=True)
+    floors = [e for e in sympy.preorder_traversal(shifted) if isinstance(e, FloorDiv)]
+    shifted = shifted.xreplace({f: _floordiv_at_least(f) for f in floors})
+    for term in sympy.Add.make_args(sympy.expand(shifted)):
         coeff, rest = term.as_coeff_Mul()
         if coeff < 0 or not all(_nonnegative_factor(f) for f in sympy.Mul.make_args(rest)):
             return False
     return True
+
+
+def _floordiv_at_least(f: FloorDiv) -> sympy.Expr:
+    """``base // d`` as ``(its smallest value) + t`` with ``t >= 0``, when ``base`` only grows
+    with its (nonnegative) variables: ``(s + 2) // 2`` is ``1 + t``. Else ``f`` itself (>= 0)."""
+    base, divisor = f.args
+    base = sympy.expand(base)
+    if not divisor.is_Integer or divisor <= 0 or base.has(FloorDiv):
+        return f
+    if not all(v.is_nonnegative for v in base.free_symbols):
+        return f
+    if any(c < 0 for c in sympy.Poly(base, *base.free_symbols).coeffs()):
+        return f
+    smallest = int(base.subs({v: 0 for v in base.free_symbols}))
+    return smallest // int(divisor) + sympy.Dummy("t", integer=True, nonnegative=True)
 
 
 def _nonnegative_factor(f: sympy.Expr) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -54,63 +54,92 @@ class _Env:
     variables: dict[sympy.Symbol, torch.Tensor]
     locals: dict[str, torch.Tensor]
     device: torch.device
+    sizes: dict[sympy.Symbol, int] = field(default_factory=dict)  # s0 -> this call's value
+
+    def size(self, value):
+        """A size of the IR (an int, or an expression in ``s0, s1...``) for this call."""
+        return value if indexing.is_static(value) else _index(value, self)
 
 
 def run_scheduled(scheduled: ir.ScheduledGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the kernels and extern calls of ``scheduled`` on ``inputs``; return the outputs."""
-    buffers = _bind_inputs(scheduled.inputs, inputs, scheduled.constants, scheduled.device)
+    env = _bind_inputs(scheduled.inputs, inputs, scheduled.constants, scheduled.device)
     for a in scheduled.allocations:
-        buffers[a.name] = torch.empty_strided(
-            a.size, a.stride, dtype=a.dtype, device=scheduled.device
+        env.buffers[a.name] = torch.empty_strided(
+            _sizes(a.size, env), _sizes(a.stride, env), dtype=a.dtype, device=scheduled.device
         )
     for step in scheduled.steps:
         if isinstance(step, ir.ExternKernel):
-            buffers.update(_run_extern(step, buffers))
+            env.buffers.update(_run_extern(step, env))
         else:
-            _run_kernel(step, _Env(buffers, {}, {}, scheduled.device))
-    return _outputs(scheduled, buffers)
+            _run_kernel(step, _Env(env.buffers, dict(env.sizes), {}, env.device, env.sizes))
+    return _outputs(scheduled, env)
 
 
 def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``lowered`` buffer by buffer (no fusion): the reference for the scheduler."""
-    buffers = _bind_inputs(lowered.inputs, inputs, lowered.constants, lowered.device)
+    env = _bind_inputs(lowered.inputs, inputs, lowered.constants, lowered.device)
     for node in lowered.nodes:
         if isinstance(node, ir.ExternKernel):
-            buffers.update(_run_extern(node, buffers))
+            env.buffers.update(_run_extern(node, env))
         else:
-            buffers[node.name] = _run_buffer(node, _Env(buffers, {}, {}, lowered.device))
-    return _outputs(lowered, buffers)
+            run_env = _Env(env.buffers, dict(env.sizes), {}, env.device, env.sizes)
+            env.buffers[node.name] = _run_buffer(node, run_env)
+    return _outputs(lowered, env)
 
 
-def _bind_inputs(specs, inputs, constants, device) -> dict[str, torch.Tensor]:
-    """The buffer environment before the first step: the inputs, and the graph's constants
-    (``ConstantBuffer``, bound at compile time like the wrapper's namespace does)."""
+def _bind_inputs(specs, inputs, constants, device) -> _Env:
+    """The environment before the first step: the inputs, the values of the size symbols
+    (``s0`` read from the first input that has it as a size, stride or value, as the wrapper
+    does), and the graph's constants (``ConstantBuffer``, bound at compile time like the
+    wrapper's namespace does)."""
     if len(specs) != len(inputs):
         raise ValueError(f"expected {len(specs)} inputs, got {len(inputs)}")
+    env = _Env({}, {}, {}, torch.device(device))
+    for spec, value in zip(specs, inputs):
+        if isinstance(spec, ir.SizeInput) and isinstance(spec.expr, sympy.Symbol):
+            env.sizes.setdefault(spec.expr, int(value))
+    for what in ("size", "stride"):
+        for spec, t in zip(specs, inputs):
+            for dim, size in enumerate(getattr(spec, what, ())):
+                if isinstance(size, sympy.Symbol):
+                    env.sizes.setdefault(size, getattr(t, what)(dim))
+    env.variables = dict(env.sizes)
     for spec, t in zip(specs, inputs):  # loads use the strides of lowering time: check them
-        check_input(t, spec.size, spec.stride, spec.dtype, torch.device(device), spec.name)
-    buffers = {spec.name: t for spec, t in zip(specs, inputs)}
+        if isinstance(spec, ir.SizeInput):
+            if env.size(spec.expr) != t:
+                raise ValueError(f"input {spec.name}: compiled for {spec.expr}, got {t}")
+            continue
+        size, stride = _sizes(spec.size, env), _sizes(spec.stride, env)
+        check_input(t, size, stride, spec.dtype, torch.device(device), spec.name)
+    env.buffers = {spec.name: t for spec, t in zip(specs, inputs)}
+    buffers = env.buffers
     for c in constants:
         value = c.value.to(device)
         if (tuple(value.shape), tuple(value.stride()), value.dtype) != (c.size, c.stride, c.dtype):
             raise ValueError(f"constant {c.name}: {value.shape} {value.stride()} != {c}")
         buffers[c.name] = value
-    return buffers
+    return env
 
 
-def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, buffers) -> list[torch.Tensor | None]:
+def _sizes(values, env: _Env) -> tuple[int, ...]:
+    return tuple(int(env.size(v)) for v in values)
+
+
+def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, env: _Env) -> list[torch.Tensor | None]:
     """The graph's outputs: views of its buffers, laid out with ``output_strides`` where given;
-    a constant is copied (a fresh tensor per call, as eager returns and the wrapper does)."""
+    a constant is copied (a fresh tensor per call, as eager returns and the wrapper does); a
+    size output is its value for this call."""
     constants = {c.name for c in graph.constants}
     strides = graph.output_strides or (None,) * len(graph.outputs)
     results: list[torch.Tensor | None] = []
     for arg, stride in zip(graph.outputs, strides, strict=True):
-        if arg is None:
-            results.append(None)
+        if arg is None or not isinstance(arg, ir.TensorArg):
+            results.append(arg if arg is None else int(env.size(arg)))
             continue
-        out = _view(buffers, arg)
+        out = _view(env, arg)
         if stride is not None:
-            out = restride(out, stride)
+            out = restride(out, _sizes(stride, env))
         elif arg.buffer in constants:
             out = out.clone()
         results.append(out)
@@ -118,12 +147,11 @@ def _outputs(graph: ir.LoweredGraph | ir.ScheduledGraph, buffers) -> list[torch.
 
 
 def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
-    env.variables = {
-        indexing.x: torch.arange(kernel.numel, device=env.device)[:, None],
-        indexing.r: torch.arange(kernel.rnumel, device=env.device)[None, :],
-    }
+    numel, rnumel = int(env.size(kernel.numel)), int(env.size(kernel.rnumel))
+    env.variables[indexing.x] = torch.arange(numel, device=env.device)[:, None]
+    env.variables[indexing.r] = torch.arange(rnumel, device=env.device)[None, :]
     for loop in kernel.loops:
-        shape = (kernel.numel, kernel.rnumel if loop.over_r else 1)
+        shape = (numel, rnumel if loop.over_r else 1)
         for stmt in loop.body:
             value = _value(stmt.value, env).broadcast_to(shape)
             if isinstance(stmt, ir.Reduce):
@@ -138,7 +166,7 @@ def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
 
 def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
     rsize = node.reduction_size if isinstance(node, ir.Reduction) else ()
-    dims = node.size + rsize
+    dims = _sizes(node.size + rsize, env)
     names = indexing.index_vars("i", len(node.size)) + indexing.index_vars("r", len(rsize))
     for k, (v, n) in enumerate(zip(names, dims)):
         shape = [1] * len(dims)
@@ -146,30 +174,31 @@ def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
         env.variables[v] = torch.arange(n, device=env.device).reshape(shape)
     value = _value(node.body, env).broadcast_to(dims)
     if isinstance(node, ir.Reduction):
-        value = _REDUCE[node.reduction_type](value.reshape(node.size + (-1,)), dim=-1)
+        value = _REDUCE[node.reduction_type](value.reshape(dims[: len(node.size)] + (-1,)), dim=-1)
     _check_dtype(node.name, node.dtype, value.dtype)
     return value.contiguous()
 
 
-def _run_extern(
-    node: ir.ExternKernel, buffers: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def _run_extern(node: ir.ExternKernel, env: _Env) -> dict[str, torch.Tensor]:
     """Call the eager kernel; return the buffers it defines: ``{node.name: result}``, or for a
     tuple result one buffer per ``MultiOutput`` (PyTorch: ``ir.MultiOutput``, read by getitem)."""
 
     def arg(a):
         if isinstance(a, ir.TensorArg):
-            return _view(buffers, a)
+            return _view(env, a)
+        if isinstance(a, sympy.Expr):
+            return int(env.size(a))
         return type(a)(arg(b) for b in a) if isinstance(a, (tuple, list)) else a
+
+    def check(t, o):
+        return check_extern(t, _sizes(o.size, env), _sizes(o.stride, env), o.dtype, o.name)
 
     out = resolve_extern(node.kernel)(*arg(node.args), **{k: arg(v) for k, v in node.kwargs})
     if not node.outputs:
-        return {node.name: check_extern(out, node.size, node.stride, node.dtype, node.name)}
+        return {node.name: check(out, node)}
     if not isinstance(out, (tuple, list)):
         raise RuntimeError(f"{node.kernel} returned a {type(out).__name__}, lowering said a tuple")
-    return {
-        o.name: check_extern(out[o.index], o.size, o.stride, o.dtype, o.name) for o in node.outputs
-    }
+    return {o.name: check(out[o.index], o) for o in node.outputs}
 
 
 def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
@@ -210,6 +239,8 @@ def _index(expr: sympy.Expr, env: _Env):
         return args[0] // args[1]
     if isinstance(expr, (sympy.Add, sympy.Mul)):
         return functools.reduce(operator.add if expr.is_Add else operator.mul, args)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+        return args[0] ** int(expr.exp)
     raise NotImplementedError(f"interpret: index expression {expr}")
 
 
@@ -219,8 +250,9 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((extent,), (1,))
 
 
-def _view(buffers: dict[str, torch.Tensor], arg: ir.TensorArg) -> torch.Tensor:
-    return reinterpret_tensor(buffers[arg.buffer], arg.size, arg.stride, arg.offset)
+def _view(env: _Env, arg: ir.TensorArg) -> torch.Tensor:
+    size, stride = _sizes(arg.size, env), _sizes(arg.stride, env)
+    return reinterpret_tensor(env.buffers[arg.buffer], size, stride, int(env.size(arg.offset)))
 
 
 def _check_dtype(what: str, expected: torch.dtype, got: torch.dtype) -> None:

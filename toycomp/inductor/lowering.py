@@ -270,7 +270,8 @@ class GraphLowering:
         size, stride = self.sizevars.shape(val), self.sizevars.stride(val)
         if not _same_sizes(size, arg.size):
             return None
-        kept = [(a, b) for n, a, b in zip(size, arg.stride, stride) if not indexing.known_less(n, 2)]
+        steps = zip(size, arg.stride, stride)
+        kept = [(a, b) for n, a, b in steps if not indexing.known_less(n, 2)]  # n >= 2 moves
         return None if all(indexing.known_equal(a, b) for a, b in kept) else stride
 
     def realize(self, node: Node) -> ir.TensorArg:

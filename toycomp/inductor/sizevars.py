@@ -105,6 +105,12 @@ def to_toycomp(expr: sympy.Expr, renames: dict[sympy.Symbol, sympy.Symbol]) -> s
         return _mod(indexing.FloorDiv(base, divisor), modulus)
     if name in ("Mod", "PythonMod"):
         return _mod(*args)
+    if name in ("Max", "Min") and len(args) == 2:  # Max(1, s0 // 2): s0 // 2, as s0 >= 2
+        a, b = args if name == "Max" else args[::-1]
+        if indexing.known_nonnegative(a - b):
+            return a
+        if indexing.known_nonnegative(b - a):
+            return b
     if isinstance(expr, (sympy.Add, sympy.Mul)) or (
         isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0
     ):

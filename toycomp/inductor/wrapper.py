@@ -201,7 +201,8 @@ class WrapperCodegen:
                 code.writeline(f"{symbol} = {source}")
             for b in self.tensor_inputs:
                 layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
-                where = "device" if b.device in (None, self.graph.device) else self._render(b.device)
+                here = b.device in (None, self.graph.device)
+                where = "device" if here else self._render(b.device)
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
             last_use = self._last_uses()

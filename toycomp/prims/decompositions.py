@@ -413,6 +413,8 @@ def fallbacks(gm: fx.GraphModule) -> list[str]:
         t = node.target
         if node.op != "call_function" or prims.is_prim(t) or t in EXTERN_OPS:
             continue
+        if is_size_computation(node):  # sym_size(x, 0) * 4: arithmetic on sizes, not an op
+            continue
         if t is not operator.getitem and str(t) not in names:
             names.append(str(t))
     return names
