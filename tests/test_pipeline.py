@@ -4,6 +4,7 @@ Eager PyTorch is the oracle for every value and gradient.
 """
 
 import gc
+import random
 import subprocess
 import sys
 import warnings
@@ -441,3 +442,87 @@ def test_compiled_strides_match_eager(name):
     ref = fn(x.clone(), y)
     assert_close(out, ref)
     assert out.stride() == ref.stride()
+
+
+# --- dynamic shapes (issue 8): one recompile, then every batch size -----------------------------
+BATCH_SIZES = random.Random(0).sample(range(2, 65), 63)  # 2..64, shuffled
+
+
+def dynamo_compiler(backend):
+    """``torch.compile``'s backend argument for toycomp with ``backend``, counting its calls."""
+    calls = []
+
+    def compiler(gm, example_inputs):
+        calls.append(gm)
+        return toycomp.toycomp_backend(gm, example_inputs, backend=backend)
+
+    return compiler, calls
+
+
+def check_running_example_every_batch_size(compiled):
+    for n in BATCH_SIZES:
+        x = torch.randn(n, 5, requires_grad=True)
+        out, (grad,) = grads_of(compiled, x)
+        out_ref, (grad_ref,) = grads_of(sin2_cos2, x)
+        assert_close(out, out_ref)
+        assert_close(grad, grad_ref)
+
+
+def check_mlp_step_every_batch_size(model, compiled_loss):
+    for n in BATCH_SIZES:
+        batch, target = torch.randn(n, 64), torch.randint(0, 10, (n,))
+        loss_ref, grads_ref = mlp_step(model, batch, target)
+        loss, grads = mlp_step(model, batch, target, compiled_loss)
+        torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+        for name in grads_ref:
+            torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_dynamic_shapes_running_example(backend, dynamic):
+    compiled = toycomp.compile(sin2_cos2, backend=backend, dynamic=dynamic)
+    check_running_example_every_batch_size(compiled)
+    assert compiled.compile_count == (1 if dynamic else 2)  # automatic: static, then symbolic
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_dynamic_shapes_mlp_training_step(backend, dynamic):
+    model = make_mlp()
+    compiled = toycomp.compile(lambda x, t: F.cross_entropy(model(x), t), backend=backend,
+                               dynamic=dynamic)
+    check_mlp_step_every_batch_size(model, compiled)
+    assert compiled.compile_count == (1 if dynamic else 2)
+    forward = compiled.entries[-1].aot.forward
+    assert any(isinstance(n.meta["val"], torch.SymInt)
+               for n in forward.graph.nodes if n.op == "placeholder")  # fmt: skip
+
+
+def test_dynamic_must_be_none_true_or_false():
+    with pytest.raises(ValueError, match="dynamic"):
+        toycomp.compile(sin2_cos2, dynamic="yes")
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_dynamo_dynamic_shapes_running_example(backend, dynamic):
+    torch._dynamo.reset()
+    compiler, calls = dynamo_compiler(backend)
+    check_running_example_every_batch_size(torch.compile(sin2_cos2, backend=compiler,
+                                                         dynamic=dynamic))
+    assert len(calls) == (1 if dynamic else 2)  # automatic: static first, then one symbolic
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "automatic"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_dynamo_dynamic_shapes_mlp_training_step(backend, dynamic):
+    torch._dynamo.reset()
+    model = make_mlp()
+    compiler, calls = dynamo_compiler(backend)
+    loss_fn = torch.compile(lambda x, t: F.cross_entropy(model(x), t), backend=compiler,
+                            dynamic=dynamic)
+    check_mlp_step_every_batch_size(model, loss_fn)
+    assert len(calls) == (1 if dynamic else 2)
+    placeholders = [n for n in calls[-1].graph.nodes if n.op == "placeholder"]
+    assert any(isinstance(n.meta["example_value"], torch.SymInt) for n in placeholders)
