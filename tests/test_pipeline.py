@@ -526,3 +526,37 @@ def test_dynamo_dynamic_shapes_mlp_training_step(backend, dynamic):
     assert len(calls) == (1 if dynamic else 2)
     placeholders = [n for n in calls[-1].graph.nodes if n.op == "placeholder"]
     assert any(isinstance(n.meta["example_value"], torch.SymInt) for n in placeholders)
+
+
+def test_explain_shows_symbols_dynamic_dims_and_shape_guards():
+    def fn(x, y):
+        return torch.sin(x).view(x.shape[0], -1).sum(1) * y
+
+    x, y = torch.randn(8, 3), torch.randn(8)
+    static = toycomp.explain(fn, x, y)
+    assert static.symbols == {} and static.shape_guards == []
+    ex = toycomp.explain(fn, x, y, dynamic=True)
+    assert ex.symbols == {"s0": "L['x'].size(0)", "s1": "L['x'].size(1)"}
+    assert ex.dynamic_dims == {"L['x']": [0, 1], "L['y']": [0]}
+    assert "L['x'].size(0) >= 2" in ex.shape_guards
+    assert "L['y'].size(0) == L['x'].size(0)" in ex.guards[0]  # duck sizing, in the guards
+    text = str(ex)
+    assert "== 1. dynamic shapes 0 ==" in text and "s0 = L['x'].size(0)" in repr(ex)
+    toycomp.mark_dynamic(x, 0)
+    marked = toycomp.explain(lambda x: torch.sin(x).view(x.shape[0], -1).sum(1), x)
+    assert marked.symbols == {"s0": "L['x'].size(0)"} and marked.dynamic_dims == {"L['x']": [0]}
+
+
+def test_a_marked_size_the_trace_specialises_is_guarded_and_correct():
+    """x's batch is marked dynamic, but ``* y`` (static, 8) needs it to be 8: a guard."""
+    def fn(x, y):
+        return torch.sin(x).sum(1) * y
+
+    x, y = torch.randn(8, 3), torch.randn(8)
+    toycomp.mark_dynamic(x, 0)
+    compiled = toycomp.compile(fn, backend="cpp")
+    assert_close(compiled(x, y), fn(x, y))
+    assert "L['x'].size(0) == 8" in compiled.context.log[-1].guards
+    x, y = torch.randn(5, 3), torch.randn(5)
+    assert_close(compiled(x, y), fn(x, y))
+    assert compiled.compile_count == 2

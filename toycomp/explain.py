@@ -26,6 +26,7 @@ import torch.fx
 
 import toycomp.viz as viz
 from toycomp.capture.convert_frame import CompileContext, ExplainOutput, summarize
+from toycomp.capture.dynamic_shapes import DynamicShapes
 from toycomp.pipeline import (
     CompiledEntry,
     GraphArtefacts,
@@ -47,6 +48,7 @@ class Explanation:
     entry: CompiledEntry | None
     entries: list[CompiledEntry]
     dynamo: ExplainOutput
+    shapes: list[DynamicShapes] = field(default_factory=list)  # per compile with symbols
 
     # --- stage 1, as torch._dynamo.explain reports it -----------------------------------------
     @property
@@ -76,6 +78,21 @@ class Explanation:
     def guards(self) -> list[str]:
         """Each compiled frame's guard function, as Python text."""
         return [g for g in self.dynamo.guards if g]
+
+    @property
+    def symbols(self) -> dict[str, str]:
+        """Each size symbol and where it is read: ``{"s0": "L['x'].size(0)"}``."""
+        return {k: v for shapes in self.shapes for k, v in shapes.symbols.items()}
+
+    @property
+    def dynamic_dims(self) -> dict[str, list[int]]:
+        """Each input's dimensions traced as symbols: ``{"L['x']": [0]}``."""
+        return {k: v for shapes in self.shapes for k, v in shapes.dynamic_dims.items()}
+
+    @property
+    def shape_guards(self) -> list[str]:
+        """The guards on symbolic sizes (ranges, then what the trace relied on)."""
+        return [g for shapes in self.shapes for g in shapes.guards]
 
     # --- stage 2 ---------------------------------------------------------------------------
     @property
@@ -143,6 +160,7 @@ class Explanation:
         out = [("1. graphs and graph breaks", "\n".join([counts, *self.break_reasons]))]
         out += [(f"1. transformed code {i}", code) for i, code in enumerate(self.transformed_code)]
         out += [(f"1. guards {i}", text) for i, text in enumerate(self.guards)]
+        out += [(f"1. dynamic shapes {i}", str(shapes)) for i, shapes in enumerate(self.shapes)]
         for i, entry in enumerate(self.entries):
             out += _entry_sections(entry, f"graph {i}: " if len(self.entries) > 1 else "")
         return out
@@ -169,6 +187,7 @@ class Explanation:
         lines = [
             *head,
             f"toycomp.explain: {nodes} captured nodes, {len(self.guards)} guards",
+            *([f"  dynamic sizes: {_symbols_text(self.symbols)}"] if self.symbols else []),
             f"  {counts}",
             f"  saved for backward: {', '.join(self.saved_values) or '-'}",
             f"  fallbacks to eager: {', '.join(self.fallbacks) or 'none'}",
@@ -210,11 +229,16 @@ def _code(gm: torch.fx.GraphModule) -> str:
     return gm.code.strip()
 
 
+def _symbols_text(symbols: dict[str, str]) -> str:
+    return ", ".join(f"{s} = {source}" for s, source in symbols.items())
+
+
 def explain(
     fn: Callable,
     *example_inputs: Any,
     backend: str | None = None,
     partition: str = "min_cut",
+    dynamic: bool | None = None,
     **kwargs: Any,
 ) -> Explanation:
     """Run every stage of toycomp on ``fn(*example_inputs, **kwargs)`` and keep what each made.
@@ -225,6 +249,9 @@ def explain(
             the ``meta`` device: compiling computes nothing on them.
         backend: ``"cpp"``, ``"triton"`` or ``None`` as in ``toycomp.compile``.
         partition: ``"min_cut"`` or ``"default"`` as in ``toycomp.compile``.
+        dynamic: as in ``toycomp.compile``; ``True`` (or inputs marked with
+            ``toycomp.mark_dynamic``) shows the graphs with symbolic sizes, their symbols
+            (``explanation.symbols``), dynamic dimensions and shape guards.
 
     ``fn`` is called once, compiled (like ``torch._dynamo.explain``): its Python side effects
     and in-place updates of the inputs happen once.
@@ -236,8 +263,9 @@ def explain(
     check_choices(backend, partition)
     name = getattr(fn, "__qualname__", type(fn).__name__)
     compiler = GraphCompiler(backend, partition, name)
-    context = CompileContext(compiler)
+    context = CompileContext(compiler, dynamic=dynamic)
     out = context.frame_for(frame_target(fn))(*example_inputs, **kwargs)
     del out  # an Explanation keeps no tensors of the call
     entries = list(compiler.log)
-    return Explanation(entries[0] if entries else None, entries, summarize(context))
+    shapes = [r.shapes for r in context.log if r.shapes is not None]
+    return Explanation(entries[0] if entries else None, entries, summarize(context), shapes)

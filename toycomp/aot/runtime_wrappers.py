@@ -282,8 +282,9 @@ class AOTOutput:
     def _with_layouts(self, args: Sequence) -> list:
         """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes])."""
         sym = self._symbolic_inputs
-        if sym is None:
+        if sym is None:  # (a size input whose symbol a guard made a constant: as it is)
             return [_with_layout(a, m.shape, m.stride(), m.dtype)
+                    if isinstance(m, torch.Tensor) else a
                     for a, m in zip(args, self._placeholder_vals)]  # fmt: skip
         layouts = sym.layouts(args)
         return [a if layout is None else _with_layout(a, *layout, m.dtype)
