@@ -58,6 +58,7 @@ OPINFO_ALIASES = {
     "_softmax": ["softmax"], "_log_softmax": ["log_softmax"], "_to_copy": ["to"],
     "nll_loss_forward": ["nn.functional.nll_loss"], "silu": ["nn.functional.silu"],
     "_unsafe_view": ["view"], "mse_loss": ["nn.functional.mse_loss"],
+    "embedding": ["nn.functional.embedding"],
 }  # fmt: skip
 GRAD_OPINFOS = {
     "gelu_backward": "nn.functional.gelu", "nll_loss_backward": "nn.functional.nll_loss",
@@ -66,6 +67,7 @@ GRAD_OPINFOS = {
     "threshold_backward": "nn.functional.relu",
     "native_layer_norm_backward": "nn.functional.layer_norm",
     "mse_loss_backward": "nn.functional.mse_loss",
+    "embedding_dense_backward": "nn.functional.embedding", "select_backward": "select",
 }  # fmt: skip
 UNINITIALIZED = {"empty", "empty_like", "new_empty"}  # values are arbitrary: nothing to compare
 MAX_SAMPLES = 3  # keeps the whole file near 20 s on a 2-core machine
@@ -270,6 +272,36 @@ def test_unsupported_kwarg_falls_back():
     node = next(n for n in dgm.graph.nodes if n.target is aten.nll_loss_forward.default)
     assert "weight" in node.meta["fallback_reason"]
     close(dgm(logp, target, weight), fn(logp, target, weight))
+
+
+# --- gathers and scatters without a gather prim (embedding, select_backward, cat, tril) -----------
+def _embedding_grads(weight, idx, padding_idx):
+    w = weight.detach().requires_grad_()
+    out = F.embedding(idx, w, padding_idx=padding_idx)
+    return out, torch.autograd.grad(out, w, torch.arange(out.numel()).view_as(out).float())[0]
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding_and_its_backward_decompose_fully(padding_idx):
+    weight, idx = torch.randn(7, 5), torch.tensor([[0, 2, 6], [2, 2, 1]])
+    fn = lambda w, i: _embedding_grads(w, i, padding_idx)  # noqa: E731
+    dgm = decompose(make_fx(fn)(weight, idx), [weight, idx])
+    assert fallbacks(dgm) == []
+    out, grad = dgm(weight, idx)
+    out_ref, grad_ref = fn(weight, idx)
+    assert torch.equal(out, out_ref)  # a one-hot reduction picks rows exactly
+    close(grad, grad_ref)
+
+
+def test_cat_of_equal_sizes_decomposes_and_unequal_falls_back():
+    def fn(a, b, c):
+        return torch.cat([a, b], 1), torch.cat([a, c], 1), a.chunk(2, 1)[1].tril(-1)
+
+    a, b, c = torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 2)
+    dgm = decompose(make_fx(fn)(a, b, c), [a, b, c])
+    assert fallbacks(dgm) == ["aten.cat.default"]  # only the cat of unequal sizes
+    for got, want in zip(dgm(a, b, c), fn(a, b, c), strict=True):
+        assert torch.equal(got, want)
 
 
 # --- fallbacks, identity-like and in-place ops ----------------------------------------------------

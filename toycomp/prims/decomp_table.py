@@ -9,8 +9,10 @@ module, so that the rules and the pass import it rather than each other::
     >>> import toycomp.prims.decompositions  # the pass imports the rule modules, which fill it
     >>> DECOMPOSITIONS[torch.ops.aten.gelu.default].__module__
     'toycomp.prims.pointwise_rules'
-    >>> sorted(str(op) for op in EXTERN_OPS)
+    >>> sorted(str(op) for op in EXTERN_OPS - SDPA_OPS)
     ['aten.bmm.default', 'aten.convolution.default', 'aten.mm.default']
+    >>> str(aten._scaled_dot_product_flash_attention_for_cpu.default) in map(str, SDPA_OPS)
+    True
 
 NB: in PyTorch this lives in torch/_decomp/__init__.py (``global_decomposition_table``,
 ``register_decomposition``).
@@ -30,8 +32,26 @@ aten = torch.ops.aten
 # one list of them: ``decompose`` keeps them as they are, ``lowering`` calls them, and any other
 # ATen op left in a graph is a visible fallback. ``addmm`` and ``baddbmm`` are not in it: their
 # decompositions call ``mm`` / ``bmm`` and leave the bias and the scaling to prims that fuse.
-EXTERN_OPS: frozenset[Any] = frozenset(
-    {aten.mm.default, aten.bmm.default, aten.convolution.default}
+#
+# [Note: attention kernels are externs]
+# ``F.scaled_dot_product_attention`` reaches AOT's graphs as the fused kernel PyTorch picks for
+# the device and dtype (flash attention on the CPU, memory-efficient attention for float32 on
+# CUDA...), forward and backward, each returning the output and the statistics the backward
+# needs. Like matmuls they are library kernels, which Inductor also calls as they are
+# (``make_fallback`` in torch/_inductor/lowering.py); an attention written out with matmul,
+# masked_fill and softmax is decomposed and fused instead (notebook 05 shows both).
+_SDPA_KERNELS = (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+)  # fmt: skip
+SDPA_OPS: frozenset[Any] = frozenset(
+    getattr(aten, name + suffix).default
+    for name in _SDPA_KERNELS
+    for suffix in ("", "_backward")
+    if hasattr(aten, name + suffix)
+)
+EXTERN_OPS: frozenset[Any] = (
+    frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default}) | SDPA_OPS
 )
 
 # ATen overload -> decomposition (a function of the op's arguments that calls prims).

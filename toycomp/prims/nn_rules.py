@@ -280,3 +280,64 @@ def native_layer_norm_backward(
     if output_mask[2] and bias is not None:
         d_bias = convert(prims.sum(g, outer), bias.dtype)
     return (d_input if output_mask[0] else None), d_weight, d_bias
+
+
+# --- embedding: a gather as a one-hot reduction, its scatter-add as a one-hot matmul -------------
+# [Note: embedding without a gather prim]
+# ``embedding(weight, indices)`` reads row ``indices[n]`` of ``weight``: a gather, which needs an
+# indirect load that toycomp's prims do not have. As for ``nll_loss``, the gather becomes a
+# one-hot reduction over the vocabulary, out[n, d] = sum_v where(indices[n] == v, weight[v, d], 0):
+# exact (one term is not zero), one reduction kernel, N*V*D operations where Inductor's indirect
+# load costs N*D (fine for a vocabulary of characters, slow for 50k tokens). An index out of
+# range selects no row (zeros) where eager raises an IndexError.
+# The backward, a scatter-add, is the transposed product grad_weight = one_hot^T @ grad, with the
+# one-hot matrix (N, V) of 0.0/1.0 made by a kernel and the product an extern matmul. The same
+# sum written as a reduction over N reads ``grad`` with stride D once per vocabulary entry (a
+# GPU kernel of uncoalesced loads, slower than the whole matmul); the matmul only differs when
+# ``grad`` holds inf or NaN (0 * inf = NaN spreads over the column, where eager's scatter-add
+# keeps it in one row) or when float32 matmuls may use TF32 (then so do the model's own).
+def _one_hot(indices: Any, index_dims: Sequence[int], class_dim: int, shape: Sequence[int]) -> Any:
+    """Bools of ``shape``: True where ``indices`` (placed on ``index_dims``) equal the class
+    number, which runs along ``class_dim``."""
+    classes = prims.iota(shape[class_dim], indices.dtype, indices.device)
+    return prims.eq(
+        prims.broadcast_in_dim(indices, list(shape), list(index_dims)),
+        prims.broadcast_in_dim(classes, list(shape), [class_dim]),
+    )
+
+
+@register(aten.embedding.default)
+def embedding(
+    weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Any:  # fmt: skip
+    if weight.ndim != 2:
+        raise Unsupported(f"embedding of a {weight.ndim}-d weight")
+    (v, d), k = weight.shape, indices.ndim
+    shape = [*indices.shape, d, v]  # the vocabulary last: the reduced dim
+    rows = prims.broadcast_in_dim(prims.permute(weight, [1, 0]), shape, [k, k + 1])
+    hit = _one_hot(indices, list(range(k)), k + 1, shape)
+    picked = prims.where(hit, rows, _zero(weight.dtype))
+    return prims.sum(picked, [k + 1])
+
+
+@register(aten.embedding_dense_backward.default)
+def embedding_dense_backward(
+    grad: Any, indices: Any, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> Any:
+    if scale_grad_by_freq:
+        raise Unsupported("embedding_dense_backward with scale_grad_by_freq")
+    n, d = math.prod(indices.shape), grad.shape[-1]
+    flat = reshape(indices, [n])
+    g, dtype = upcast(reshape(grad, [n, d]))
+    hit = _one_hot(flat, [0], 1, [n, num_weights])
+    if padding_idx >= 0:  # the padding row gets no gradient
+        keep = prims.broadcast_in_dim(prims.ne(flat, padding_idx), [n, num_weights], [0])
+        hit = prims.logical_and(hit, keep)
+    one_hot = prims.convert_element_type(hit, g.dtype)
+    return convert(_extern(aten.mm.default, prims.permute(one_hot, [1, 0]), g), dtype)
+
+
+def _zero(dtype: torch.dtype) -> Any:
+    """0 as a Python number of ``dtype``'s kind (0.0, 0 or False), for ``where``."""
+    return torch.zeros((), dtype=dtype).item()

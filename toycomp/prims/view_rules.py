@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 import toycomp.prims as prims
-from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape
+from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape, result_type
 from toycomp.prims.decomp_table import Unsupported, register
 from toycomp.tensor_utils import python_number_dtype
 
@@ -184,6 +184,89 @@ def split(a: Any, split_size: int, dim: int = 0) -> list[Any]:
 @register(*_ops("unbind.int"))
 def unbind(a: Any, dim: int = 0) -> list[Any]:
     return [select(a, dim, i) for i in range(a.shape[normalize_dim(dim, a.ndim)])]
+
+
+# --- scatters: a mask along one dim (iota + eq + where) puts each piece in its place --------------
+# [Note: scatters without a scatter prim]
+# No prim writes a tensor at an offset: Inductor decomposes ``cat`` into ``constant_pad_nd`` and
+# ``select_backward`` into ``select_scatter`` of zeros, and toycomp has neither. What the prims
+# can say is "element i of this dim": an ``iota`` compared with a constant, broadcast to the
+# result. So the ops whose pieces fill whole slots of one dim decompose into ``where``s that fuse
+# with their producers: ``select_backward`` (one slot, zeros elsewhere), ``stack`` (slot i holds
+# tensor i) and ``cat`` of equal sizes (a stack, reshaped; the backward of ``split``/``chunk``).
+# A ``cat`` of unequal sizes needs shifted reads (a pad): it stays a visible fallback. Likewise
+# ``tril``/``triu`` compare a row iota with a column iota (the causal mask of attention).
+def _slot(shape: Sequence[int], dim: int, index: int, device: Any) -> Any:
+    """Bools of ``shape``: True where the index along ``dim`` equals ``index``."""
+    slots = prims.eq(prims.iota(shape[dim], torch.int64, device), index)
+    return prims.broadcast_in_dim(slots, list(shape), [dim])
+
+
+def _spread(a: Any, shape: Sequence[int], dim: int) -> Any:
+    """``a`` (``shape`` without ``dim``) broadcast along ``dim``."""
+    return prims.broadcast_in_dim(a, list(shape), [d for d in range(len(shape)) if d != dim])
+
+
+def _zero(dtype: torch.dtype) -> Any:
+    return torch.zeros((), dtype=dtype).item()  # 0.0, 0 or False
+
+
+@register(aten.select_backward.default)
+def select_backward(grad: Any, input_sizes: Sequence[int], dim: int, index: int) -> Any:
+    dim = normalize_dim(dim, len(input_sizes))
+    index = index + input_sizes[dim] if index < 0 else index
+    spread = _spread(grad, input_sizes, dim)
+    return prims.where(_slot(input_sizes, dim, index, grad.device), spread, _zero(grad.dtype))
+
+
+@register(aten.stack.default)
+def stack(tensors: Sequence[Any], dim: int = 0) -> Any:
+    first = tensors[0]
+    if any(tuple(t.shape) != tuple(first.shape) for t in tensors):
+        raise ValueError("stack expects each tensor to be equal size")
+    dim = normalize_dim(dim, first.ndim + 1)
+    shape = [*first.shape[:dim], len(tensors), *first.shape[dim:]]
+    dtype = result_type(*tensors)
+    out = _spread(convert(tensors[-1], dtype), shape, dim)
+    for i in range(len(tensors) - 2, -1, -1):
+        slot = _slot(shape, dim, i, first.device)
+        out = prims.where(slot, _spread(convert(tensors[i], dtype), shape, dim), out)
+    return out
+
+
+@register(aten.cat.default)
+def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
+    tensors = [t for t in tensors if tuple(t.shape) != (0,)]  # ATen skips legacy empty ones
+    first = tensors[0]
+    dim = normalize_dim(dim, first.ndim)
+    if any(tuple(t.shape) != tuple(first.shape) for t in tensors):
+        raise Unsupported("cat of tensors of unequal sizes (it needs a pad prim)")
+    if len(tensors) == 1:
+        return convert(first, result_type(*tensors))
+    stacked = stack(tensors, dim)
+    size = first.shape[dim] * len(tensors)
+    return prims.reshape(stacked, [*first.shape[:dim], size, *first.shape[dim + 1 :]])
+
+
+def _triangle(a: Any, diagonal: int, keep: Any) -> Any:
+    """``a`` where ``keep(column - row, diagonal)`` holds on its last two dims, else 0."""
+    rows, cols = a.shape[-2:]
+    shape = [rows, cols]
+    row = prims.broadcast_in_dim(prims.iota(rows, torch.int64, a.device), shape, [0])
+    col = prims.broadcast_in_dim(prims.iota(cols, torch.int64, a.device), shape, [1])
+    mask = keep(prims.sub(col, row), diagonal)
+    mask = prims.broadcast_in_dim(mask, list(a.shape), [a.ndim - 2, a.ndim - 1])
+    return prims.where(mask, a, _zero(a.dtype))
+
+
+@register(aten.tril.default)
+def tril(a: Any, diagonal: int = 0) -> Any:
+    return _triangle(a, diagonal, prims.le)
+
+
+@register(aten.triu.default)
+def triu(a: Any, diagonal: int = 0) -> Any:
+    return _triangle(a, diagonal, prims.ge)
 
 
 # --- creation -------------------------------------------------------------------------------------
