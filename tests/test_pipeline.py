@@ -560,3 +560,20 @@ def test_a_marked_size_the_trace_specialises_is_guarded_and_correct():
     x, y = torch.randn(5, 3), torch.randn(5)
     assert_close(compiled(x, y), fn(x, y))
     assert compiled.compile_count == 2
+
+
+def test_dynamic_shapes_with_views_and_size_outputs():
+    def g(x, y):
+        return (x.sin() * y).sum(0), x.shape[0] * 2
+
+    compiled = toycomp.compile(g, backend="cpp")
+    torch._dynamo.reset()
+    dynamo = torch.compile(g, backend="toycomp", dynamic=True)
+    for n in (5, 7, 9, 4):
+        x = torch.randn(n + 1, 3)[1:]  # a view with a storage offset
+        y = torch.randn(3, n).t()  # not contiguous
+        for fn in (compiled, dynamo):
+            out, size = fn(x, y)
+            assert_close(out, g(x, y)[0])
+            assert type(size) is int and size == 2 * n
+    assert compiled.compile_count == 2

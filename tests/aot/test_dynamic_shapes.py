@@ -198,3 +198,23 @@ def test_dynamos_dynamic_graphs_through_aot(dynamic):
                         lambda n: [torch.randn(n, 4, requires_grad=True), w], sizes=(3, 8, 5, 2))
     assert len(graphs) == (1 if dynamic else 2)
     assert graphs[-1][0] == "SymInt"  # the last graph takes the batch size as an input
+
+
+@pytest.mark.parametrize("partition", PARTITIONS)
+def test_a_size_output_is_a_python_int(partition):
+    """Dynamo's graphs may return a size (``return y, x.shape[0] * 2``)."""
+
+    def fn(s, x):
+        return torch.sin(x) * s, s * 2
+
+    (fake,) = symbolic(torch.randn(6, 3, requires_grad=True))
+    aot = aot_function(fn, [fake.shape[0], fake], partition_fn=partition)
+    for n in (2, 7):
+        x = torch.randn(n, 3, requires_grad=True)
+        out, size = aot(n, x)
+        assert type(size) is int and size == 2 * n
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        ref = x.detach().requires_grad_()
+        (ref_grad,) = torch.autograd.grad(fn(n, ref)[0].sum(), ref)
+        torch.testing.assert_close(out, fn(n, x.detach())[0])
+        torch.testing.assert_close(grad, ref_grad)

@@ -59,9 +59,10 @@ Compiler = Callable[[fx.GraphModule, list], Callable[[list], Sequence]]
 
 # -- tracing ---------------------------------------------------------------------------------
 def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
+    """The outputs as a tuple: tensors, or sizes (Dynamo's graphs may return a SymInt)."""
     outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
     for i, out in enumerate(outs):
-        if not isinstance(out, torch.Tensor):
+        if not isinstance(out, torch.Tensor) and not is_symbolic(out) and type(out) is not int:
             raise TypeError(f"toycomp.aot: output {i} is a {type(out).__name__}, not a Tensor")
     return outs
 
@@ -191,7 +192,7 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
         mutations = _input_mutations(tracker, passed, grad_fns, inputs)
         fwd_values = [*outs, *[passed[m.index] for m in mutations]]
-        diff_outputs = [i for i, o in enumerate(outs) if joint and o.requires_grad]
+        diff_outputs = [i for i, o in enumerate(outs) if joint and _requires_grad(o)]
         diff_outputs += [len(outs) + k for k, m in enumerate(mutations) if m.requires_grad]
         grad_nodes = _trace_backward(recorder, primals, fwd_values, diff_outputs) if joint else []
         if joint and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:

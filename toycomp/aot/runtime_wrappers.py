@@ -96,13 +96,13 @@ class CompiledFunction(torch.autograd.Function):
         ctx.non_tensors = [s for s, t in zip(saved, is_tensor) if not t]
         ctx.is_tensor, ctx.aot = is_tensor, aot
         # An output may be returned twice or be an input; autograd wants distinct tensors.
-        seen = {id(a) for a in args}
+        seen = {id(a) for a in args if isinstance(a, torch.Tensor)}
         for i, out in enumerate(fwd):
-            fwd[i] = out.view_as(out) if id(out) in seen else out
-            seen.add(id(fwd[i]))
-        ctx.mark_non_differentiable(
-            *[o for i, o in enumerate(fwd) if i not in aot.diff_outputs]
-        )
+            if isinstance(out, torch.Tensor):
+                fwd[i] = out.view_as(out) if id(out) in seen else out
+                seen.add(id(fwd[i]))
+        ctx.mark_non_differentiable(*[o for i, o in enumerate(fwd)
+                                      if i not in aot.diff_outputs and isinstance(o, torch.Tensor)])
         return tuple(fwd)
 
     @staticmethod
