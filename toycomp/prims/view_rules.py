@@ -236,7 +236,8 @@ def stack(tensors: Sequence[Any], dim: int = 0) -> Any:
 
 @register(aten.cat.default)
 def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
-    tensors = [t for t in tensors if tuple(t.shape) != (0,)]  # ATen skips legacy empty ones
+    # ATen skips legacy empty 1-d tensors (unless all are)
+    tensors = [t for t in tensors if tuple(t.shape) != (0,)] or list(tensors)
     first = tensors[0]
     dim = normalize_dim(dim, first.ndim)
     if any(tuple(t.shape) != tuple(first.shape) for t in tensors):
