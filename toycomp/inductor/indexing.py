@@ -42,7 +42,7 @@ class FloorDiv(sympy.Function):
 
     @classmethod
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-        if divisor == 1:
+        if divisor == 1 or base == 0:
             return base
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(int(base) // int(divisor))

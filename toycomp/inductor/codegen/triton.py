@@ -147,15 +147,17 @@ class TritonKernelCodegen(KernelCodegen):
         )
         self.int64_index = self._needs_int64()
 
-    def _needs_int64(self) -> bool:
-        """Some index may leave int32's range (the masked lanes of the last block included)."""
+    def _needs_int64(self) -> bool | list:
+        """Some index may leave int32's range (the masked lanes of the last block included):
+        True, False, or, with symbolic sizes, the largest index magnitudes the kernel may
+        compute, as expressions in the sizes: the wrapper decides at each call (see [Note:
+        32-bit indices with symbolic sizes])."""
         k, b = self.kernel, self.blocks
-        if not b:  # block sizes chosen at run time
-            return True
+        xblock, rblock = b.get("XBLOCK", BLOCK_ELEMENTS), b.get("RBLOCK", LOOPED_RBLOCK)
         rnumel = k.rnumel if not indexing.is_static(k.rnumel) else max(k.rnumel, 1)
         ranges = {
-            indexing.x: k.numel + b["XBLOCK"],
-            indexing.r: rnumel + b.get("RBLOCK", 1),
+            indexing.x: k.numel + xblock,
+            indexing.r: rnumel + (rblock if self.is_reduction else 1),
         }
         indices = [
             e.index
@@ -164,15 +166,25 @@ class TritonKernelCodegen(KernelCodegen):
             for e in (*ir.walk(stmt.value), stmt)
             if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
         ]
+        largest: list = []
         for index in indices:
-            bounds = indexing.index_bounds(sympy.sympify(index), ranges)
-            if bounds is None or not all(indexing.is_static(b) for b in bounds):
-                return True  # (a symbolic size may be large)
-            if max(-bounds[0], bounds[1]) >= 2**31 - 1:
+            index = sympy.sympify(index)
+            bounds = indexing.index_bounds(index, ranges)
+            if bounds is None:
                 return True
-        return False
+            if all(indexing.is_static(v) for v in bounds):
+                if max(-bounds[0], bounds[1]) >= 2**31 - 1:
+                    return True
+                continue
+            parts = [e for e in sympy.preorder_traversal(index) if e.is_Add or e.is_Mul]
+            for part in [index, *parts]:
+                magnitudes = _magnitudes(indexing.index_bounds(part, ranges))
+                if magnitudes is None:
+                    return True
+                largest += magnitudes
+        return _largest(largest) or False
 
-    # --- shapes and masks -----------------------------------------------------------------------
+        # --- shapes and masks -----------------------------------------------------------------------
     def shape(self, with_r: bool) -> str:
         if not self.is_reduction:
             return "[XBLOCK]"
@@ -188,10 +200,10 @@ class TritonKernelCodegen(KernelCodegen):
         index = sympy.sympify(index)
         text = self.print_index(index)
         if not index.free_symbols:  # a block pointer is needed for a block mask
-            itype = "tl.int64" if self.int64_index else "tl.int32"
+            itype = "tl.int64" if self.int64_index is not False else "tl.int32"
             text = f"tl.full({self.shape(False)}, {text}, {itype})"
         elif not index.free_symbols & {indexing.x, indexing.r}:  # only sizes: s0 - 1
-            itype = "tl.int64" if self.int64_index else "tl.int32"
+            itype = "tl.int64" if self.int64_index is not False else "tl.int32"
             text = f"tl.zeros({self.shape(False)}, {itype}) + ({text})"
         return f"{self.args[buffer]} + ({text})"
 
@@ -316,20 +328,28 @@ class TritonKernelCodegen(KernelCodegen):
         params.append("XBLOCK: tl.constexpr")
         if self.is_reduction:
             params.append("RBLOCK: tl.constexpr")
+        if isinstance(self.int64_index, list):
+            params.append("INDEX_INT64: tl.constexpr")
         return params
 
     def codegen_header(self, body: IndentedBuffer) -> None:
         body.writeline(f"# FX origins: {self.origins_comment()}")
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64_index else "tl.program_id(0)"
-        body.writeline(f"xoffset = {pid} * XBLOCK")
+        if isinstance(self.int64_index, list):  # decided per call, by the wrapper
+            body.writelines(["xoffset = tl.program_id(0)", "if INDEX_INT64:"])
+            body.writelines(["    xoffset = xoffset.to(tl.int64)", "xoffset = xoffset * XBLOCK"])
+        else:
+            pid = "tl.program_id(0).to(tl.int64)" if self.int64_index else "tl.program_id(0)"
+            body.writeline(f"xoffset = {pid} * XBLOCK")
         if not self.is_reduction:
             body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)")
         else:
             body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
         body.writeline("xmask = xindex < xnumel")
         if self.is_reduction:
-            cast = ".to(tl.int64)" if self.int64_index else ""
+            cast = ".to(tl.int64)" if self.int64_index is True else ""
             body.writeline(f"rbase = tl.arange(0, RBLOCK)[None, :]{cast}")
+            if isinstance(self.int64_index, list):
+                body.writelines(["if INDEX_INT64:", "    rbase = rbase.to(tl.int64)"])
         if self.persistent:
             body.writelines(["rindex = rbase", "rmask = rindex < rnumel"])
 
@@ -376,6 +396,40 @@ def _final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtyp
     return lines
 
 
+# [Note: 32-bit indices with symbolic sizes]
+# 64-bit index arithmetic is slower on a GPU (a 64-bit division by a size, in ``x % s1``, is
+# several times a 32-bit one), so kernels use int32 indices unless an index may leave its
+# range. With static sizes that is decided here. With symbolic sizes the bound is an expression
+# (``4*s0 + 1023``, the masked lanes of the last block and every sub-expression included), so
+# the kernel takes ``INDEX_INT64: tl.constexpr`` and the wrapper passes ``max(...) >= 2**31 -
+# 1`` evaluated on the call's sizes: Triton compiles the 64-bit variant only if some call needs
+# it, and the source stays one.
+def _magnitudes(bounds) -> list | None:
+    """What bounds ``|index|`` (one or two expressions), or None if unknown."""
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    if indexing.known_nonnegative(lo):
+        return [hi]
+    return [hi, -lo] if indexing.known_nonnegative(-lo) and indexing.known_nonnegative(hi) else None
+
+
+def _largest(candidates: list) -> list:
+    """``candidates`` without those another one is known to be at least as large as."""
+    kept: list = []
+    for c in dict.fromkeys(sympy.expand(c) for c in candidates):
+        if any(indexing.known_nonnegative(k - c) for k in kept):
+            continue
+        kept = [k for k in kept if not indexing.known_nonnegative(c - k)] + [c]
+    return kept
+
+
+def index_dtype_arg(largest: list) -> str:
+    """The wrapper's ``INDEX_INT64=...`` argument for a kernel with symbolic index bounds."""
+    text = ", ".join(_python(c) for c in largest)
+    return f"INDEX_INT64={f'max({text})' if len(largest) > 1 else text} >= {2**31 - 1}"
+
+
 # --- compile and launch -----------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """Triton source for ``kernel`` plus the wrapper line that launches it."""
@@ -384,6 +438,8 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     numel, rnumel = (_python(n) for n in (kernel.numel, kernel.rnumel))
     sizes = [*map(str, kernel.size_symbols()), numel] + ([rnumel] if cg.is_reduction else [])
     args = ", ".join([*cg.args, *sizes])
+    if isinstance(cg.int64_index, list):
+        args += ", " + index_dtype_arg(cg.int64_index)
     meta = dict(cg.blocks)
     if not meta:  # a symbolic rnumel: block sizes for this call's sizes
         call = f"blocks = reduction_blocks({numel}, {rnumel})\n"
