@@ -35,7 +35,8 @@ from toycomp._torch_compat import sym_expr, sym_hint
 
 __all__ = [
     "SYM_TYPES", "SymbolicInputs", "compile_exprs", "evaluate", "free_symbols", "has_symbols",
-    "hint", "interpret", "is_symbolic", "sym_expr", "symbolic_inputs", "to_fx", "to_text",
+    "hint", "interpret", "is_symbolic", "specialized", "sym_expr", "symbolic_inputs", "to_fx",
+    "to_text",
 ]  # fmt: skip
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -322,3 +323,16 @@ def _is_tensor(v: Any) -> bool:
 def symbolic_inputs(vals: list) -> SymbolicInputs | None:
     """A ``SymbolicInputs`` for traced inputs with symbolic sizes; None if all are static."""
     return SymbolicInputs(vals) if free_symbols(list(vals)) else None
+
+
+def specialized(value: Any) -> Any:
+    """``value`` with every SymInt / SymFloat / SymBool in it replaced by its number, guarded
+    (``int(s0)`` records ``s0 == 4``): for Python that must see the number itself. ``str(s0)``
+    is ``"s0"``, so a size formatted into text (``f"{x.shape[0]}"``) is specialised first."""
+    if isinstance(value, (tuple, list)) and any(map(is_symbolic, value)):
+        return type(value)(specialized(v) for v in value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return int(value) if isinstance(value, torch.SymInt) else value

@@ -255,3 +255,18 @@ def test_the_guard_function_stays_readable():
         assert line in source
     assert cf.entries[-1].check.failing_guard({"x": torch.randn(1, 3)}, {}) == \
         "L['x'].size(0) >= 2"
+
+
+def test_a_size_formatted_into_text_is_its_number():
+    """``str(s0)`` is "s0": text made from a size specialises it (guarded), never the symbol."""
+
+    def fn(x):
+        return x * 2, f"batch {x.shape[0]}, {str(x.size(0))}, {x.shape}, {x.shape[0]!r}"
+
+    cf, _ = compile_eager(fn)
+    for n in (3, 4, 5, 4):
+        x = torch.randn(n)
+        out, text = cf(x)
+        same(out, fn(x)[0])
+        same(text, fn(x)[1])
+    assert "L['x'].size(0) == 4" in guards_of(cf, 1)

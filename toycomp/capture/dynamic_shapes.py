@@ -170,6 +170,9 @@ def shape_guard_lines(shape_env: Any, known: dict) -> list[str]:
     lines = []
     for symbol, name in names.items():
         lower, upper = compat.symbol_range(shape_env, symbol)
+        if lower is not None and lower == upper:  # specialised (str(s0), range(s0)...)
+            lines.append(f"{name} == {lower}")
+            continue
         lines += [f"{name} >= {lower}"] if lower is not None else []
         lines += [f"{name} <= {upper}"] if upper is not None else []
     return lines + [to_text(e, names) for e in compat.shape_env_guards(shape_env)]

@@ -26,6 +26,7 @@ from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
 from toycomp.capture.variables.objects import SuperVariable
 from toycomp.capture.variables.tensor import TensorVariable
+from toycomp.symbolic_shapes import specialized
 
 
 # ----- containers and attributes ------------------------------------------------------------
@@ -171,7 +172,7 @@ def _format(tx, value, conversion, spec):
     if isinstance(value, TensorVariable):
         raise Unsupported("formatting a tensor reads its data")
     convert = {None: lambda v: v, "s": str, "r": repr, "a": ascii}[conversion]
-    text = convert(value.as_python_constant())
+    text = convert(specialized(value.as_python_constant()))  # a size: its number, guarded
     return ConstantVariable(format(text, spec))
 
 

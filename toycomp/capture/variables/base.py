@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from toycomp.capture.sources import Source
+from toycomp.symbolic_shapes import specialized
 
 
 class Unsupported(Exception):
@@ -119,8 +120,11 @@ class ConstantVariable(ValueVariable):
         kw = {k: v.as_python_constant() for k, v in kwargs.items()}
         if name == "__len__":
             return ConstantVariable(len(self.value))
+        value = self.value
+        if name in ("__str__", "__repr__", "__format__", "__hash__"):  # a size: its number
+            value = specialized(value)
         try:
-            method = getattr(self.value, name)
+            method = getattr(value, name)
         except AttributeError as e:
             raise Unsupported(f"{type(self.value).__name__}.{name}") from e
         result = method(*consts, **kw)

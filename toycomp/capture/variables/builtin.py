@@ -29,6 +29,7 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
 )
 from toycomp.capture.variables.tensor import TensorVariable
+from toycomp.symbolic_shapes import specialized
 
 # Builtins that may be evaluated when all their arguments are Python constants.
 PURE_BUILTINS = {
@@ -38,6 +39,8 @@ PURE_BUILTINS = {
 } | {v for v in vars(math).values() if callable(v)} | {
     v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
 }
+# Builtins that would turn a size (SymInt) into the text of its symbol.
+TEXT_BUILTINS = {str, repr, format, ascii, hash}
 # Operators whose tensor form is a graph node.
 TENSOR_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not k.startswith("_")
                     and k not in ("is_", "is_not", "not_", "truth", "contains", "countOf",
@@ -95,6 +98,8 @@ def fold(fn, args, kwargs) -> ConstantVariable:
         kw = {k: v.as_python_constant() for k, v in kwargs.items()}
     except Unsupported:
         raise Unsupported(f"{getattr(fn, '__name__', fn)}() on {args}") from None
+    if fn in TEXT_BUILTINS:  # str(s0) is "s0": a size becomes its number, guarded
+        consts = specialized(consts)
     return ConstantVariable(fn(*consts, **kw))
 
 
