@@ -270,3 +270,16 @@ def test_a_size_formatted_into_text_is_its_number():
         same(out, fn(x)[0])
         same(text, fn(x)[1])
     assert "L['x'].size(0) == 4" in guards_of(cf, 1)
+
+
+def test_a_size_is_an_int_to_the_users_code():
+    def fn(x):
+        n = x.shape[0]
+        return (x * n if isinstance(n, int) else x), type(n) is int, isinstance(x.shape, tuple)
+
+    cf, _ = compile_eager(fn)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        for got, want in zip(cf(x), fn(x)):
+            same(got, want)
+    assert len(cf.entries) == 2

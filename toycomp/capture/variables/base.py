@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from toycomp.capture.sources import Source
-from toycomp.symbolic_shapes import specialized
+from toycomp.symbolic_shapes import is_symbolic, specialized
 
 
 class Unsupported(Exception):
@@ -103,6 +103,8 @@ class ValueVariable(VariableTracker):
         self.source = source
 
     def python_type(self) -> type:
+        if is_symbolic(self.value):  # a size traced as a symbol is an int to the user's code
+            return {"SymInt": int, "SymFloat": float}.get(type(self.value).__name__, bool)
         return type(self.value)
 
     def as_python_constant(self) -> Any:
