@@ -24,6 +24,7 @@ NB: in PyTorch this lives in torch/fx/experimental/symbolic_shapes.py (``ShapeEn
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from typing import Any, Callable, Sequence
 
@@ -88,6 +89,11 @@ OPS: dict[str, Callable] = {
     "LessThan": operator.le, "StrictGreaterThan": operator.gt, "GreaterThan": operator.ge,
     "And": lambda *a: functools.reduce(operator.and_, a),
     "Or": lambda *a: functools.reduce(operator.or_, a), "Not": operator.not_,
+    # float sizes (var's 1 / (N - 1) is a SymFloat) and their conversions
+    "ToFloat": torch.sym_float, "FloatTrueDiv": operator.truediv,
+    "IntTrueDiv": operator.truediv, "FloatPow": operator.pow, "TruncToInt": torch.sym_int,
+    "FloorToInt": math.floor, "CeilToInt": math.ceil, "RoundToInt": round,
+    "Identity": lambda a: a,
 }  # fmt: skip
 
 
@@ -189,6 +195,11 @@ TEXT_OPS = {
     "CeilDiv": lambda a, b: _Code(f"-(-{_code(a).at(_NEG)} // {_code(b).at(_MUL + 1)})", _NEG),
     "And": _joined("and", _AND), "Or": _joined("or", _OR),
     "Not": lambda a: _Code(f"not {_code(a).at(_NOT)}", _NOT),
+    "ToFloat": _call("float"), "FloatTrueDiv": _binary("/", _MUL), "IntTrueDiv": _binary("/", _MUL),
+    "FloatPow": _binary("**", _POW), "TruncToInt": _call("int"), "RoundToInt": _call("round"),
+    "FloorToInt": lambda a: _Code(f"int({_code(a).at(_MUL + 1)} // 1)"),
+    "CeilToInt": lambda a: _Code(f"-int(-{_code(a).at(_NEG)} // 1)", _NEG),
+    "Identity": lambda a: a,
 }  # fmt: skip
 
 
@@ -198,6 +209,21 @@ def to_text(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
 
 
 # -- as FX nodes (AOT's graphs) ---------------------------------------------------------------
+def _node_call(fn: Callable) -> Callable:
+    """``fn`` as a graph node when an argument is an FX proxy (``float(proxy)`` cannot be
+    traced by Python's operators), else ``fn`` itself."""
+
+    def call(*args):
+        proxy = next((a for a in args if isinstance(a, fx.Proxy)), None)
+        if proxy is None:
+            return fn(*args)
+        return proxy.tracer.create_proxy("call_function", fn, args, {})
+
+    return call
+
+
+FX_OPS = OPS | {name: _node_call(OPS[name]) for name in (
+    "ToFloat", "TruncToInt", "FloorToInt", "CeilToInt", "RoundToInt")}
 def to_fx(
     expr: sympy.Basic,
     graph: fx.Graph,
@@ -217,7 +243,7 @@ def to_fx(
     """
     tracer = fx.proxy.GraphAppendingTracer(graph)
     first_new = len(graph.nodes)
-    result = interpret(sympy.sympify(expr), lambda s: fx.Proxy(symbol_node(s), tracer))
+    result = interpret(sympy.sympify(expr), lambda s: fx.Proxy(symbol_node(s), tracer), FX_OPS)
     for node in list(graph.nodes)[first_new:]:
         if meta_key not in node.meta:
             args = fx.node.map_arg(node.args, lambda n: n.meta[meta_key])

@@ -218,3 +218,17 @@ def test_a_size_output_is_a_python_int(partition):
         (ref_grad,) = torch.autograd.grad(fn(n, ref)[0].sum(), ref)
         torch.testing.assert_close(out, fn(n, x.detach())[0])
         torch.testing.assert_close(grad, ref_grad)
+
+
+@pytest.mark.parametrize("partition", PARTITIONS)
+def test_float_sizes_in_the_graph(partition):
+    """var's backward multiplies by 2 / (N - 1), a SymFloat: rebuilt as sym_float and a
+    division of the size nodes."""
+
+    def fn(x):
+        return x.var((0, -1))
+
+    (fake,) = symbolic(torch.randn(3, 23, requires_grad=True), dims=[["static", "dynamic"]])
+    aot = aot_function(fn, [fake], partition_fn=partition)
+    assert torch.sym_float in {n.target for n in aot.joint.graph.nodes}
+    check_against_eager(aot, fn, lambda n: [torch.randn(3, n, requires_grad=True)])

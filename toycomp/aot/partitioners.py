@@ -134,6 +134,8 @@ def with_sizes(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.No
     not only those its ops read. Like PyTorch's partitioner (``saved_sym_nodes``), we save a
     node holding each such symbol (a SymInt primal, or ``aten.sym_size.int`` of a primal); the
     forward returns them after the saved tensors, and the backward takes them in that order.
+    A size computed from the primals alone is a forward node in both partitioners: saving it
+    costs nothing, and recomputing it in the backward could need the tensor it is read from.
     """
     tensors = [n for n in saved if not is_size(n)]
     sizes = [n for n in saved if is_size(n)]
@@ -296,7 +298,8 @@ def _flow_graph(
         if node in required_bw:  # a gradient that the forward computes (a primal...): save it
             flow.add_edge(f"{node.name}_out", "sink", capacity=math.inf)
         in_forward = node in required_fw or is_random(node)  # random ops run where eager ran them
-        if _is_primal(node) or (in_forward and should_ban_recomputation(node)):
+        size = is_size(node) and node not in required_bw  # [Note: saving sizes]: in the forward
+        if _is_primal(node) or size or (in_forward and should_ban_recomputation(node)):
             flow.add_edge("source", f"{node.name}_in", capacity=math.inf)
         flow.add_edge(f"{node.name}_in", f"{node.name}_out", capacity=_weight(node))
         for user in node.users:
