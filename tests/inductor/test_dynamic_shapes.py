@@ -158,8 +158,11 @@ def test_kernels_take_sizes_as_arguments():
     assert "const int64_t s0" in source and "xindex < 4*s0" in source
     generated = triton.generate(kernel)
     print(generated.source.split("@triton.jit")[-1], generated.call, sep="\n")
-    assert "def kernel_0(in_ptr0, out_ptr0, s0, xnumel, XBLOCK: tl.constexpr)" in generated.source
-    assert "cdiv(4*s0, 1024)" in generated.call
+    signature = "def kernel_0(in_ptr0, out_ptr0, s0, xnumel, XBLOCK: tl.constexpr, INDEX_INT64"
+    assert signature in generated.source and "cdiv(4*s0, 1024)" in generated.call
+    # 32-bit indices unless this call's sizes need 64: decided by the wrapper, per call
+    int64 = re.search(r"INDEX_INT64=(.*?), XBLOCK", generated.call).group(1)
+    assert eval(int64, {"s0": 37}) is False and eval(int64, {"s0": 2**29}) is True
     for text in (source, generated.source, record[0].compiled.wrapper_source):
         assert "37" not in text  # the example size is nowhere: one source for every size
     assert "s0 = " in record[0].compiled.wrapper_source

@@ -31,6 +31,7 @@ The forward of ``f(x) = sin(x)**2 + cos(x)**2``, one fused kernel::
 Files, in reading order:
 
 * ``indexing.py``: sympy index arithmetic (where element ``(i0, i1)`` lives in memory);
+* ``sizevars.py``: dynamic shapes: PyTorch's SymInts -> expressions in the sizes ``s0, s1...``;
 * ``ir.py``: the loop IR, from value expressions through buffers to kernels;
 * ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering.py``: lowering,
   one rule per prim; views are index maps, never copies;

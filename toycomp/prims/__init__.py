@@ -44,6 +44,7 @@ Files, in reading order:
 * ``decomp_table.py``: the ``DECOMPOSITIONS`` table, ``register``, ``EXTERN_OPS``;
 * ``helpers.py``: explicit type promotion and broadcasting (``elementwise``, ``broadcast_to``);
 * ``pointwise_rules.py``, ``nn_rules.py``, ``view_rules.py``: the decompositions, by kind;
+* ``symbolic_sizes.py``: dynamic shapes: the nodes computing the SymInts that prims take;
 * ``decompositions.py``: the pass, ``decompose``, with its tracer and ``fallbacks``.
 
 NB: in PyTorch this lives in torch/_prims/__init__.py (about 100 prims, with meta functions and

@@ -50,13 +50,17 @@ from toycomp._torch_compat import (
     OpOverload,
     overload_name,
     returns_alias,
-    is_fake,
     schema_of,
 )
 from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
 from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.helpers import is_symbolic
-from toycomp.prims.symbolic_sizes import SymbolicSizes, is_size_computation, symbolic_fake_mode
+from toycomp.prims.symbolic_sizes import (
+    SymbolicSizes,
+    is_size_computation,
+    numbers_as_fake,
+    symbolic_fake_mode,
+)
 from toycomp.tensor_utils import to_meta
 
 aten = torch.ops.aten
@@ -167,27 +171,9 @@ def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch
         bound.arguments["device"] = "meta"
     args, kwargs = _meta_of(bound.args), _meta_of(bound.kwargs)
     if prims.prim_kind(prim) is prims.PrimKind.POINTWISE:
-        args = _numbers_as_fake(prim, args)
+        args = numbers_as_fake(prim, args)
     val = prims.PRIM_INFO[prim].ref(*args, **kwargs)
     return val, device
-
-
-def _numbers_as_fake(prim: Any, args: tuple) -> tuple:
-    """With dynamic shapes (fake meta values), a pointwise prim's number operands become 0-d
-    fake tensors of the operands' dtype, as the prim's reference would make them (its
-    ``torch.tensor`` would not be fake); a SymInt operand becomes 1 (the value does not matter
-    for the shape, and reading it would specialise the size)."""
-    operands = args[1:] if prim is prims.where else args  # where's numbers follow a or b
-    tensors = [a for a in operands if isinstance(a, torch.Tensor)]
-    if not any(is_fake(t) for t in tensors):
-        return args
-    like = tensors[0]
-    return tuple(
-        torch.full((), 1 if is_symbolic(a) else a, dtype=like.dtype, device="meta")
-        if isinstance(a, (bool, int, float)) or is_symbolic(a)
-        else a
-        for a in args
-    )
 
 
 def _eval_op_on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:

@@ -31,7 +31,10 @@ import sympy
 import torch
 from torch import fx
 
-from toycomp._torch_compat import OpOverload, fake_mode_of, sym_expr as symbolic_expr
+import toycomp.prims as prims
+from toycomp._torch_compat import OpOverload, fake_mode_of, is_fake
+from toycomp._torch_compat import sym_expr as symbolic_expr
+from toycomp.symbolic_shapes import to_fx
 
 aten = torch.ops.aten
 
@@ -43,7 +46,6 @@ SIZE_OPS = {
     aten.sym_storage_offset.default,
 }
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
-_ARITHMETIC = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv}
 
 
 # [Note: meta values with symbolic sizes]
@@ -65,6 +67,24 @@ def symbolic_fake_mode(example_inputs: list) -> Any:
     return mode if mode is not None else contextlib.nullcontext()
 
 
+def numbers_as_fake(prim: Any, args: tuple) -> tuple:
+    """With dynamic shapes (fake meta values), a pointwise prim's number operands become 0-d
+    fake tensors of the operands' dtype, as the prim's reference would make them (its
+    ``torch.tensor`` would not be fake); a SymInt operand becomes 1 (the value does not matter
+    for the shape, and reading it would specialise the size)."""
+    operands = args[1:] if prim is prims.where else args  # where's numbers follow a or b
+    tensors = [a for a in operands if isinstance(a, torch.Tensor)]
+    if not any(is_fake(t) for t in tensors):
+        return args
+    like = tensors[0]
+    return tuple(
+        torch.full((), 1 if isinstance(a, _SYMBOLIC) else a, dtype=like.dtype, device="meta")
+        if isinstance(a, (bool, int, float) + _SYMBOLIC)
+        else a
+        for a in args
+    )
+
+
 def is_size_computation(node: fx.Node) -> bool:
     """A node computing a number from sizes (``sym_size``, ``operator.mul`` on SymInts...)."""
     if node.op != "call_function" or node.target is operator.getitem:
@@ -80,7 +100,7 @@ class SymbolicSizes:
 
     def __init__(self, graph: fx.Graph) -> None:
         self.graph = graph
-        self.nodes: dict[sympy.Expr, tuple[fx.Node, Any]] = {}  # expr -> (node, its SymInt)
+        self.nodes: dict[sympy.Expr, fx.Node] = {}  # expression -> the node computing it
         self.tensors: list[tuple[fx.Node, torch.Tensor]] = []  # inputs to read sizes from
 
     def add_input(self, node: fx.Node, value: Any) -> None:
@@ -88,56 +108,37 @@ class SymbolicSizes:
         if isinstance(value, torch.Tensor):
             self.tensors.append((node, value))
         elif isinstance(value, _SYMBOLIC):
-            self.nodes.setdefault(symbolic_expr(value), (node, value))
+            self.nodes.setdefault(symbolic_expr(value), node)
 
     def node(self, value: Any) -> Any:
-        """The node computing the SymInt ``value`` (a Python number when it is constant)."""
+        """The node computing the SymInt ``value`` (a Python number when it is constant):
+        arithmetic nodes over the nodes that hold its symbols (``symbolic_shapes.to_fx``)."""
         expr = symbolic_expr(value)
         if not isinstance(expr, sympy.Basic) or expr.is_number:
             return _python_number(value, expr)
-        return self._build(expr)[0]
+        if expr not in self.nodes:
+            first_new = len(self.graph.nodes)
+            self.nodes[expr] = to_fx(expr, self.graph, self._symbol_node)
+            for node in list(self.graph.nodes)[first_new:]:
+                node.meta.setdefault("aten_origin", str(symbolic_expr(node.meta["val"])))
+        return self.nodes[expr]
 
-    def _build(self, expr: sympy.Expr) -> tuple[Any, Any]:
-        """(node or number, SymInt or number) for ``expr``, made once."""
-        if expr.is_Integer:
-            return int(expr), int(expr)
-        if expr in self.nodes:
-            return self.nodes[expr]
-        if expr.is_Symbol:
-            built = self._read_size(expr)
-        else:
-            built = self._arithmetic(expr)
-        self.nodes[expr] = built
-        return built
+    def _symbol_node(self, symbol: sympy.Symbol) -> fx.Node:
+        if symbol not in self.nodes:
+            self.nodes[symbol] = self._read_size(symbol)
+        return self.nodes[symbol]
 
-    def _arithmetic(self, expr: sympy.Expr) -> tuple[fx.Node, Any]:
-        name = type(expr).__name__
-        if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
-            operands, fn = [expr.base] * int(expr.exp), operator.mul
-        elif name in _ARITHMETIC:
-            operands, fn = list(expr.args), _ARITHMETIC[name]
-        else:
-            raise NotImplementedError(f"toycomp.decompositions: symbolic size {expr} ({name})")
-        node, value = self._build(operands[0])
-        for operand in operands[1:]:
-            other_node, other_value = self._build(operand)
-            value = fn(value, other_value)
-            node = self._emit(fn, (node, other_node), value)
-        return node, value
-
-    def _read_size(self, symbol: sympy.Symbol) -> tuple[fx.Node, Any]:
+    def _read_size(self, symbol: sympy.Symbol) -> fx.Node:
+        """``aten.sym_size.int(x, d)`` (or ``sym_stride``) of the first input holding it."""
         for getter, op in ((torch.Tensor.size, aten.sym_size.int),
                            (torch.Tensor.stride, aten.sym_stride.int)):  # fmt: skip
             for placeholder, t in self.tensors:
                 for dim, size in enumerate(getter(t)):
                     if isinstance(size, torch.SymInt) and symbolic_expr(size) == symbol:
-                        return self._emit(op, (placeholder, dim), size), size
+                        node = self.graph.create_node("call_function", op, (placeholder, dim))
+                        node.meta["val"], node.meta["aten_origin"] = size, str(symbol)
+                        return node
         raise NotImplementedError(f"toycomp.decompositions: no graph input has the size {symbol}")
-
-    def _emit(self, target: Any, args: tuple, value: Any) -> fx.Node:
-        node = self.graph.create_node("call_function", target, args)
-        node.meta["val"], node.meta["aten_origin"] = value, str(symbolic_expr(value))
-        return node
 
 
 def _python_number(value: Any, expr: Any) -> Any:

@@ -17,7 +17,8 @@ Files, in reading order:
 * ``cpp_prefix.py``: the C++ text every C++ kernel starts with (helpers, vector libm macros);
 * ``cpp.py``: the C++ backend and its rule table ``CPP_OPS``;
 * ``triton_helpers.py``: the Triton rule table ``TRITON_OPS`` and its ``tl.*``-only helpers;
-* ``triton.py``: the Triton backend (block sizes, masks, persistent and looped reductions).
+* ``triton_heuristics.py``: Triton block sizes and index dtype (per call with dynamic shapes);
+* ``triton.py``: the Triton backend (masks, persistent and looped reductions).
 
 NB: in PyTorch this lives in torch/_inductor/codegen/common.py (IndentedBuffer, CSE, Kernel),
 codegen/cpp.py (CppKernel, CppVecKernel), codegen/triton.py (TritonKernel) and

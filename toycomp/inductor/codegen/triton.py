@@ -28,7 +28,9 @@ that ``toycomp.explain`` keeps)::
 
 Rules (see the Notes): every load and store is masked; fp16/bf16 are upcast to fp32 on load;
 only ``tl.*`` math (Triton's CPU interpreter cannot run ``libdevice``); block sizes come from
-``block_sizes`` (no autotuning). On CPU tensors the kernel runs in Triton's interpreter.
+``block_sizes`` in triton_heuristics.py (no autotuning). On CPU tensors the kernel runs in
+Triton's interpreter. With dynamic shapes the sizes are kernel arguments, the grid comes from
+them at each call (see [Note: Triton with dynamic shapes] in triton_heuristics.py).
 
 NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonKernel, TritonOverrides,
 persistent vs looped reductions), torch/_inductor/runtime/triton_heuristics.py (block sizes,
@@ -52,10 +54,17 @@ from toycomp.inductor.codegen.common import (
     LOW_PRECISION,
     GeneratedKernel,
     IndentedBuffer,
-    IndexPrinter,
     KernelCodegen,
     compute_dtype,
     operand_dtype,
+)
+from toycomp.inductor.codegen.triton_heuristics import (
+    PERSISTENT_MAX_RNUMEL,
+    block_sizes,
+    index_dtype,
+    index_dtype_arg,
+    python_size,
+    reduction_blocks,  # noqa: F401  (the wrapper's namespace takes it from here)
 )
 from toycomp.inductor.codegen.triton_helpers import (
     HELPERS,
@@ -65,73 +74,6 @@ from toycomp.inductor.codegen.triton_helpers import (
     triton_type,
     triton_widen,
 )
-
-# [Note: Triton block sizes]
-# No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
-# * pointwise: XBLOCK = 1024 (fewer for small numel) over a 1-D grid of cdiv(numel, XBLOCK);
-# * rnumel <= PERSISTENT_MAX_RNUMEL: a "persistent" reduction, the whole row in registers:
-#   RBLOCK = next_power_of_2(rnumel), XBLOCK rows per program so that XBLOCK * RBLOCK stays
-#   near BLOCK_ELEMENTS. A softmax over 1000 columns is one pass: load, max, exp, sum, store;
-# * longer rows: a looped reduction, XBLOCK = 1 row per program, RBLOCK = LOOPED_RBLOCK columns
-#   per step, accumulating in an [XBLOCK, RBLOCK] tensor reduced along axis 1 after the loop;
-#   every Loop of the kernel (stores after a reduction too) loops over r again.
-POINTWISE_XBLOCK = 1024
-PERSISTENT_MAX_RNUMEL = 4096
-LOOPED_RBLOCK = 1024
-BLOCK_ELEMENTS = 4096
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
-
-
-# [Note: Triton with dynamic shapes]
-# A kernel whose sizes are symbols takes them as arguments (``s0``, then ``xnumel`` and
-# ``rnumel`` computed from them by the wrapper) and its grid, ``cdiv(xnumel, XBLOCK)``, is
-# computed at each call. Block sizes that would depend on a symbolic size are chosen without
-# it: a pointwise kernel takes XBLOCK = 1024, a persistent reduction (static rnumel) takes
-# BLOCK_ELEMENTS // RBLOCK rows per program. A symbolic rnumel cannot be proven <= 4096, so that
-# reduction loops over r; its XBLOCK and RBLOCK are launch parameters chosen at each call by
-# ``reduction_blocks`` from the actual sizes, with the static rule (a 32-column row is one
-# 32-wide step, not a 1024-wide mostly masked one); Triton compiles one variant per distinct
-# block size (a power of 2), the source and toycomp's cache entry stay one. Indices whose range
-# cannot be bounded are 64-bit.
-def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
-    """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``; empty
-    for a reduction over a symbolic rnumel (``reduction_blocks`` picks them at each call)."""
-    static_numel = indexing.is_static(kernel.numel)
-    if not any(loop.over_r for loop in kernel.loops):
-        xblock = POINTWISE_XBLOCK
-        if static_numel:
-            xblock = min(POINTWISE_XBLOCK, next_power_of_2(kernel.numel))
-        return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
-    if not indexing.is_static(kernel.rnumel):
-        return {}
-    if kernel.rnumel <= PERSISTENT_MAX_RNUMEL:
-        rblock = next_power_of_2(kernel.rnumel)
-        xblock = max(1, BLOCK_ELEMENTS // rblock)
-        if static_numel:
-            xblock = min(next_power_of_2(kernel.numel), xblock)
-    else:
-        rblock, xblock = LOOPED_RBLOCK, 1
-    return _reduction_meta(xblock, rblock)
-
-
-def reduction_blocks(numel: int, rnumel: int) -> dict[str, int]:
-    """Block sizes of a looped reduction for these sizes (see [Note: Triton with dynamic
-    shapes]); the generated wrapper calls it before each launch."""
-    rblock = min(LOOPED_RBLOCK, next_power_of_2(rnumel))
-    xblock = min(next_power_of_2(numel), max(1, BLOCK_ELEMENTS // rblock))
-    return _reduction_meta(xblock, rblock)
-
-
-def _reduction_meta(xblock: int, rblock: int) -> dict[str, int]:
-    return {
-        "XBLOCK": xblock,
-        "RBLOCK": rblock,
-        "num_warps": min(8, max(1, xblock * rblock // 512)),
-    }
-
 
 class TritonKernelCodegen(KernelCodegen):
     """Generates one ``@triton.jit`` function for an ``ir.Kernel``."""
@@ -145,46 +87,9 @@ class TritonKernelCodegen(KernelCodegen):
         self.persistent = self.is_reduction and indexing.known_less(
             kernel.rnumel, PERSISTENT_MAX_RNUMEL + 1
         )
-        self.int64_index = self._needs_int64()
+        self.int64_index = index_dtype(kernel, self.blocks, self.is_reduction)
 
-    def _needs_int64(self) -> bool | list:
-        """Some index may leave int32's range (the masked lanes of the last block included):
-        True, False, or, with symbolic sizes, the largest index magnitudes the kernel may
-        compute, as expressions in the sizes: the wrapper decides at each call (see [Note:
-        32-bit indices with symbolic sizes])."""
-        k, b = self.kernel, self.blocks
-        xblock, rblock = b.get("XBLOCK", BLOCK_ELEMENTS), b.get("RBLOCK", LOOPED_RBLOCK)
-        rnumel = k.rnumel if not indexing.is_static(k.rnumel) else max(k.rnumel, 1)
-        ranges = {
-            indexing.x: k.numel + xblock,
-            indexing.r: rnumel + (rblock if self.is_reduction else 1),
-        }
-        indices = [
-            e.index
-            for loop in k.loops
-            for stmt in loop.body
-            for e in (*ir.walk(stmt.value), stmt)
-            if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
-        ]
-        largest: list = []
-        for index in indices:
-            index = sympy.sympify(index)
-            bounds = indexing.index_bounds(index, ranges)
-            if bounds is None:
-                return True
-            if all(indexing.is_static(v) for v in bounds):
-                if max(-bounds[0], bounds[1]) >= 2**31 - 1:
-                    return True
-                continue
-            parts = [e for e in sympy.preorder_traversal(index) if e.is_Add or e.is_Mul]
-            for part in [index, *parts]:
-                magnitudes = _magnitudes(indexing.index_bounds(part, ranges))
-                if magnitudes is None:
-                    return True
-                largest += magnitudes
-        return _largest(largest) or False
-
-        # --- shapes and masks -----------------------------------------------------------------------
+    # --- shapes and masks -----------------------------------------------------------------------
     def shape(self, with_r: bool) -> str:
         if not self.is_reduction:
             return "[XBLOCK]"
@@ -396,46 +301,12 @@ def _final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtyp
     return lines
 
 
-# [Note: 32-bit indices with symbolic sizes]
-# 64-bit index arithmetic is slower on a GPU (a 64-bit division by a size, in ``x % s1``, is
-# several times a 32-bit one), so kernels use int32 indices unless an index may leave its
-# range. With static sizes that is decided here. With symbolic sizes the bound is an expression
-# (``4*s0 + 1023``, the masked lanes of the last block and every sub-expression included), so
-# the kernel takes ``INDEX_INT64: tl.constexpr`` and the wrapper passes ``max(...) >= 2**31 -
-# 1`` evaluated on the call's sizes: Triton compiles the 64-bit variant only if some call needs
-# it, and the source stays one.
-def _magnitudes(bounds) -> list | None:
-    """What bounds ``|index|`` (one or two expressions), or None if unknown."""
-    if bounds is None:
-        return None
-    lo, hi = bounds
-    if indexing.known_nonnegative(lo):
-        return [hi]
-    return [hi, -lo] if indexing.known_nonnegative(-lo) and indexing.known_nonnegative(hi) else None
-
-
-def _largest(candidates: list) -> list:
-    """``candidates`` without those another one is known to be at least as large as."""
-    kept: list = []
-    for c in dict.fromkeys(sympy.expand(c) for c in candidates):
-        if any(indexing.known_nonnegative(k - c) for k in kept):
-            continue
-        kept = [k for k in kept if not indexing.known_nonnegative(c - k)] + [c]
-    return kept
-
-
-def index_dtype_arg(largest: list) -> str:
-    """The wrapper's ``INDEX_INT64=...`` argument for a kernel with symbolic index bounds."""
-    text = ", ".join(_python(c) for c in largest)
-    return f"INDEX_INT64={f'max({text})' if len(largest) > 1 else text} >= {2**31 - 1}"
-
-
 # --- compile and launch -----------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """Triton source for ``kernel`` plus the wrapper line that launches it."""
     cg = TritonKernelCodegen(kernel)
     source = cg.codegen_kernel()
-    numel, rnumel = (_python(n) for n in (kernel.numel, kernel.rnumel))
+    numel, rnumel = (python_size(n) for n in (kernel.numel, kernel.rnumel))
     sizes = [*map(str, kernel.size_symbols()), numel] + ([rnumel] if cg.is_reduction else [])
     args = ", ".join([*cg.args, *sizes])
     if isinstance(cg.int64_index, list):
@@ -452,11 +323,6 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
     call = f"{kernel.name}[{grid}]({args}, {kwargs})"
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
-
-
-def _python(size) -> str:
-    """A size as the wrapper's Python source: ``1000``, ``4*s0``."""
-    return str(size) if indexing.is_static(size) else IndexPrinter().doprint(size)
 
 
 def load(generated: GeneratedKernel, device: torch.device) -> Any:

@@ -1,0 +1,172 @@
+"""Stage 4c (Triton backend), launch heuristics: block sizes and the index dtype of a kernel.
+
+Input -> output: an ``ir.Kernel`` -> its launch parameters (``XBLOCK``, ``RBLOCK``, ``num_warps``)
+and whether its indices need 64 bits, decided at compile time for static sizes and, for
+symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64``)::
+
+    >>> from toycomp.inductor.indexing import x
+    >>> loop = ir.Loop(False, (ir.Store("buf0", x, ir.Load("a", x, torch.float32)),))
+    >>> kernel = ir.Kernel("kernel_0", 1000, 1, (loop,), (("a", torch.float32),
+    ...                    ("buf0", torch.float32)), ())
+    >>> block_sizes(kernel), index_dtype(kernel, block_sizes(kernel), is_reduction=False)
+    ({'XBLOCK': 1024, 'num_warps': 4}, False)
+    >>> reduction_blocks(128, 37)  # a reduction over a symbolic rnumel, this call: 128 x 37
+    {'XBLOCK': 64, 'RBLOCK': 64, 'num_warps': 8}
+
+NB: in PyTorch this lives in torch/_inductor/runtime/triton_heuristics.py (block sizes,
+autotuning configs, the grid) and torch/_inductor/codegen/simd.py (``index_dtype``,
+``can_use_32bit_indexing``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from toycomp.inductor import indexing, ir
+from toycomp.inductor.codegen.common import IndexPrinter
+
+# [Note: Triton block sizes]
+# No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
+# * pointwise: XBLOCK = 1024 (fewer for small numel) over a 1-D grid of cdiv(numel, XBLOCK);
+# * rnumel <= PERSISTENT_MAX_RNUMEL: a "persistent" reduction, the whole row in registers:
+#   RBLOCK = next_power_of_2(rnumel), XBLOCK rows per program so that XBLOCK * RBLOCK stays
+#   near BLOCK_ELEMENTS. A softmax over 1000 columns is one pass: load, max, exp, sum, store;
+# * longer rows: a looped reduction, XBLOCK = 1 row per program, RBLOCK = LOOPED_RBLOCK columns
+#   per step, accumulating in an [XBLOCK, RBLOCK] tensor reduced along axis 1 after the loop;
+#   every Loop of the kernel (stores after a reduction too) loops over r again.
+POINTWISE_XBLOCK = 1024
+PERSISTENT_MAX_RNUMEL = 4096
+LOOPED_RBLOCK = 1024
+BLOCK_ELEMENTS = 4096
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+# [Note: Triton with dynamic shapes]
+# A kernel whose sizes are symbols takes them as arguments (``s0``, then ``xnumel`` and
+# ``rnumel`` computed from them by the wrapper) and its grid, ``cdiv(xnumel, XBLOCK)``, is
+# computed at each call. Block sizes that would depend on a symbolic size are chosen without
+# it: a pointwise kernel takes XBLOCK = 1024, a persistent reduction (static rnumel) takes
+# BLOCK_ELEMENTS // RBLOCK rows per program. A symbolic rnumel cannot be proven <= 4096, so that
+# reduction loops over r; its XBLOCK and RBLOCK are launch parameters chosen at each call by
+# ``reduction_blocks`` from the actual sizes, with the static rule (a 32-column row is one
+# 32-wide step, not a 1024-wide mostly masked one); Triton compiles one variant per distinct
+# block size (a power of 2), the source and toycomp's cache entry stay one. Whether indices
+# need 64 bits is also decided per call (see [Note: 32-bit indices with symbolic sizes]).
+def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
+    """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``; empty
+    for a reduction over a symbolic rnumel (``reduction_blocks`` picks them at each call)."""
+    static_numel = indexing.is_static(kernel.numel)
+    if not any(loop.over_r for loop in kernel.loops):
+        xblock = POINTWISE_XBLOCK
+        if static_numel:
+            xblock = min(POINTWISE_XBLOCK, next_power_of_2(kernel.numel))
+        return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
+    if not indexing.is_static(kernel.rnumel):
+        return {}
+    if kernel.rnumel <= PERSISTENT_MAX_RNUMEL:
+        rblock = next_power_of_2(kernel.rnumel)
+        xblock = max(1, BLOCK_ELEMENTS // rblock)
+        if static_numel:
+            xblock = min(next_power_of_2(kernel.numel), xblock)
+    else:
+        rblock, xblock = LOOPED_RBLOCK, 1
+    return _reduction_meta(xblock, rblock)
+
+
+def reduction_blocks(numel: int, rnumel: int) -> dict[str, int]:
+    """Block sizes of a looped reduction for these sizes (see [Note: Triton with dynamic
+    shapes]); the generated wrapper calls it before each launch."""
+    rblock = min(LOOPED_RBLOCK, next_power_of_2(rnumel))
+    xblock = min(next_power_of_2(numel), max(1, BLOCK_ELEMENTS // rblock))
+    return _reduction_meta(xblock, rblock)
+
+
+def _reduction_meta(xblock: int, rblock: int) -> dict[str, int]:
+    return {
+        "XBLOCK": xblock,
+        "RBLOCK": rblock,
+        "num_warps": min(8, max(1, xblock * rblock // 512)),
+    }
+
+
+def index_dtype(kernel: ir.Kernel, blocks: dict, is_reduction: bool) -> bool | list:
+    """Some index may leave int32's range (the masked lanes of the last block included):
+    True, False, or, with symbolic sizes, the largest index magnitudes the kernel may
+    compute, as expressions in the sizes: the wrapper decides at each call (see [Note:
+    32-bit indices with symbolic sizes])."""
+    k, b = kernel, blocks
+    xblock, rblock = b.get("XBLOCK", BLOCK_ELEMENTS), b.get("RBLOCK", LOOPED_RBLOCK)
+    rnumel = k.rnumel if not indexing.is_static(k.rnumel) else max(k.rnumel, 1)
+    ranges = {
+        indexing.x: k.numel + xblock,
+        indexing.r: rnumel + (rblock if is_reduction else 1),
+    }
+    indices = [
+        e.index
+        for loop in k.loops
+        for stmt in loop.body
+        for e in (*ir.walk(stmt.value), stmt)
+        if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
+    ]
+    largest: list = []
+    for index in indices:
+        index = sympy.sympify(index)
+        bounds = indexing.index_bounds(index, ranges)
+        if bounds is None:
+            return True
+        if all(indexing.is_static(v) for v in bounds):
+            if max(-bounds[0], bounds[1]) >= 2**31 - 1:
+                return True
+            continue
+        parts = [e for e in sympy.preorder_traversal(index) if e.is_Add or e.is_Mul]
+        for part in [index, *parts]:
+            magnitudes = _magnitudes(indexing.index_bounds(part, ranges))
+            if magnitudes is None:
+                return True
+            largest += magnitudes
+    return _largest(largest) or False
+
+
+# [Note: 32-bit indices with symbolic sizes]
+# 64-bit index arithmetic is slower on a GPU (a 64-bit division by a size, in ``x % s1``, is
+# several times a 32-bit one), so kernels use int32 indices unless an index may leave its
+# range. With static sizes that is decided here. With symbolic sizes the bound is an expression
+# (``4*s0 + 1023``, the masked lanes of the last block and every sub-expression included), so
+# the kernel takes ``INDEX_INT64: tl.constexpr`` and the wrapper passes ``max(...) >= 2**31 -
+# 1`` evaluated on the call's sizes: Triton compiles the 64-bit variant only if some call needs
+# it, and the source stays one.
+def _magnitudes(bounds) -> list | None:
+    """What bounds ``|index|`` (one or two expressions), or None if unknown."""
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    if indexing.known_nonnegative(lo):
+        return [hi]
+    return [hi, -lo] if indexing.known_nonnegative(-lo) and indexing.known_nonnegative(hi) else None
+
+
+def _largest(candidates: list) -> list:
+    """``candidates`` without those another one is known to be at least as large as."""
+    kept: list = []
+    for c in dict.fromkeys(sympy.expand(c) for c in candidates):
+        if any(indexing.known_nonnegative(k - c) for k in kept):
+            continue
+        kept = [k for k in kept if not indexing.known_nonnegative(c - k)] + [c]
+    return kept
+
+
+def index_dtype_arg(largest: list) -> str:
+    """The wrapper's ``INDEX_INT64=...`` argument for a kernel with symbolic index bounds."""
+    text = ", ".join(python_size(c) for c in largest)
+    return f"INDEX_INT64={f'max({text})' if len(largest) > 1 else text} >= {2**31 - 1}"
+
+
+def python_size(size) -> str:
+    """A size as the wrapper's Python source: ``1000``, ``4*s0``."""
+    return str(size) if indexing.is_static(size) else IndexPrinter().doprint(size)
