@@ -72,6 +72,13 @@ CPP_TYPES = {
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }  # fmt: skip
 
+# [Note: C++ kernels with dynamic shapes]
+# A kernel whose sizes are symbols takes them as ``const int64_t s0`` arguments after its
+# pointers (the wrapper passes this call's values, so one compiled library serves every size);
+# its loop bounds and indices use them (``xindex < 4*s0``). Whether a loop runs on all cores is
+# then decided at run time, by an OpenMP ``if(parallel: 4*s0 >= 16384)`` clause. ``omp simd``
+# loops stay vectorised: GCC emits a vector body and a scalar tail for the last iterations, as
+# it does for a static size that is no multiple of the vector width.
 # When a kernel has a single row (numel == 1), parallelise its r loops instead, from this size.
 PARALLEL_REDUCTION_MIN_RNUMEL = 4096
 # Smaller kernels (numel * rnumel elements) run on one core: starting OpenMP's threads costs
