@@ -577,3 +577,21 @@ def test_dynamic_shapes_with_views_and_size_outputs():
             assert_close(out, g(x, y)[0])
             assert type(size) is int and size == 2 * n
     assert compiled.compile_count == 2
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_size_live_across_a_graph_break_compiles_twice(backend):
+    def fn(x):
+        n = x.shape[0] * 2
+        print("n is", n)  # a graph break: the resume function receives n, an int
+        return (x.sin() * n).sum(), n
+
+    compiled = toycomp.compile(fn, backend=backend)
+    for n in BATCH_SIZES[:10]:
+        x = torch.randn(n, requires_grad=True)
+        (out, m), (grad,) = compiled(x), torch.autograd.grad(compiled(x)[0], x)
+        (ref, ref_m), (ref_grad,) = fn(x), torch.autograd.grad(fn(x)[0], x)
+        assert_close(out, ref)
+        assert_close(grad, ref_grad)
+        assert m == ref_m
+    assert compiled.compile_count == 2  # the resume function's graph: static, then symbolic

@@ -265,3 +265,14 @@ def symbol_order(shape_env, symbol) -> int:  # inductor/sizevars.py: s77 was mad
 def dynamo_marked_dims(t) -> set:  # capture/dynamic_shapes.py: torch._dynamo.mark_dynamic's
     """Dimensions ``torch._dynamo.mark_dynamic`` marked on ``t`` (a private attribute)."""
     return set(getattr(t, "_dynamo_dynamic_indices", ()))
+
+
+def symbolic_int(mode, value: int, name: str):  # capture/output_graph.py: a dynamic int input
+    """A SymInt for the int argument ``value`` >= 2 (named ``name``) in ``mode``'s ShapeEnv,
+    made like a size: its symbol ranges over 2, 3, ... (stages 3-4 rely on that)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    env, source = mode.shape_env, ConstantSource(name)
+    symbol = env.create_symbol(value, source, DimDynamic.DYNAMIC)
+    return env.create_symintnode(symbol, hint=value, source=source)

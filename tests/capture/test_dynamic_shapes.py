@@ -237,12 +237,33 @@ def test_a_size_across_a_graph_break():
         return x.sum() * n, n
 
     cf, _ = compile_eager(fn)
-    for n in (3, 5, 8):
+    for n in SIZES[:12]:
         x = torch.randn(n)
         out, m = cf(x)
         ref, ref_m = fn(x)
         same(out, ref)
         same(m, ref_m)
+    # fn and its resume function, each static then symbolic: the resume function's int
+    # argument n became a symbol too (automatic dynamic ints)
+    assert len(cf.context.log) == 4
+
+
+def test_automatic_dynamic_ints():
+    def scale(x, k):
+        return x * k if k > 1 else x - k
+
+    cf, graphs = compile_eager(scale)
+    for k in (2, 3, 5, 7, 0, 1, -4, 9):
+        x = torch.randn(4)
+        same(cf(x, k), scale(x, k))
+    assert [type(e).__name__ for e in graphs[1][1]] == ["FakeTensor", "SymInt"]
+    guards = guards_of(cf, 1)
+    assert "type(L['k']) is int" in guards and "L['k'] >= 2" in guards  # a size's range
+    assert len(cf.entries) == 5  # 2, then k symbolic (>= 2), then 0, 1, -4 specialised
+    cf, _ = compile_eager(scale, dynamic=False)
+    for k in (2, 3, 5):
+        same(cf(torch.ones(4), k), scale(torch.ones(4), k))
+    assert len(cf.entries) == 3 and "L['k'] == 5" in guards_of(cf)
 
 
 def test_the_guard_function_stays_readable():

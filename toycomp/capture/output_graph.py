@@ -145,6 +145,30 @@ class OutputGraph:
         self.guards.tensor_match(source, value, sizes, strides)
         return fake
 
+    def symbolic_int(self, value: int, source: Source) -> Any:
+        """An int argument as a SymInt graph input, or None (specialised: guarded by value).
+
+        Like Dynamo's automatic dynamic ints: an argument seen with another value in an earlier
+        compile (or any, with ``dynamic=True``) becomes a symbol read from ``L['n']``. This is
+        what keeps a resume function that receives ``n = x.shape[0]`` (a size live across a
+        graph break) from recompiling for every batch size. Unlike Dynamo, only values >= 2
+        (guarded ``L['n'] >= 2``), the range of a size's symbol: others stay specialised."""
+        if not isinstance(source, LocalSource) or value < 2 or self.dynamic is False:
+            return None
+        changed = self.frame_state.update(f"{source.name()} (int)", (value,))
+        if not changed and self.dynamic is not True:
+            return None
+        if self.shape_env is None:
+            raise RestartWithSymbols()
+        size = compat.symbolic_int(self.fake_mode, value, source.name())
+        if not is_symbolic(size):
+            return None
+        self.guards.add(f"type({source.name()}) is int")
+        self.symbols[sym_expr(size)] = source
+        self.sym_nodes[sym_expr(size)] = self.placeholder(str(sym_expr(size)), size, source)
+        self.dynamic_dims[source.name()] = []  # (an int: no dimensions)
+        return size
+
     def size_node(self, value: Any) -> Any:
         """The node computing a SymInt (``s0 * 2``) from the symbols' inputs; a number for a
         constant one ([Note: sizes are rebuilt from their symbols], toycomp/symbolic_shapes.py)."""

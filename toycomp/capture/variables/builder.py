@@ -85,6 +85,10 @@ class VariableBuilder:
         if isinstance(value, torch.Tensor):
             return self.output.add_input(value, source)
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, tuple):
+            if type(value) is int and source is not None and guard:
+                size = self.output.symbolic_int(value, source)  # automatic dynamic ints
+                if size is not None:
+                    return ConstantVariable(size, source)
             if source is not None and guard:
                 self.output.guards.constant_match(source, value)
             return ConstantVariable(value, source)
