@@ -1,157 +1,338 @@
-"""Benchmark: eager vs torch.compile vs toycomp, as ratios measured in one run.
+"""Benchmark: eager vs torch.compile (TorchInductor) vs toycomp, measured in one run.
 
-    python benchmarks/bench.py                 # CPU, and CUDA too when a GPU is present
-    python benchmarks/bench.py --device cuda --repeat 50
-    python benchmarks/bench.py --compile-time        # compile time only (CPU)
+    python benchmarks/bench.py                  # CUDA when a GPU is present, else the CPU
+    python benchmarks/bench.py --device cpu     # the CPU rows (C++ backend), CPU-sized inputs
+    python benchmarks/bench.py --quick          # tiny sizes, short timings: a smoke run
+    python benchmarks/bench.py --json out.json  # also store every figure (date, device, versions)
+    python benchmarks/bench.py --models         # torchvision training steps (needs torchvision)
+    python benchmarks/bench.py --compile-time   # compile time of 40- to 200-op pointwise chains
 
-Programs: f(x) = sin(x)**2 + cos(x)**2 on 4M floats (forward; forward + backward), one training
-step of the course's MLP (Linear(64,128) -> GELU -> Linear(128,10) -> cross_entropy, batch 32),
-and a row softmax over an 8192 x 1000 matrix. Times are medians over ``--repeat`` batches of ten
-calls after warm-up (compilation excluded); the ratios are what to read, since absolute times
-depend on the machine. This is a measurement, not a test: nothing here asserts.
+Rows (benchmarks/workloads.py): issue 9's workloads at its sizes on CUDA (sin²+cos² on 16M
+floats, bias + GELU, softmax and layer_norm on 8192 x 4096, forward and forward + backward, an
+MLP 1024 -> 4096 -> 1024 at batch 8192) and the small ones (the course's MLP training step at
+batch 32, a row softmax 8192 x 1000, a column sum 4096 x 4096, sin²+cos² on 4M floats), with
+CPU-sized inputs on the CPU. For each row and each of eager, ``torch.compile`` and
+``toycomp.compile``:
 
-``--compile-time`` times compilation itself on chains of pointwise ops (``y = y * y.sigmoid() +
-y.sin()``, four ops a step, forward + backward): toycomp's own time, from capture to generated
-source, is a first call with the kernel cache already holding every kernel (so the C++ compiler
-does not run), next to torch.compile's cold compile with its caches off.
+1. check: one step's outputs and gradients against eager's (fp32: each tensor allclose at rtol
+   1e-4 / atol 1e-5, or within 1e-4 of eager relative to its norm); a row that differs is
+   marked FAILED and not timed, one that raises is marked error;
+2. device time and per-call time, peak memory (benchmarks/timing.py says how; on the CPU the
+   two times are two medians of single calls taken one after the other, so their difference
+   shows how noisy the machine was: other processes on a 2-core machine make it very noisy,
+   and ``OMP_NUM_THREADS=1`` makes it less so);
+3. compile time: toycomp's own (capture to generated source: the first call of a fresh
+   ``toycomp.compile`` while its kernel cache and Triton's already hold every kernel, so no
+   C++ or Triton compiler runs, less the fastest step) and torch.compile's cold compile (first
+   call after ``torch._dynamo.reset()`` with Inductor's caches off, less the fastest step).
+
+The memory-bound rows also show the fraction of the copy-bandwidth floor that toycomp and
+torch.compile reach: bytes the step must move (benchmarks/workloads.py, [Note: the
+copy-bandwidth floor]) over the device's copy rate measured at the start of the run, divided
+by the measured device time. Ratios are what to read: absolute times depend on the machine.
+This is a measurement, not a test: it prints, and exits non-zero only if a check failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from typing import Callable
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-import toycomp
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ modules
+import timing  # noqa: E402
+from workloads import ROWS, Case, tensor_bytes  # noqa: E402
 
+import toycomp  # noqa: E402
 
-def sin2_cos2(x: torch.Tensor) -> torch.Tensor:
-    return torch.sin(x) ** 2 + torch.cos(x) ** 2
-
-
-def row_softmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(x, dim=-1)
+COMPILERS = ("eager", "torch.compile", "toycomp")
+RTOL, ATOL, NORM_TOL = 1e-4, 1e-5, 1e-4
 
 
-def make_programs(device: str) -> dict[str, tuple[Callable, Callable[[Callable], Callable]]]:
-    """name -> (function to compile, runner(fn) -> a zero-argument callable doing one step)."""
-    torch.manual_seed(0)
-    x = torch.randn(4 * 1024 * 1024, device=device)
-    xg = x.clone().requires_grad_(True)
-    ones = torch.ones_like(x)
-    rows = torch.randn(8192, 1000, device=device)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)
-    ).to(device)
-    batch = torch.randn(32, 64, device=device)
-    target = torch.randint(0, 10, (32,), device=device)
+# --- checking ---------------------------------------------------------------------------------
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| in float64 (inf when shapes or dtypes differ, nan stays nan)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return math.inf
+    diff = (got.double() - want.double()).norm().item()
+    return diff / max(want.double().norm().item(), 1e-30)
 
-    def mlp_loss(inp: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(model(inp), tgt)
 
-    def fwd_bwd(fn: Callable) -> None:
-        xg.grad = None
-        fn(xg).backward(ones)
+def agrees(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    """Every tensor allclose to eager's, or within NORM_TOL of it relative to its norm."""
+    if len(got) != len(want):
+        return False
+    return all(
+        (g.shape == w.shape and torch.allclose(g, w, rtol=RTOL, atol=ATOL))
+        or relative_error(g, w) < NORM_TOL
+        for g, w in zip(got, want)
+    )
 
-    def train_step(fn: Callable) -> None:
-        model.zero_grad(set_to_none=True)
-        fn(batch, target).backward()
+
+def worst_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    errors = [relative_error(g, w) for g, w in zip(got, want)]
+    return max(errors, default=math.inf) if len(got) == len(want) else math.inf
+
+
+# --- one compiler on one row -------------------------------------------------------------------
+def compile_with(compiler: str, fn: Callable) -> Callable:
+    if compiler == "torch.compile":
+        return torch.compile(fn)
+    if compiler == "toycomp":
+        return toycomp.compile(fn)
+    return fn
+
+
+def first_call(case: Case, compiler: str, device: str) -> tuple[Callable, float | None]:
+    """Compile ``case.fn`` and time the first step; torch.compile's is a cold compile."""
+    if compiler == "eager":
+        return case.fn, None
+    if compiler == "torch.compile":
+        import torch._inductor.config as inductor_config
+
+        torch._dynamo.reset()
+        fn = compile_with(compiler, case.fn)
+        with inductor_config.patch(force_disable_caches=True):
+            return fn, timing.first_call_seconds(case.step_of(fn), device)
+    fn = compile_with(compiler, case.fn)
+    return fn, timing.first_call_seconds(case.step_of(fn), device)
+
+
+def compile_seconds(case: Case, compiler: str, first_s: float | None, fn: Callable, device: str):
+    """Compile time: torch.compile's cold first call; for toycomp, a fresh compile's first call
+    now that the kernel caches hold every kernel (see the docstring); less the fastest of five
+    steps of the compiled ``fn`` (so noise in the step cannot make it negative)."""
+    if first_s is None:
+        return None
+    fastest = min(timing.seconds_of_one_call(case.step_of(fn), device) for _ in range(5))
+    if compiler == "toycomp":
+        first_s = timing.first_call_seconds(case.step_of(compile_with(compiler, case.fn)), device)
+    return max(first_s - fastest, 0.0)
+
+
+def bench_compiler(case: Case, compiler: str, want: list, device: str, budget_s: float) -> dict:
+    """Check one compiler's step against eager's results, then time it (see the docstring)."""
+    try:
+        fn, first_s = first_call(case, compiler, device)
+        got = case.results_of(fn)
+    except Exception as e:  # reported in the table: a benchmark row, not a crash of the run
+        first_line = (str(e).splitlines() or [""])[0]
+        return {"status": "error", "message": f"{type(e).__name__}: {first_line}"}
+    if not agrees(got, want):
+        return {"status": "FAILED", "error": worst_error(got, want)}
+    out: dict[str, Any] = {"status": "ok", "error": worst_error(got, want)}
+    del got
+    step = case.step_of(fn)
+    out["device_s"] = timing.device_seconds(step, device, budget_s)
+    out["call_s"] = timing.per_call_seconds(step, device, budget_s)
+    out["peak_bytes"] = timing.peak_memory_bytes(step, device)
+    out["compile_s"] = compile_seconds(case, compiler, first_s, fn, device)
+    return out
+
+
+def bench_row(case: Case, device: str, budget_s: float, compilers=COMPILERS) -> dict:
+    want = case.results_of(case.fn)
+    row = {"name": case.name, "shape": case.shape, "floor_bytes": case.floor_bytes}
+    for compiler in compilers:
+        row[compiler] = bench_compiler(case, compiler, want, device, budget_s)
+    return row
+
+
+# --- printing ---------------------------------------------------------------------------------
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale or unit == "us":
+            return f"{seconds / scale:.3g}{unit}"
+    return "-"
+
+
+def cell(result: dict, key: str, fmt: Callable = fmt_time) -> str:
+    if result.get("status") != "ok":
+        return result.get("status", "-")
+    return fmt(result.get(key))
+
+
+def ratio(row: dict, key: str, a: str = "toycomp", b: str = "torch.compile") -> float | None:
+    ra, rb = row.get(a, {}), row.get(b, {})
+    if ra.get("status") != "ok" or rb.get("status") != "ok":
+        return None
+    return ra[key] / rb[key]
+
+
+def floor_fraction(row: dict, compiler: str, copy_rate: float) -> float | None:
+    result = row.get(compiler, {})
+    if row["floor_bytes"] is None or result.get("status") != "ok":
+        return None
+    return row["floor_bytes"] / copy_rate / result["device_s"]
+
+
+def fmt_num(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_times(rows: list[dict], device: str, copy_rate: float) -> None:
+    print(f"\n{'row':<27}{'shape':>16}{'eager':>9}{'compile':>9}{'toycomp':>9}  "
+          f"{'eager':>8}{'compile':>9}{'toycomp':>9}  {'toy/tc':>7}{'toy/tc':>7}"
+          f"{'floor':>7}{'floor':>7}")  # fmt: skip
+    print(f"{'':<27}{'':>16}{'device time':>27}  {'per-call time':>26}  {'dev':>7}{'call':>7}"
+          f"{'toy':>7}{'tc':>7}")  # fmt: skip
+    for r in rows:
+        dev = "".join(f"{cell(r.get(c, {}), 'device_s'):>9}" for c in COMPILERS)
+        call = "".join(f"{cell(r.get(c, {}), 'call_s'):>9}" for c in COMPILERS)
+        floors = [fmt_num(floor_fraction(r, c, copy_rate)) for c in ("toycomp", "torch.compile")]
+        print(f"{r['name']:<27}{r['shape']:>16}{dev}  {call[1:]}  "
+              f"{fmt_num(ratio(r, 'device_s')):>7}{fmt_num(ratio(r, 'call_s')):>7}"
+              f"{floors[0]:>7}{floors[1]:>7}")  # fmt: skip
+    ratios = [x for x in (ratio(r, "device_s") for r in rows) if x]
+    if ratios:
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"geometric mean of toycomp / torch.compile device time over {len(ratios)} rows: "
+              f"{geomean:.3f}")  # fmt: skip
+
+
+def print_compile_and_memory(rows: list[dict]) -> None:
+    print(f"\n{'row':<27}{'toycomp':>9}{'tc cold':>9}{'ratio':>7}   "
+          f"{'peak memory: eager':>19}{'compile':>10}{'toycomp':>10}")  # fmt: skip
+    for r in rows:
+        peaks = "".join(f"{cell(r.get(c, {}), 'peak_bytes', tensor_bytes):>10}" for c in COMPILERS)
+        print(f"{r['name']:<27}{cell(r.get('toycomp', {}), 'compile_s'):>9}"
+              f"{cell(r.get('torch.compile', {}), 'compile_s'):>9}"
+              f"{fmt_num(ratio(r, 'compile_s'), '.3f'):>7}   {peaks:>39}")  # fmt: skip
+    for r in rows:
+        for c in COMPILERS:
+            if r.get(c, {}).get("status", "ok") != "ok":
+                print(f"  {r['name']}, {c}: {problem(r[c])}")
+
+
+def problem(result: dict) -> str:
+    if result["status"] == "FAILED":
+        return f"FAILED: differs from eager (worst relative error {result['error']:.1e})"
+    return f"{result['status']}: {result.get('message', '')}"
+
+
+# --- the run ----------------------------------------------------------------------------------
+def environment(device: str) -> dict:
+    """Date, device and versions, for the stored data file."""
+    import triton
 
     return {
-        "sin²+cos² fwd, 4M": (sin2_cos2, lambda fn: lambda: fn(x)),
-        "sin²+cos² fwd+bwd, 4M": (sin2_cos2, lambda fn: lambda: fwd_bwd(fn)),
-        "MLP train step, b=32": (mlp_loss, lambda fn: lambda: train_step(fn)),
-        "row softmax 8192x1000": (row_softmax, lambda fn: lambda: fn(rows)),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else cpu_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "toycomp_commit": os.environ.get("TOYCOMP_COMMIT") or git_commit(),
+        "threads": torch.get_num_threads(),
     }
 
 
-def measure(step: Callable[[], object], device: str, repeat: int, batch: int = 10) -> float:
-    """Median seconds per ``step()``, over ``repeat`` batches of ``batch`` back-to-back calls
-    after three warm-up calls (which also compile). On a GPU the device is synchronised once
-    per batch, so the time is that of the slower of host (Python, launches) and device."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(3):
-        step()
-    sync()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(batch):
-            step()
-        sync()
-        times.append((time.perf_counter() - start) / batch)
-    return statistics.median(times)
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]}, {len(names)} cores" if names else platform.processor()
+    except OSError:
+        return platform.processor() or "CPU"
 
 
-def run(device: str, repeat: int) -> None:
-    backend = "triton" if device == "cuda" else "cpp"
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    print(f"\n{name}, toycomp backend {backend}, torch {torch.__version__}, median of {repeat}")
-    header = f"{'program':<24}{'eager':>10}{'compile':>10}{'toycomp':>10}"
-    print(header + f"{'eager/toycomp':>15}{'toycomp/compile':>17}")
-    for label, (fn, runner) in make_programs(device).items():
-        torch._dynamo.reset()
-        eager = measure(runner(fn), device, repeat)
-        compiled = measure(runner(torch.compile(fn)), device, repeat)
-        ours = measure(runner(toycomp.compile(fn, backend=backend)), device, repeat)
-        print(
-            f"{label:<24}{eager * 1e3:>8.3f}ms{compiled * 1e3:>8.3f}ms{ours * 1e3:>8.3f}ms"
-            f"{eager / ours:>14.2f}x{ours / compiled:>16.2f}x"
-        )
+def git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../toycomp"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+uncommitted toycomp/ changes" if dirty else "")  # fmt: skip
 
 
-def pointwise_chain(steps: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def chain(y: torch.Tensor) -> torch.Tensor:
-        for _ in range(steps):
-            y = y * y.sigmoid() + y.sin()
-        return y
+def run(device: str, quick: bool, budget_s: float, only, compilers, save: Callable) -> dict:
+    """Every row on ``device``; ``save(results)`` after each row (a partial run is kept)."""
+    env = environment(device)
+    backend = "Triton" if device == "cuda" else "C++"
+    print(f"{env['device_name']}; toycomp {backend} backend, commit {env['toycomp_commit']}; "
+          f"torch {env['torch']}, triton {env['triton']}, Python {env['python']}")  # fmt: skip
+    if device == "cpu":  # other processes make CPU timings noisy: say how busy the machine was
+        print(f"{torch.get_num_threads()} threads; load average at the start: "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    copy_rate = timing.copy_bandwidth(device, quick)
+    print(f"copy rate (bytes read + written / s): {tensor_bytes(int(copy_rate))}/s")
+    rows: list[dict] = []
+    results = {**env, "copy_bytes_per_s": copy_rate, "quick": quick, "rows": rows}
+    for row in ROWS:
+        case = row.case(device, quick)
+        if case is None or (only and not any(o in row.name for o in only)):
+            continue
+        rows.append(bench_row(case, device, budget_s, compilers))
+        print(f"  measured {row.name}", file=sys.stderr, flush=True)
+        save(results)
+        del case
+    print_times(rows, device, copy_rate)
+    print_compile_and_memory(rows)
+    return results
 
-    return chain
 
-
-def first_call_seconds(compiled: Callable, x: torch.Tensor) -> float:
-    """Seconds of the first call (compilation) of a training step: forward and backward."""
-    start = time.perf_counter()
-    compiled(x).sum().backward()
-    return time.perf_counter() - start
-
-
-def compile_times(ops: tuple[int, ...] = (40, 100, 200)) -> None:
-    import warnings
-
-    import torch._inductor.config as inductor_config
-
-    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
-
-    print("\ncompile time, pointwise chains, forward + backward (CPU, C++ backend)")
-    print(f"{'ops':>6}{'toycomp':>12}{'torch.compile':>16}{'toycomp/compile':>18}")
-    x = torch.randn(1024, requires_grad=True)
-    for n in ops:
-        fn = pointwise_chain(n // 4)
-        first_call_seconds(toycomp.compile(fn, backend="cpp"), x)  # fills the kernel cache
-        ours = first_call_seconds(toycomp.compile(fn, backend="cpp"), x)
-        torch._dynamo.reset()
-        with inductor_config.patch(force_disable_caches=True):
-            theirs = first_call_seconds(torch.compile(fn), x)
-        print(f"{n:>6}{ours:>11.2f}s{theirs:>15.2f}s{ours / theirs:>17.2f}x")
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, short timings")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of timed calls per measurement (default 1, quick 0.05)")
+    parser.add_argument("--compilers", nargs="+", choices=COMPILERS, default=list(COMPILERS),
+                        help="measure only these (eager's results are the reference anyway)")
+    parser.add_argument("--only", nargs="+", help="rows whose name contains one of these")
+    parser.add_argument("--json", help="write every figure, with date, device and versions")
+    parser.add_argument("--models", action="store_true",
+                        help="torchvision training steps instead (benchmarks/models.py)")
+    parser.add_argument("--compile-time", action="store_true",
+                        help="compile time of pointwise chains instead (benchmarks/chains.py)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="--models: keep PyTorch's TF32 settings (default: TF32 off)")
+    parser.add_argument("--timeout", type=float, default=500.0,
+                        help="--models: seconds all compilers' processes may run together")
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--compile-time", action="store_true", help="only the compile-time table")
-    args = parser.parse_args()
-    if args.compile_time:
-        compile_times()
-        return
-    devices = [args.device] if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        run(device, args.repeat)
+    args = parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def save(results: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    warnings.filterwarnings("ignore", message=".*TensorFloat32.*")
+    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+    if args.models:
+        import models
+
+        results = models.run_models(device, args.quick, args.timeout, args.tf32)
+        results = {**environment(device), **results}
+    elif args.compile_time:
+        import chains
+
+        results = {"device": device, "chains": chains.compile_times(device=device)}
+    else:
+        budget = args.budget or (0.05 if args.quick else 1.0)
+        results = run(device, args.quick, budget, args.only, args.compilers, save)
+    save(results)
+    failed = [r["name"] for r in results.get("rows", []) for c in COMPILERS
+              if r.get(c, {}).get("status") not in (None, "ok")]  # fmt: skip
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

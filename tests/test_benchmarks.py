@@ -1,0 +1,84 @@
+"""benchmarks/bench.py runs, and its correctness check can fail (no timing is asserted).
+
+The smoke run is ``bench.py --quick --device cpu`` (tiny sizes, short timings) for eager and
+toycomp; torch.compile's path is run in-process on one row (an Inductor compile per row would
+make the smoke run minutes long on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench  # noqa: E402
+from workloads import ROWS, row_named  # noqa: E402
+
+
+def test_quick_run_on_cpu_checks_every_row(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--device", "cpu",
+           "--compilers", "eager", "toycomp", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and data["torch"] == torch.__version__
+    names = [r["name"] for r in data["rows"]]
+    assert names == [r.name for r in ROWS if r.sizes["quick"] is not None]
+    for row in data["rows"]:
+        for compiler in ("eager", "toycomp"):
+            result = row[compiler]
+            assert result["status"] == "ok", (row["name"], compiler, result)
+            assert result["device_s"] > 0 and result["peak_bytes"] >= 0
+        assert row["toycomp"]["compile_s"] is not None
+    assert "geometric mean" not in proc.stdout  # no torch.compile column to divide by
+
+
+def test_torch_compile_row():
+    case = row_named("row softmax").case("cpu", quick=True)
+    result = bench.bench_row(case, "cpu", 0.01, compilers=("torch.compile",))["torch.compile"]
+    assert result["status"] == "ok", result
+    assert result["compile_s"] is not None and result["call_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["softmax fwd+bwd", "course MLP train step"])
+def test_a_wrong_result_is_failed_not_timed(name):
+    case = row_named(name).case("cpu", quick=True)
+    want = case.results_of(case.fn)
+    want[-1] = want[-1] * 1.01  # one gradient (or the output) 1% off
+    result = bench.bench_compiler(case, "eager", want, "cpu", 0.01)
+    assert result["status"] == "FAILED" and "device_s" not in result
+    assert 1e-3 < result["error"] < 1e-1
+
+
+def test_an_error_is_reported_not_raised(monkeypatch):
+    case = row_named("column sum").case("cpu", quick=True)
+
+    def broken(compiler, fn):
+        raise NotImplementedError("toycomp: no lowering for aten.frobnicate")
+
+    monkeypatch.setattr(bench, "compile_with", broken)
+    result = bench.bench_compiler(case, "toycomp", case.results_of(case.fn), "cpu", 0.01)
+    assert result == {"status": "error",
+                      "message": "NotImplementedError: toycomp: no lowering for aten.frobnicate"}
+
+
+def test_models_check_tells_rounding_from_a_wrong_result():
+    import models
+
+    torch.manual_seed(0)
+    exact = torch.randn(1000, dtype=torch.float64)
+    want64 = (torch.tensor(2.0, dtype=torch.float64), {"bias": exact})
+    eager = (torch.tensor(2.0), {"bias": (exact * (1 + 1e-3 * torch.randn(1000))).float()})
+    rounding = (torch.tensor(2.0), {"bias": (exact * (1 + 2e-3 * torch.randn(1000))).float()})
+    wrong = (torch.tensor(2.0), {"bias": exact.float() * 1.05})
+    assert models.rounding_mismatch(eager, eager, want64) is None
+    assert models.rounding_mismatch(rounding, eager, want64) is None
+    assert "bias" in models.rounding_mismatch(wrong, eager, want64)
