@@ -298,8 +298,35 @@ class SymbolicInputs:
         missing = free_symbols(list(vals)) - set(self.symbols)
         if missing:
             raise NotImplementedError(f"toycomp: no input holds the sizes {sorted(map(str, missing))}")
-        self._vals = vals
-        self._layouts = compile_exprs([self._expected(v) for v in vals], self.symbols)
+        self._layouts = self._compile_layouts(vals)
+
+    def _compile_layouts(self, vals: list) -> Callable[[Sequence], list]:
+        """One function of the inputs (run on every call): read the symbols, check the size
+        inputs, return each tensor input's expected (shape, strides)::
+
+            def layouts(a):
+                v0 = a[1].size(0)
+                return [None, ((v0, 3), (3, 1))]
+        """
+        names = {s: f"v{i}" for i, s in enumerate(self.symbols)}
+        lines = [f"    v{i} = a[{k}]" + ("" if kind is None else f".{kind}({dim})")
+                 for i, (k, kind, dim) in enumerate(self._reads)]  # fmt: skip
+        text = lambda e: to_text(e, names) if isinstance(e, sympy.Basic) else repr(e)  # noqa
+        own = {k for k, kind, _ in self._reads if kind is None}
+        outs = []
+        for i, v in enumerate(vals):
+            want = self._expected(v)
+            if not _is_tensor(v):
+                if i not in own:
+                    lines.append(f"    if a[{i}] != {text(want)}: mismatch({i}, {text(want)}, a)")
+                outs.append("None")
+                continue
+            shape, stride = ("(" + "".join(f"{text(e)}, " for e in part) + ")" for part in want)
+            outs.append(f"({shape}, {stride})")
+        source = "def layouts(a):\n" + "\n".join(lines) + f"\n    return [{', '.join(outs)}]\n"
+        scope = {"mismatch": _size_mismatch, "max": max, "min": min}
+        exec(compile(source, "<toycomp input layouts>", "exec"), scope)  # noqa: S102 (our text)
+        return scope["layouts"]
 
     def _bind(self, symbol: sympy.Symbol, read: tuple) -> None:
         if symbol not in self.symbols:
@@ -324,16 +351,7 @@ class SymbolicInputs:
     def layouts(self, args: Sequence) -> list:
         """Per input: the (shape, strides) it must have in this call; None for a size input,
         whose value is checked here."""
-        expected = self._layouts(self.values(args))
-        result = []
-        for i, (arg, want) in enumerate(zip(args, expected)):
-            if isinstance(want, tuple):
-                result.append((torch.Size(want[0]), want[1]))
-                continue
-            if isinstance(arg, torch.Tensor) or arg != want:
-                raise RuntimeError(f"toycomp: input {i} should be the size {want}, got {arg!r}")
-            result.append(None)
-        return result
+        return self._layouts(args)
 
     def evaluate(self, meta: torch.Tensor, args: Sequence) -> tuple[tuple, tuple]:
         """The (shape, strides) of a traced value ``meta`` in the call with inputs ``args``."""
@@ -344,6 +362,10 @@ class SymbolicInputs:
 
 def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
+
+
+def _size_mismatch(i: int, want: int, args: Sequence) -> None:
+    raise RuntimeError(f"toycomp: input {i} should be the size {want}, got {args[i]!r}")
 
 
 def symbolic_inputs(vals: list) -> SymbolicInputs | None:
