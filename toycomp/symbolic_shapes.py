@@ -297,7 +297,8 @@ class SymbolicInputs:
                         self._bind(sym_expr(part), (i, kind, dim))
         missing = free_symbols(list(vals)) - set(self.symbols)
         if missing:
-            raise NotImplementedError(f"toycomp: no input holds the sizes {sorted(map(str, missing))}")
+            names = sorted(map(str, missing))
+            raise NotImplementedError(f"toycomp: no input holds the sizes {names}")
         self._layouts = self._compile_layouts(vals)
 
     def _compile_layouts(self, vals: list) -> Callable[[Sequence], list]:

@@ -216,7 +216,8 @@ class AOTOutput:
         if self.backward is None:
             raise RuntimeError("toycomp.aot: traced without autograd, but now an input "
                                "requires grad; trace again with the same requires_grad")
-        new_grads = [i for i, a in enumerate(args) if _requires_grad(a) and not self.requires_grad[i]]
+        new_grads = [i for i, a in enumerate(args)
+                     if _requires_grad(a) and not self.requires_grad[i]]  # fmt: skip
         if new_grads:
             raise RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not "
                                "when traced; trace again")
