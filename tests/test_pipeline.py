@@ -595,3 +595,30 @@ def test_a_size_live_across_a_graph_break_compiles_twice(backend):
         assert_close(grad, ref_grad)
         assert m == ref_m
     assert compiled.compile_count == 2  # the resume function's graph: static, then symbolic
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_failing_shape_guards_recompile_through_every_stage(backend):
+    """dynamic=True duck-sizes x and y (one symbol, guarded equal): a y of size 1 (it now
+    broadcasts) or of another size fails that guard; each recompile stays correct."""
+
+    def fn(x, y):
+        return (x.sin() * y).sum(0)
+
+    compiled = toycomp.compile(fn, backend=backend, dynamic=True)
+    counts = []
+    for n, m in [(5, 5), (7, 7), (7, 1), (6, 1), (6, 6), (9, 9), (8, 3)]:
+        x, y = torch.randn(n, 4, requires_grad=True), torch.randn(m, 1, requires_grad=True)
+        if m not in (1, n):
+            with pytest.raises(RuntimeError):
+                fn(x, y)  # eager refuses; so does the compiled function
+            with pytest.raises(RuntimeError):
+                compiled(x, y)
+            continue
+        out, grads = grads_of(compiled, x, y)
+        out_ref, grads_ref = grads_of(fn, x, y)
+        assert_close(out, out_ref)
+        for g, r in zip(grads, grads_ref):
+            assert_close(g, r)
+        counts.append(compiled.compile_count)
+    assert counts == [1, 1, 2, 2, 2, 2]  # (7, 1): y's size 1 is specialised, once
