@@ -264,3 +264,16 @@ def test_a_broken_size_relation_is_an_error_not_a_wrong_index():
     torch.testing.assert_close(compiled([x])[0], x + x.t())
     with pytest.raises(ValueError, match="compiled for"):
         compiled([torch.randn(7, 6)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduction_over_a_symbolic_row_fits_both_short_and_long_rows(backend):
+    """Triton generates a persistent and a looped variant of a reduction over a symbolic
+    rnumel and picks one per call: rows of 37 and of 5000 (> PERSISTENT_MAX_RNUMEL) elements."""
+    fn = lambda x: torch.softmax(x, -1)  # noqa: E731
+    record = run_sizes(fn, lambda n: [torch.randn(3, n)], backend, [37, 5000, 6])
+    assert [c.name for c in record] == ["forward", "backward"]
+    if backend == "triton":
+        (forward,) = record[0].compiled.kernels
+        assert "def kernel_0(" in forward.source and "def kernel_0_looped(" in forward.source
+        assert "if s1 <= 4096 else kernel_0_looped" in forward.call, forward.call

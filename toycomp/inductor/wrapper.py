@@ -163,7 +163,7 @@ def _load_kernels(
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             loaded = list(pool.map(cpp.load, generated))
     else:
-        loaded = [triton.load(g, device) for g in generated]
+        return {n: triton.load(g, device, n) for g in generated for n in (g.name, *g.variants)}
     return {g.name: fn for g, fn in zip(generated, loaded)}
 
 
@@ -184,6 +184,7 @@ class WrapperCodegen:
                 for o in step.outputs:
                     self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
         taken = set(_namespace(torch.device("cpu"))) | set(self.calls)
+        taken |= {v for g in generated for v in g.variants}
         sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
         for name in [*self.layouts, *sizes]:
             is_symbol = indexing.size_symbol_named(name) is not None

@@ -46,7 +46,8 @@ class GeneratedKernel:
     backend: str  # "cpp" or "triton"
     source: str
     origins: tuple[str, ...]
-    call: str = ""  # the line of the Python wrapper that launches it
+    call: str = ""  # the line(s) of the Python wrapper that launch it
+    variants: tuple[str, ...] = ()  # other kernels of the same source the call may launch
 
     def __repr__(self) -> str:
         return f"GeneratedKernel({self.name}, {self.backend}, origins={list(self.origins)})"

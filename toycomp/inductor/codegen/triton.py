@@ -80,13 +80,15 @@ class TritonKernelCodegen(KernelCodegen):
 
     ops = TRITON_OPS
 
-    def __init__(self, kernel: ir.Kernel) -> None:
+    def __init__(self, kernel: ir.Kernel, persistent: bool | None = None) -> None:
         super().__init__(kernel)
         self.blocks = block_sizes(kernel)
         self.is_reduction = any(loop.over_r for loop in kernel.loops)
-        self.persistent = self.is_reduction and indexing.known_less(
-            kernel.rnumel, PERSISTENT_MAX_RNUMEL + 1
-        )
+        if persistent is None:  # (a symbolic rnumel: generate() asks for both variants)
+            persistent = indexing.known_less(kernel.rnumel, PERSISTENT_MAX_RNUMEL + 1)
+        self.persistent = self.is_reduction and persistent
+        variant = self.is_reduction and not self.blocks and not persistent
+        self.name = f"{kernel.name}_looped" if variant else kernel.name
         self.int64_index = index_dtype(kernel, self.blocks, self.is_reduction)
 
     # --- shapes and masks -----------------------------------------------------------------------
@@ -217,7 +219,7 @@ class TritonKernelCodegen(KernelCodegen):
                 self.codegen_loop_code(body, i, loop)
         code = IndentedBuffer()
         code.writeline("@triton.jit")
-        code.writeline(f"def {self.kernel.name}({', '.join(self.signature())}):")
+        code.writeline(f"def {self.name}({', '.join(self.signature())}):")
         code.splice(body)
         source = code.getvalue()
         helpers = [h for name, h in HELPERS.items() if re.search(rf"\b{name}\(", source)]
@@ -304,7 +306,8 @@ def _final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtyp
 # --- compile and launch -----------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """Triton source for ``kernel`` plus the wrapper line that launches it."""
-    cg = TritonKernelCodegen(kernel)
+    symbolic_rnumel = not indexing.is_static(kernel.rnumel)
+    cg = TritonKernelCodegen(kernel, persistent=True if symbolic_rnumel else None)
     source = cg.codegen_kernel()
     numel, rnumel = (python_size(n) for n in (kernel.numel, kernel.rnumel))
     sizes = [*map(str, kernel.size_symbols()), numel] + ([rnumel] if cg.is_reduction else [])
@@ -312,10 +315,16 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     if isinstance(cg.int64_index, list):
         args += ", " + index_dtype_arg(cg.int64_index)
     meta = dict(cg.blocks)
-    if not meta:  # a symbolic rnumel: block sizes for this call's sizes
-        call = f"blocks = reduction_blocks({numel}, {rnumel})\n"
-        call += f"{kernel.name}[(cdiv({numel}, blocks['XBLOCK']),)]({args}, **blocks)"
-        return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
+    if not meta:  # a symbolic rnumel: two variants, block sizes for this call's sizes
+        looped = TritonKernelCodegen(kernel, persistent=False)
+        source += "\n\n@triton.jit\n" + looped.codegen_kernel().split("@triton.jit\n")[-1]
+        blocks, name = f"{kernel.name}_blocks", kernel.name
+        pick = f"({name} if {rnumel} <= {PERSISTENT_MAX_RNUMEL} else {looped.name})"
+        call = f"{blocks} = reduction_blocks({numel}, {rnumel})\n"
+        call += f"{pick}[(cdiv({numel}, {blocks}['XBLOCK']),)]({args}, **{blocks})"
+        return GeneratedKernel(
+            kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
+        )
     if indexing.is_static(kernel.numel):
         grid = f"({-(-kernel.numel // meta['XBLOCK'])},)"
     else:
@@ -325,14 +334,15 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
 
 
-def load(generated: GeneratedKernel, device: torch.device) -> Any:
-    """Import the kernel's module; on CPU wrap the kernel for Triton's interpreter."""
+def load(generated: GeneratedKernel, device: torch.device, name: str | None = None) -> Any:
+    """Import the kernel's module; on CPU wrap the kernel for Triton's interpreter. ``name``:
+    another kernel of the module (a variant: ``kernel_0_looped``)."""
     try:
         import triton  # noqa: F401
     except ImportError as e:
         raise RuntimeError("backend='triton' needs the triton package (pip install triton)") from e
     module = cache.load_python_module(generated.source, "triton")
-    kernel = getattr(module, generated.name)
+    kernel = getattr(module, name or generated.name)
     if device.type == "cuda":
         return kernel
     if device.type == "cpu":

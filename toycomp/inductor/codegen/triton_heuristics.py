@@ -12,6 +12,8 @@ symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64`
     ({'XBLOCK': 1024, 'num_warps': 4}, False)
     >>> reduction_blocks(128, 37)  # a reduction over a symbolic rnumel, this call: 128 x 37
     {'XBLOCK': 64, 'RBLOCK': 64, 'num_warps': 8}
+    >>> reduction_blocks(128, 100_000)  # too long a row for registers: the looped variant
+    {'XBLOCK': 1, 'RBLOCK': 1024, 'num_warps': 2}
 
 NB: in PyTorch this lives in torch/_inductor/runtime/triton_heuristics.py (block sizes,
 autotuning configs, the grid) and torch/_inductor/codegen/simd.py (``index_dtype``,
@@ -52,12 +54,13 @@ def next_power_of_2(n: int) -> int:
 # ``rnumel`` computed from them by the wrapper) and its grid, ``cdiv(xnumel, XBLOCK)``, is
 # computed at each call. Block sizes that would depend on a symbolic size are chosen without
 # it: a pointwise kernel takes XBLOCK = 1024, a persistent reduction (static rnumel) takes
-# BLOCK_ELEMENTS // RBLOCK rows per program. A symbolic rnumel cannot be proven <= 4096, so that
-# reduction loops over r; its XBLOCK and RBLOCK are launch parameters chosen at each call by
-# ``reduction_blocks`` from the actual sizes, with the static rule (a 32-column row is one
-# 32-wide step, not a 1024-wide mostly masked one); Triton compiles one variant per distinct
-# block size (a power of 2), the source and toycomp's cache entry stay one. Whether indices
-# need 64 bits is also decided per call (see [Note: 32-bit indices with symbolic sizes]).
+# BLOCK_ELEMENTS // RBLOCK rows per program. A reduction over a symbolic rnumel is generated
+# twice in one module, persistent (``kernel_0``) and looped (``kernel_0_looped``): the wrapper
+# takes the first when this call's rnumel <= PERSISTENT_MAX_RNUMEL, with XBLOCK and RBLOCK
+# chosen by ``reduction_blocks`` from the call's sizes by the static rule, so a dynamic softmax
+# reads its row once, as the static one does. Triton compiles one variant per distinct block
+# size (a power of 2); the source and toycomp's cache entry stay one. Whether indices need 64
+# bits is also decided per call (see [Note: 32-bit indices with symbolic sizes]).
 def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
     """``XBLOCK`` (and ``RBLOCK`` for reductions) plus ``num_warps`` for ``kernel``; empty
     for a reduction over a symbolic rnumel (``reduction_blocks`` picks them at each call)."""
@@ -69,21 +72,20 @@ def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
         return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
     if not indexing.is_static(kernel.rnumel):
         return {}
-    if kernel.rnumel <= PERSISTENT_MAX_RNUMEL:
-        rblock = next_power_of_2(kernel.rnumel)
+    return reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel)
+
+
+def reduction_blocks(numel: int | None, rnumel: int) -> dict[str, int]:
+    """Block sizes of a reduction of ``numel`` rows (None: unknown) of ``rnumel`` elements; for
+    a symbolic rnumel the generated wrapper calls it before each launch (see [Note: Triton with
+    dynamic shapes])."""
+    if rnumel <= PERSISTENT_MAX_RNUMEL:
+        rblock = next_power_of_2(rnumel)
         xblock = max(1, BLOCK_ELEMENTS // rblock)
-        if static_numel:
-            xblock = min(next_power_of_2(kernel.numel), xblock)
+        if numel is not None:
+            xblock = min(next_power_of_2(numel), xblock)
     else:
         rblock, xblock = LOOPED_RBLOCK, 1
-    return _reduction_meta(xblock, rblock)
-
-
-def reduction_blocks(numel: int, rnumel: int) -> dict[str, int]:
-    """Block sizes of a looped reduction for these sizes (see [Note: Triton with dynamic
-    shapes]); the generated wrapper calls it before each launch."""
-    rblock = min(LOOPED_RBLOCK, next_power_of_2(rnumel))
-    xblock = min(next_power_of_2(numel), max(1, BLOCK_ELEMENTS // rblock))
     return _reduction_meta(xblock, rblock)
 
 
@@ -101,7 +103,8 @@ def index_dtype(kernel: ir.Kernel, blocks: dict, is_reduction: bool) -> bool | l
     compute, as expressions in the sizes: the wrapper decides at each call (see [Note:
     32-bit indices with symbolic sizes])."""
     k, b = kernel, blocks
-    xblock, rblock = b.get("XBLOCK", BLOCK_ELEMENTS), b.get("RBLOCK", LOOPED_RBLOCK)
+    xblock = b.get("XBLOCK", BLOCK_ELEMENTS)  # (none: chosen per call, at most these)
+    rblock = b.get("RBLOCK", max(LOOPED_RBLOCK, PERSISTENT_MAX_RNUMEL))
     rnumel = k.rnumel if not indexing.is_static(k.rnumel) else max(k.rnumel, 1)
     ranges = {
         indexing.x: k.numel + xblock,
