@@ -38,6 +38,8 @@ NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import operator
 from typing import Any
@@ -164,6 +166,11 @@ def _first_device(values: Any) -> torch.device:
 
 
 def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    with _META_MODE.get(contextlib.nullcontext()):
+        return _eval_prim(prim, args, kwargs)
+
+
+def _eval_prim(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
     bound = inspect.signature(prims.PRIM_INFO[prim].ref).bind(*args, **kwargs)
     device = _first_device(bound.arguments)
     if "device" in bound.arguments:  # creation prims: evaluate on meta, remember the real device
@@ -177,6 +184,11 @@ def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch
 
 
 def _eval_op_on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    with _META_MODE.get(contextlib.nullcontext()):
+        return _eval_op(op, args, kwargs)
+
+
+def _eval_op(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
     device = _first_device((args, kwargs))
     if kwargs.get("device") is not None:
         device = torch.device(kwargs["device"])
@@ -230,8 +242,22 @@ def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Grap
     Returns:
         A new GraphModule that computes the same values; see ``fallbacks`` for the ATen ops kept.
     """
-    with symbolic_fake_mode(example_inputs):  # dynamic shapes: meta values with SymInt sizes
+    token = _META_MODE.set(symbolic_fake_mode(example_inputs))  # see the Note in that module
+    try:
         return _decompose(gm, example_inputs)
+    finally:
+        _META_MODE.reset(token)
+
+
+# The context in which meta values are computed: the example inputs' fake mode when some size
+# is symbolic (see [Note: meta values with symbolic sizes] in symbolic_sizes.py), else none.
+# Only there: decompositions themselves may make real tensors (``torch.zeros(()).item()``).
+_META_MODE: contextvars.ContextVar[Any] = contextvars.ContextVar("toycomp_meta_mode")
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    with _META_MODE.get(contextlib.nullcontext()):
+        return to_meta(t)
 
 
 def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
@@ -263,7 +289,7 @@ def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
 
     def val(n: fx.Node) -> Any:
         aten_val = n.meta.get("val")
-        return to_meta(aten_val) if isinstance(aten_val, torch.Tensor) else _meta_of(env[n])
+        return _to_meta(aten_val) if isinstance(aten_val, torch.Tensor) else _meta_of(env[n])
 
     return fx.node.map_arg(node.args[0], val)
 
@@ -283,7 +309,7 @@ def _copy_input(
         return value
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"toycomp.decompositions: input {node.name} is not a tensor: {value!r}")
-    new.meta["val"], new.meta["aten_origin"] = to_meta(value), node.name
+    new.meta["val"], new.meta["aten_origin"] = _to_meta(value), node.name
     if node.op == "placeholder":
         sizes.add_input(new, new.meta["val"])
     return Proxy(new, new.meta["val"], value.device)
@@ -324,7 +350,7 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
     except RuntimeError:  # no meta kernel: trust the value recorded when the graph was traced
         if not isinstance(node.meta.get("val"), torch.Tensor) or node.target is not target:
             raise
-        out = tracer.emit(target, args, kwargs, val=to_meta(node.meta["val"]))
+        out = tracer.emit(target, args, kwargs, val=_to_meta(node.meta["val"]))
     out.node.meta["fallback_reason"] = reason
     return out
 
