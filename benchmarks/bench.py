@@ -30,7 +30,8 @@ The memory-bound rows also show the fraction of the copy-bandwidth floor that to
 torch.compile reach: bytes the step must move (benchmarks/workloads.py, [Note: the
 copy-bandwidth floor]) over the device's copy rate measured at the start of the run, divided
 by the measured device time. Ratios are what to read: absolute times depend on the machine.
-This is a measurement, not a test: it prints, and exits non-zero only if a check failed.
+This is a measurement, not a test: it prints, and exits non-zero if a row failed its check
+or raised.
 """
 
 from __future__ import annotations
