@@ -162,7 +162,7 @@ class BasicBlock(nn.Module):
 def small_resnet(num_classes: int = 10) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-        BasicBlock(8, 8), BasicBlock(8, 16, stride=2),
+        nn.MaxPool2d(3, 2, 1), BasicBlock(8, 8), BasicBlock(8, 16, stride=2),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes),
     )  # fmt: skip
 
@@ -238,14 +238,18 @@ def _train_step(model: nn.Module, step, x: torch.Tensor, target: torch.Tensor):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-REAL_MODEL_CASES = [(name, "cpp") for name in sorted(REAL_MODELS)]
-REAL_MODEL_CASES += [("mobilenet", "triton"), ("vit", "triton")]  # interpreted: the small ones
+REAL_MODEL_CASES = [(name, "cpp", "train") for name in sorted(REAL_MODELS)]
+REAL_MODEL_CASES += [("mobilenet", "triton", "train"), ("vit", "triton", "train")]  # small ones
+# BatchNorm in eval mode (the running statistics normalise, nothing is updated), still trained
+REAL_MODEL_CASES += [("resnet", "cpp", "eval"), ("mobilenet", "triton", "eval")]
+# BatchNorm and max pooling decompose into prims (norm_rules.py, pool_rules.py): no fallback
+NO_FALLBACK = ("batch_norm", "max_pool2d")
 
 
-@pytest.mark.parametrize("name, backend", REAL_MODEL_CASES)
-def test_real_model_training_step(name, backend):
+@pytest.mark.parametrize("name, backend, mode", REAL_MODEL_CASES)
+def test_real_model_training_step(name, backend, mode):
     torch.manual_seed(0)
-    model = REAL_MODELS[name]().train()
+    model = REAL_MODELS[name]().train(mode == "train")
     ref = copy.deepcopy(model)
     loss_fn = lambda m: lambda x, t: F.cross_entropy(m(x), t)  # noqa: E731
     compiled = toycomp.compile(loss_fn(model), backend=backend)
@@ -260,6 +264,7 @@ def test_real_model_training_step(name, backend):
         for (key, buf), buf_ref in zip(model.named_buffers(), ref.buffers()):
             torch.testing.assert_close(buf, buf_ref, rtol=RTOL, atol=ATOL, msg=key)
     assert len(compiled.entries) == 1 and compiled.eager_reason is None, compiled
+    assert not [f for f in fallbacks_of(compiled) if any(op in f for op in NO_FALLBACK)]
 
 
 # --- notebook 05's character-level GPT (benchmarks/gpt.py): a few AdamW steps ---------------------

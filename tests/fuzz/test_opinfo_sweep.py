@@ -43,7 +43,7 @@ TRITON_SAMPLES = int(os.environ.get("TOYCOMP_SWEEP_SAMPLES", 2)) or 10**9
 TRITON_OPINFOS = (
     "sin", "exp", "add", "mul", "div.no_rounding_mode", "where", "pow", "clamp", "sum", "mean",
     "amax", "softmax", "log_softmax", "native_layer_norm", "nn.functional.gelu", "transpose",
-    "expand", "var",
+    "expand", "var", "nn.functional.batch_norm", "nn.functional.max_pool2d",
 )
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
@@ -53,13 +53,17 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
 EXTRA_OPINFOS: dict[str, list[str]] = {
     "_log_softmax_backward_data": ["log_softmax"],
+    "_native_batch_norm_legit_functional": ["nn.functional.batch_norm"],
+    "_native_batch_norm_legit_no_training": ["nn.functional.batch_norm"],
     "_softmax_backward_data": ["softmax"],
     "_to_copy": ["to", "double"],
     "_unsafe_view": ["reshape"],
     "alias": ["alias_copy"],
     "gelu_backward": ["nn.functional.gelu"],
+    "max_pool2d_with_indices": ["nn.functional.max_pool2d"],
     "mse_loss_backward": ["nn.functional.mse_loss"],
     "native_layer_norm": ["nn.functional.layer_norm"],
+    "native_batch_norm_backward": ["nn.functional.batch_norm", "native_batch_norm"],
     "native_layer_norm_backward": ["native_layer_norm", "nn.functional.layer_norm"],
     "nll_loss_forward": ["nn.functional.nll_loss"],
     "nll_loss_backward": ["nn.functional.nll_loss"],

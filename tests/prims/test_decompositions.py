@@ -58,6 +58,9 @@ OPINFO_ALIASES = {
     "_softmax": ["softmax"], "_log_softmax": ["log_softmax"], "_to_copy": ["to"],
     "nll_loss_forward": ["nn.functional.nll_loss"], "silu": ["nn.functional.silu"],
     "_unsafe_view": ["view"], "mse_loss": ["nn.functional.mse_loss"],
+    "max_pool2d_with_indices": ["nn.functional.max_pool2d"],
+    "_native_batch_norm_legit_no_training": ["nn.functional.batch_norm"],
+    "_native_batch_norm_legit_functional": ["nn.functional.batch_norm"],
     "embedding": ["nn.functional.embedding"],
 }  # fmt: skip
 GRAD_OPINFOS = {
@@ -67,6 +70,7 @@ GRAD_OPINFOS = {
     "threshold_backward": "nn.functional.relu",
     "native_layer_norm_backward": "nn.functional.layer_norm",
     "mse_loss_backward": "nn.functional.mse_loss",
+    "native_batch_norm_backward": "nn.functional.batch_norm",
     "embedding_dense_backward": "nn.functional.embedding", "select_backward": "select",
 }  # fmt: skip
 UNINITIALIZED = {"empty", "empty_like", "new_empty"}  # values are arbitrary: nothing to compare

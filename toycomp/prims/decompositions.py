@@ -18,9 +18,10 @@ Tiny example, the forward of ``f(x) = sin(x)**2 + cos(x)**2``::
 A decomposition is an ordinary Python function registered for one or more ATen overloads and
 written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` (in
 ``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise, activations),
-``nn_rules.py`` (softmax, losses, matmuls, reductions, norms) and ``view_rules.py`` (views,
-copies, creation), with promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each
-one under ``prims.tracing(tracer)``: the prims it calls become FX nodes.
+``nn_rules.py`` (softmax, losses, matmuls, reductions, layer norm), ``norm_rules.py`` (batch
+norm), ``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
+promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each one under
+``prims.tracing(tracer)``: the prims it calls become FX nodes.
 
 NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs.
 """
@@ -54,7 +55,8 @@ from toycomp._torch_compat import (
     returns_alias,
     schema_of,
 )
-from toycomp.prims import nn_rules, pointwise_rules, view_rules  # noqa: F401  (fill the table)
+from toycomp.prims import nn_rules, norm_rules, pool_rules  # noqa: F401  (fill the table)
+from toycomp.prims import pointwise_rules, view_rules  # noqa: F401
 from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.helpers import is_symbolic
 from toycomp.prims.symbolic_sizes import (
@@ -324,7 +326,8 @@ def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]
     if target is operator.getitem:
         src = args[0]
         return src[args[1]] if isinstance(src, (list, tuple)) else tracer.emit(target, args, {})
-    if isinstance(target, OpOverload) and schema_of(target).is_mutable:
+    mutable = isinstance(target, OpOverload) and schema_of(target).is_mutable
+    if mutable and target not in DECOMPOSITIONS:  # else the rule decides: [Note: batch norm]
         return _decompose_inplace(tracer, node, env, args, kwargs)
     return _decompose_op(tracer, node, target, args, kwargs)
 
