@@ -2,28 +2,36 @@
 
     python benchmarks/gpt.py                    # CPU, the notebook's small configuration
     python benchmarks/gpt.py --device cuda      # GPU-sized: 6 layers, d_model 384, context 256
+    python benchmarks/gpt.py --device cuda --attention decomposed,sdpa
 
 The model is a decoder-only transformer in the style of nanoGPT: token and position embeddings,
 ``n_layer`` blocks of (LayerNorm, causal self-attention, residual, LayerNorm, GELU MLP,
-residual), a final LayerNorm and a linear head, trained with cross-entropy over the characters
-of Python's standard-library sources. The training step (forward, loss, backward) is what
+residual), a final LayerNorm and a linear head, trained with cross-entropy over characters.
+The text is read from disk: the Zen of Python (the standard library's ``this.py``, the same in
+every Python version, so notebook 05's outputs do not depend on it) or the first megabyte of
+the standard library's own sources. The training step (forward, loss, backward) is what
 ``toycomp.compile`` compiles; AdamW stays eager (torch.optim, its ``foreach`` implementation).
 
 The script trains the same model from the same initialisation on the same batches with eager
-PyTorch, ``torch.compile`` and ``toycomp.compile`` (one run, one process), checks that the first
-losses agree, and prints the median time per step (forward, backward and the optimizer step),
-tokens per second, and toycomp / torch.compile. A measurement, not a test: nothing asserts.
+PyTorch, ``torch.compile`` and ``toycomp.compile``, in one process, checks that the first losses
+agree, and prints the median time per training step (forward, backward and AdamW), tokens per
+second and the ratios; then, on a GPU, one profiled step of each: kernels launched and their
+device time, which tells host overhead from slow kernels. A measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import copy
 import math
 import pathlib
+import re
 import statistics
 import sys
+import sysconfig
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -122,16 +130,23 @@ def loss_fn(model: GPT) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     return loss
 
 
-# --- the data: Python's own sources, read from disk ----------------------------------------------
-def read_corpus(max_chars: int = 1_000_000) -> str:
-    """The first ``max_chars`` characters of the standard library's top-level ``.py`` files,
-    in sorted order (the same text on every machine with the same Python version)."""
-    stdlib = pathlib.Path(sys.modules["os"].__file__).parent
+# --- the data: read from the standard library on disk --------------------------------------------
+STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+def zen_of_python() -> str:
+    """The Zen of Python: ``this.py`` holds it ROT13-encoded (and prints it when imported)."""
+    source = (STDLIB / "this.py").read_text(encoding="utf-8")
+    return codecs.decode(source.split('"""')[1], "rot13")
+
+
+def stdlib_sources(max_chars: int = 1_000_000) -> str:
+    """The first ``max_chars`` characters of the standard library's top-level ``.py`` files in
+    sorted order (which differ from one Python version to the next)."""
     parts, total = [], 0
-    for path in sorted(stdlib.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        parts.append(text)
-        total += len(text)
+    for path in sorted(STDLIB.glob("*.py")):
+        parts.append(path.read_text(encoding="utf-8", errors="replace"))
+        total += len(parts[-1])
         if total >= max_chars:
             break
     return "".join(parts)[:max_chars]
@@ -165,7 +180,7 @@ class CharData:
             yield x.to(device), y.to(device)
 
 
-def make_optimizer(model: nn.Module, lr: float = 1e-3) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, lr: float = 3e-3) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, foreach=True)
 
 
@@ -179,14 +194,16 @@ def train_step(step: Callable, optimizer: torch.optim.Optimizer, x, y) -> torch.
 
 
 @torch.no_grad()
-def sample(model: GPT, data: CharData, prompt: str, n: int, seed: int = 0) -> str:
-    """``n`` characters after ``prompt``, sampled (multinomial, seeded) from eager ``model``."""
+def sample(model: GPT, data: CharData, prompt: str, n: int, temperature: float = 1.0,
+           seed: int = 0) -> str:  # fmt: skip
+    """``prompt`` and ``n`` characters sampled after it from eager ``model``: softmax(logits /
+    temperature), drawn with a seeded generator (the same text on every run)."""
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     idx = data.encode(prompt)[None].to(device)
     for _ in range(n):
         logits = model(idx[:, -model.cfg.block_size :])[0, -1].float().cpu()
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
         idx = torch.cat([idx, nxt[None].to(device)], dim=1)
     return data.decode(idx[0])
 
@@ -205,58 +222,130 @@ def time_steps(step: Callable[[], object], device: str, steps: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def profile_step(step: Callable[[], object]) -> tuple[int, float]:
+    """(GPU kernels launched, their total device time in seconds) in one ``step()``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels), sum(e.device_time for e in kernels) * 1e-6  # us -> s
+
+
+def top_kernels(label: str, step: Callable, model: nn.Module, x, y, origins: dict, k: int) -> None:
+    """Print the ``k`` GPU kernels with the most device time in the forward, then in the
+    backward, of one call of ``step``; toycomp's with the FX nodes they came from."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(graph: str, fn: Callable[[], object]) -> None:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        totals, counts = Counter(), Counter()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                totals[e.name] += e.device_time * 1e-3
+                counts[e.name] += 1
+        print(f"  {label} {graph}: {sum(counts.values())} kernels, {sum(totals.values()):.2f} ms")
+        for name, ms in totals.most_common(k):
+            made_of = origins.get((graph, name), "")
+            print(f"    {ms:7.3f} ms {counts[name]:3d}x {name[:70]} {made_of}"[:160])
+
+    model.zero_grad(set_to_none=True)
+    holder = []
+    run("forward", lambda: holder.append(step(x, y)))
+    run("backward", lambda: holder[0].backward())
+
+
+def toycomp_origins(compiled) -> dict:
+    """(graph name, kernel name) -> the prims it computes (names without _N), for top_kernels."""
+    out = {}
+    for g in compiled.entries[0].graphs:
+        for kernel in g.compiled.kernels:
+            ops = dict.fromkeys(re.sub(r"_\d+$", "", o) for o in kernel.origins)
+            out[(g.name, kernel.name)] = ",".join(ops)
+    return out
+
+
+def kernel_counts(compiled) -> str:
+    """toycomp's generated kernels + extern calls per graph: "forward 18+13, backward 31+28"."""
+    graphs = compiled.entries[0].graphs
+    return ", ".join(
+        f"{g.name} {len(g.compiled.kernels)}+{len(g.compiled.externs)}" for g in graphs
+    )
+
+
+def benchmark(
+    data: CharData, device: str, attention: str, batch: int, steps: int, top: int = 0
+) -> None:
     import toycomp
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per compiler")
-    parser.add_argument("--attention", choices=["decomposed", "sdpa"], default="decomposed")
-    args = parser.parse_args()
-    device = args.device
     sizes = GPU_SIZED if device == "cuda" else SMALL
-    batch = args.batch or (64 if device == "cuda" else 16)
-    data = CharData(read_corpus())
-    cfg = GPTConfig(data.vocab_size, attention=args.attention, **sizes)
+    cfg = GPTConfig(data.vocab_size, attention=attention, **sizes)
     torch.manual_seed(0)
     base = GPT(cfg).to(device)
     n_params = sum(p.numel() for p in base.parameters())
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    print(f"{name}; torch {torch.__version__}; python {sys.version.split()[0]}", end="")
-    if device == "cuda":
-        import triton
-
-        print(f"; triton {triton.__version__}", end="")
-    print(f"\n{cfg}, batch {batch}, {n_params / 1e6:.2f}M parameters")
-    tokens = batch * cfg.block_size
-    warmup = 3
-    batches = list(data.batches(warmup + args.steps, batch, cfg.block_size, device=device))
-    compilers = {
-        "eager": lambda fn: fn,
-        "torch.compile": torch.compile,
-        "toycomp": lambda fn: toycomp.compile(fn),
-    }
-    results, losses = {}, {}
+    print(f"\n{cfg}\nbatch {batch}, {n_params / 1e6:.2f}M parameters", flush=True)
+    tokens, warmup = batch * cfg.block_size, 3
+    batches = list(data.batches(warmup + steps + 1, batch, cfg.block_size, device=device))
+    compilers = {"eager": lambda fn: fn, "torch.compile": torch.compile, "toycomp": toycomp.compile}
+    results, losses, profiles = {}, {}, {}
     for label, compiler in compilers.items():
+        torch._dynamo.reset()
         model = copy.deepcopy(base)
         opt = make_optimizer(model)
         step = compiler(loss_fn(model))
         it = iter(batches)
         start = time.perf_counter()
-        first = [train_step(step, opt, *next(it)) for _ in range(warmup)]
-        compile_s = time.perf_counter() - start
-        results[label] = time_steps(lambda: train_step(step, opt, *next(it)), device, args.steps)
-        losses[label] = torch.stack(first).cpu()
-        print(f"  {label}: first {warmup} steps (with compilation) {compile_s:.1f} s", flush=True)
+        losses[label] = torch.stack([train_step(step, opt, *next(it)) for _ in range(warmup)])
+        first = time.perf_counter() - start
+        results[label] = time_steps(lambda: train_step(step, opt, *next(it)), device, steps)
+        if device == "cuda":
+            try:
+                profiles[label] = profile_step(lambda: train_step(step, opt, *batches[-1]))
+            except Exception as e:  # noqa: BLE001 - a measurement: report and go on
+                print(f"  {label}: profiling failed: {e!r}")
+                profiles[label] = (-1, 0.0)
+        if top and device == "cuda" and label != "eager":
+            origins = toycomp_origins(step) if label == "toycomp" else {}
+            top_kernels(label, step, model, *batches[-1], origins, top)
+        extra = f"; toycomp kernels+externs {kernel_counts(step)}" if label == "toycomp" else ""
+        print(f"  {label}: first {warmup} steps (compiling) {first:.1f} s{extra}", flush=True)
     diff = (losses["toycomp"] - losses["eager"]).abs().max().item()
-    print(f"first {warmup} losses, toycomp vs eager: max difference {diff:.1e}")
-    print(f"{'':15}{'ms/step':>10}{'tokens/s':>12}{'vs eager':>10}{'toycomp/this':>14}")
+    print(f"first {warmup} losses {losses['eager'].tolist()}; toycomp - eager: {diff:.1e}")
+    print(f"{'':15}{'ms/step':>10}{'tokens/s':>12}{'vs eager':>10}{'toycomp/this':>14}", end="")
+    print(f"{'GPU kernels':>13}{'kernel ms':>11}" if profiles else "")
     for label, seconds in results.items():
         print(
             f"{label:15}{seconds * 1e3:>10.2f}{tokens / seconds:>12,.0f}"
-            f"{results['eager'] / seconds:>9.2f}x{results['toycomp'] / seconds:>13.2f}x"
+            f"{results['eager'] / seconds:>9.2f}x{results['toycomp'] / seconds:>13.2f}x", end=""
         )
+        count, device_s = profiles.get(label, (None, None))
+        print(f"{count:>13}{device_s * 1e3:>11.2f}" if profiles else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--batch", type=int, default=None, help="64 on cuda, 16 on cpu")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per compiler")
+    parser.add_argument("--attention", default="decomposed", help="decomposed, sdpa or both")
+    parser.add_argument("--text", choices=["stdlib", "zen"], default="stdlib")
+    parser.add_argument("--top", type=int, default=0, help="on cuda: print the N slowest kernels")
+    args = parser.parse_args()
+    data = CharData(stdlib_sources() if args.text == "stdlib" else zen_of_python())
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    versions = f"torch {torch.__version__}, python {sys.version.split()[0]}"
+    if args.device == "cuda":
+        import triton
+
+        versions += f", triton {triton.__version__}, CUDA {torch.version.cuda}"
+    print(f"{time.strftime('%Y-%m-%d')}, {name}, {versions}")
+    print(f"text: {args.text}, {len(data.data):,} characters, vocabulary {data.vocab_size}")
+    batch = args.batch or (64 if args.device == "cuda" else 16)
+    for attention in args.attention.replace("both", "decomposed,sdpa").split(","):
+        benchmark(data, args.device, attention, batch, args.steps, args.top)
 
 
 if __name__ == "__main__":
