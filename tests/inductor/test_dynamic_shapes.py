@@ -215,6 +215,15 @@ CASES = {
         lambda a, b: a.unsqueeze(1) * b.unsqueeze(0),
         lambda n: [torch.randn(n), torch.randn(7)],
     ),
+    # floats made from the sizes (SymFloats: var's 1 / (N - 1), mse's 2 / N), kernel arguments
+    "var_std": (
+        lambda x: x.var((0, -1)) * x + x.std(0),
+        lambda n: [torch.randn(n, 6)],
+    ),
+    "mse_loss": (
+        lambda x, y: F.mse_loss(x, y),
+        lambda n: [torch.randn(n, 3), torch.randn(n, 3)],
+    ),
     "log_softmax_nll": (
         lambda x, t: F.cross_entropy(x, t),
         lambda n: [torch.randn(n, 7), torch.randint(0, 7, (n,))],
@@ -235,6 +244,9 @@ def test_symbolic_shapes_match_eager(case, backend):
     record = run_sizes(fn, make_inputs, backend, [5, 3, 17, 2, 64], case in BATCH_ONLY)
     assert [c.name for c in record] == ["forward", "backward"], [c.name for c in record]
     assert any(k.size_symbols() for c in record for k in c.kernels())
+    if case in ("var_std", "mse_loss"):  # the scale is a float argument f0, made by the wrapper
+        assert any(c.scheduled.scalars for c in record)
+        assert any(" = 2" in c.compiled.wrapper_source for c in record)
 
 
 # --- the IR interpreter and the prims graph run with any size --------------------------------

@@ -95,15 +95,27 @@ def size_symbol_named(name: str) -> sympy.Symbol | None:
     return size_symbol(int(name[1:]))
 
 
+def scalar_symbol(k: int) -> sympy.Symbol:
+    """``f<k>``: a float computed from the sizes by the wrapper (``2.0 / (s0*s1 - 1)``, the
+    scale of var's backward), a kernel argument like a size."""
+    return sympy.Symbol(f"f{k}", real=True)
+
+
+def is_scalar_symbol(symbol: sympy.Basic) -> bool:
+    name = getattr(symbol, "name", "")
+    return name[:1] == "f" and name[1:].isdigit() and symbol == scalar_symbol(int(name[1:]))
+
+
 def size_symbols(*exprs) -> list[sympy.Symbol]:
-    """The size symbols in ``exprs`` (ints, sympy expressions, tuples of them), ``s2`` < ``s10``."""
+    """The size symbols in ``exprs`` (ints, sympy expressions, tuples of them), ``s2`` < ``s10``,
+    then the scalars ``f0, f1...``: the arguments a kernel using ``exprs`` takes."""
     found: set[sympy.Symbol] = set()
     for e in exprs:
         if isinstance(e, (tuple, list)):
             found.update(size_symbols(*e))
         elif isinstance(e, sympy.Basic):
-            found.update(v for v in e.free_symbols if is_size_symbol(v))
-    return sorted(found, key=lambda v: int(v.name[1:]))
+            found.update(v for v in e.free_symbols if is_size_symbol(v) or is_scalar_symbol(v))
+    return sorted(found, key=lambda v: (v.name[0] == "f", int(v.name[1:])))
 
 
 def is_static(value) -> bool:

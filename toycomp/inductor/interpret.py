@@ -33,6 +33,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
+from toycomp.symbolic_shapes import evaluate
 from toycomp.inductor.runtime import (
     check_extern,
     check_input,
@@ -63,7 +64,7 @@ class _Env:
 
 def run_scheduled(scheduled: ir.ScheduledGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the kernels and extern calls of ``scheduled`` on ``inputs``; return the outputs."""
-    env = _bind_inputs(scheduled.inputs, inputs, scheduled.constants, scheduled.device)
+    env = _bind_inputs(scheduled, inputs)
     for a in scheduled.allocations:
         env.buffers[a.name] = torch.empty_strided(
             _sizes(a.size, env), _sizes(a.stride, env), dtype=a.dtype, device=scheduled.device
@@ -78,7 +79,7 @@ def run_scheduled(scheduled: ir.ScheduledGraph, inputs: list[torch.Tensor]) -> l
 
 def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``lowered`` buffer by buffer (no fusion): the reference for the scheduler."""
-    env = _bind_inputs(lowered.inputs, inputs, lowered.constants, lowered.device)
+    env = _bind_inputs(lowered, inputs)
     for node in lowered.nodes:
         if isinstance(node, ir.ExternKernel):
             env.buffers.update(_run_extern(node, env))
@@ -88,22 +89,25 @@ def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[to
     return _outputs(lowered, env)
 
 
-def _bind_inputs(specs, inputs, constants, device) -> _Env:
+def _bind_inputs(graph: ir.LoweredGraph | ir.ScheduledGraph, inputs: list) -> _Env:
     """The environment before the first step: the inputs, the values of the size symbols
     (``s0`` read from the first input that has it as a size, stride or value, as the wrapper
     does), and the graph's constants (``ConstantBuffer``, bound at compile time like the
     wrapper's namespace does)."""
+    specs, constants, device = graph.inputs, graph.constants, graph.device
     if len(specs) != len(inputs):
         raise ValueError(f"expected {len(specs)} inputs, got {len(inputs)}")
     env = _Env({}, {}, {}, torch.device(device))
     for spec, value in zip(specs, inputs):
         if isinstance(spec, ir.SizeInput) and isinstance(spec.expr, sympy.Symbol):
-            env.sizes.setdefault(spec.expr, int(value))
+            env.sizes.setdefault(spec.expr, value)  # (an int s0, or a float f0)
     for what in ("size", "stride"):
         for spec, t in zip(specs, inputs):
             for dim, size in enumerate(getattr(spec, what, ())):
                 if isinstance(size, sympy.Symbol):
                     env.sizes.setdefault(size, getattr(t, what)(dim))
+    for scalar in graph.scalars:  # f0 = 2.0 / (s0 - 1): Python floats, as in the wrapper
+        env.sizes.setdefault(scalar.symbol, evaluate(scalar.expr, env.sizes))
     env.variables = dict(env.sizes)
     for spec, t in zip(specs, inputs):  # loads use the strides of lowering time: check them
         if isinstance(spec, ir.SizeInput):

@@ -258,6 +258,19 @@ class SizeInput:
 
 
 @dataclass(frozen=True)
+class SizeScalar:
+    """A float computed from the sizes (``f0 = 2.0 / (s0*s1 - 1)``) by the wrapper at each call
+    and passed to the kernels that read it; ``expr`` is a ShapeEnv expression (PyTorch's
+    ``FloatTrueDiv``, ``ToFloat``...) over the size symbols."""
+
+    symbol: sympy.Symbol
+    expr: sympy.Expr
+
+    def __repr__(self) -> str:
+        return f"{self.symbol} = {self.expr}"
+
+
+@dataclass(frozen=True)
 class ConstantBuffer:
     """A tensor stored in the graph itself (an FX ``get_attr`` node, e.g. ``torch.tensor([1.,
     2.])`` in the traced code): read like an input, but bound once when the graph is compiled;
@@ -376,6 +389,7 @@ class LoweredGraph:
     # Per output: the strides eager gives it where they differ from ``outputs``' (else None);
     # the wrapper copies such an output into them (saved tensors must match the backward's).
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    scalars: tuple[SizeScalar, ...] = ()  # floats computed from the sizes (dynamic shapes)
 
     def __repr__(self) -> str:
         lines = [
@@ -383,6 +397,7 @@ class LoweredGraph:
             for b in self.inputs
         ]
         lines += [f"constant {c.name}{list(c.size)} {c.dtype}" for c in self.constants]
+        lines += [f"scalar {s!r}" for s in self.scalars]
         lines += [repr(node) for node in self.nodes]
         return "\n".join(lines + [_return_line(self.outputs)])
 
@@ -492,9 +507,11 @@ class ScheduledGraph:
     device: torch.device
     constants: tuple[ConstantBuffer, ...] = ()
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    scalars: tuple[SizeScalar, ...] = ()
 
     def __repr__(self) -> str:
-        lines = [repr(a) for a in self.allocations] + [repr(s) for s in self.steps]
+        lines = [f"scalar {s!r}" for s in self.scalars]
+        lines += [repr(a) for a in self.allocations] + [repr(s) for s in self.steps]
         return "\n".join(lines + [_return_line(self.outputs)])
 
 

@@ -132,11 +132,12 @@ class GraphLowering:
             self.device,
             tuple(self.constants),
             self.output_strides,
+            tuple(ir.SizeScalar(f, e) for e, f in self.sizevars.scalars.items()),
         )
 
     def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
-        if isinstance(tensor, (int, torch.SymInt)) and not isinstance(tensor, bool):
-            self.env[node] = self.meta[node] = self.sizevars.expr(tensor)  # a size: s0
+        if isinstance(tensor, (int, float, torch.SymInt, torch.SymFloat)):  # a size: s0
+            self.env[node] = self.meta[node] = self.sizevars.expr(tensor)  # (or a float f0)
             self.inputs.append(ir.SizeInput(node.name, self.env[node]))
             return
         if not isinstance(tensor, torch.Tensor):

@@ -142,6 +142,7 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
         lowered.device,
         lowered.constants,
         lowered.output_strides,
+        lowered.scalars,
     )
 
 

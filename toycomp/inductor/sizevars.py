@@ -13,6 +13,10 @@ trace agree, and the kernels read the same on every PyTorch version)::
     >>> sizes.shape(fake), sizes.stride(fake), sizes.shape(torch.empty(8, 3))
     ((s0, s1), (s1, 1), (8, 3))
 
+A SymFloat (``2.0 / (s0*s1 - 1)``, the scale of ``var``'s backward) becomes a scalar symbol
+``f0``: the wrapper computes it from the sizes with Python's float arithmetic, as eager does,
+and passes it to the kernels (``scalars`` keeps its expression, in PyTorch's sympy functions).
+
 Static tensors give plain ints, so a static graph compiles exactly as before. Sizes 0 and 1 are
 always specialised: a symbol that PyTorch allows to be 0 or 1 is refused (NotImplementedError,
 so the graph runs eagerly, visibly), since toycomp's decisions assume every symbol >= 2 (see
@@ -50,6 +54,7 @@ class SizeVars:
 
     def __init__(self, values: list | None = None) -> None:
         self.renames: dict[sympy.Symbol, sympy.Symbol] = {}  # ShapeEnv symbol -> s<k>
+        self.scalars: dict[sympy.Expr, sympy.Symbol] = {}  # a SymFloat's expression -> f<k>
         self.shape_env = None
         for v in values or ():
             for s in (*v.shape, *v.stride()) if isinstance(v, torch.Tensor) else (v,):
@@ -67,6 +72,10 @@ class SizeVars:
             if symbol not in self.renames:
                 shape_env = shape_env_of(value) or self.shape_env
                 self.renames[symbol] = self._rename(shape_env, symbol)
+        if isinstance(value, torch.SymFloat):  # computed by the wrapper: a kernel argument
+            return self.scalars.setdefault(
+                expr.xreplace(self.renames), indexing.scalar_symbol(len(self.scalars))
+            )
         return to_toycomp(expr, self.renames)
 
     def shape(self, t: torch.Tensor) -> tuple[Size, ...]:

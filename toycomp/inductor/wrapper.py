@@ -55,6 +55,7 @@ import sympy
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, IndexPrinter
+from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
     cdiv,
     check_extern,
@@ -203,6 +204,11 @@ class WrapperCodegen:
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
             for symbol, source in self.symbols.items():  # dynamic shapes: the sizes of this call
                 code.writeline(f"{symbol} = {source}")
+            used = _scalars_used(self.graph)
+            for scalar in self.graph.scalars:  # floats made from them: f0 = 2.0 / (s0 - 1)
+                if scalar.symbol in used and scalar.symbol not in self.symbols:
+                    names = {s: str(s) for s in scalar.expr.free_symbols}
+                    code.writeline(f"{scalar.symbol} = {to_text(scalar.expr, names)}")
             for b in self.tensor_inputs:
                 layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
                 here = b.device in (None, self.graph.device)
@@ -347,7 +353,26 @@ def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
     missing = [s for s in needed if s not in sources]
     if missing:
         raise NotImplementedError(f"toycomp wrapper: no input gives the size {missing[0]} alone")
-    return dict(sorted(sources.items(), key=lambda item: int(item[0].name[1:])))
+    return dict(sorted(sources.items(), key=lambda item: (item[0].name[0], int(item[0].name[1:]))))
+
+
+def _scalars_used(graph: ir.ScheduledGraph) -> set[sympy.Symbol]:
+    """The symbols that kernels, extern calls or outputs of ``graph`` read."""
+    parts: list = [o for o in graph.outputs if not isinstance(o, ir.TensorArg)]
+    for step in graph.steps:
+        if isinstance(step, ir.Kernel):
+            parts += step.size_symbols()
+        else:
+            parts += [step.size, step.stride, *_flat_args((step.args, step.kwargs))]
+    return set(indexing.size_symbols(*[p for p in parts if p is not None]))
+
+
+def _flat_args(value) -> list:
+    if isinstance(value, ir.TensorArg):
+        return [value.size, value.stride, value.offset]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flat_args(v)]
+    return [value] if isinstance(value, sympy.Basic) else []
 
 
 def _symbolic_parts(b) -> tuple:

@@ -305,7 +305,7 @@ def _copy_input(
     else:
         value = getattr(gm, node.target)
         new = graph.get_attr(node.target)
-    if node.op == "placeholder" and isinstance(value, (int, torch.SymInt)):  # a size: s0
+    if node.op == "placeholder" and isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
         new.meta["val"], new.meta["aten_origin"] = value, node.name
         sizes.add_input(new, value)
         return value

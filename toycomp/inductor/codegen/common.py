@@ -305,7 +305,8 @@ class KernelCodegen:
     def check_index(self, index: sympy.Expr) -> None:
         allowed = {indexing.x, indexing.r} if self.in_r_loop else {indexing.x}
         free = sympy.sympify(index).free_symbols - allowed
-        extra = {v for v in free if not indexing.is_size_symbol(v)}  # sizes s0, s1 are arguments
+        arguments = {v for v in free if indexing.is_size_symbol(v) or indexing.is_scalar_symbol(v)}
+        extra = free - arguments  # sizes s0, s1 (and scalars f0) are kernel arguments
         if extra:
             where = "an r loop" if self.in_r_loop else "an x-only loop"
             raise ValueError(f"{self.kernel.name}: index {index} uses {extra} in {where}")

@@ -337,8 +337,16 @@ class CppKernelCodegen(KernelCodegen):
         for buffer, arg in self.args.items():
             const = "" if buffer in writes else "const "
             params.append(f"{const}{cpp_type(self.dtypes[buffer])}* {arg}")
-        params += [f"const int64_t {s}" for s in self.kernel.size_symbols()]
+        for symbol in self.kernel.size_symbols():  # s0: a size; f0: a float made from sizes
+            ctype = "double" if indexing.is_scalar_symbol(symbol) else "int64_t"
+            params.append(f"const {ctype} {symbol}")
         return ", ".join(params)
+
+
+def _ctype(arg: str) -> type:
+    if arg.endswith(".data_ptr()"):
+        return ctypes.c_void_p
+    return ctypes.c_double if arg.startswith("f") else ctypes.c_int64
 
 
 def _declare_reduction(clause: str, dtype: torch.dtype, cg: CppKernelCodegen) -> str:
@@ -414,8 +422,6 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     # Declared argument types let ctypes take the ints from data_ptr() directly: the call is
     # on every kernel launch, so it stays one ctypes call with no Python wrapper around it.
     args = generated.call[generated.call.index("(") + 1 : -1].split(", ")
-    fn.argtypes = [
-        ctypes.c_void_p if a.endswith(".data_ptr()") else ctypes.c_int64 for a in args if a
-    ]  # pointers, then the sizes s0, s1... of a kernel with dynamic shapes
+    fn.argtypes = [_ctype(a) for a in args if a]  # pointers, then sizes s0... and floats f0...
     fn.restype = None
     return fn

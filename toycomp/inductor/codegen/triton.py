@@ -187,8 +187,10 @@ class TritonKernelCodegen(KernelCodegen):
             if exact != dtype:
                 code = triton_convert(code, dtype, exact)
         elif not index.free_symbols & {indexing.x, indexing.r}:  # a size (mean's s0): a block
-            block = f"(tl.zeros({self.shape(self.in_r_loop)}, tl.int64) + ({text}))"
-            code = triton_convert(block, dtype, torch.int64)
+            scalar = any(indexing.is_scalar_symbol(v) for v in index.free_symbols)
+            kind = torch.float32 if scalar else torch.int64  # (a float f0 arrives as fp32)
+            block = f"(tl.zeros({self.shape(self.in_r_loop)}, {triton_type(kind)}) + ({text}))"
+            code = triton_convert(block, dtype, kind)
         else:
             code = triton_convert(f"({text})", dtype)
         return self.cse.generate(self.compute, code, dtype)

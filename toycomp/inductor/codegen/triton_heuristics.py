@@ -116,7 +116,8 @@ def index_dtype(kernel: ir.Kernel, blocks: dict, is_reduction: bool) -> bool | l
         for stmt in loop.body
         for e in (*ir.walk(stmt.value), stmt)
         if isinstance(e, (ir.Load, ir.IndexValue, ir.Store))
-    ]
+        and not any(map(indexing.is_scalar_symbol, sympy.sympify(e.index).free_symbols))
+    ]  # (a float f0 made from the sizes is a value, not an index)
     largest: list = []
     for index in indices:
         index = sympy.sympify(index)
