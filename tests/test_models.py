@@ -270,8 +270,9 @@ def test_real_model_training_step(name, backend, mode):
 # --- notebook 05's character-level GPT (benchmarks/gpt.py): a few AdamW steps ---------------------
 # Embedding and its backward, the causal mask (tril), softmax, LayerNorm, GELU, split's backward
 # (cat) and cross-entropy all decompose; F.scaled_dot_product_attention is an extern: no
-# fallback. Losses, gradients and the parameters after AdamW must follow eager's for three steps
-# (the compiled entry is reused).
+# fallback. At each of three AdamW steps (the compiled entry is reused) the loss and gradients
+# equal eager's on the same weights. (The weights themselves are not compared after AdamW: the
+# key bias has a zero gradient up to rounding, and Adam moves it by a full step either way.)
 @pytest.mark.parametrize("attention", ["decomposed", "sdpa"])
 def test_gpt_training_steps(attention):
     gpt = pytest.importorskip("benchmarks.gpt")
@@ -283,16 +284,15 @@ def test_gpt_training_steps(attention):
     model = gpt.GPT(cfg)
     ref = copy.deepcopy(model)
     compiled = toycomp.compile(gpt.loss_fn(model), backend="cpp")
-    opt, opt_ref = gpt.make_optimizer(model), gpt.make_optimizer(ref)
+    opt = gpt.make_optimizer(model)
     for x, y in data.batches(3, batch=4, block=cfg.block_size):
+        ref.load_state_dict(model.state_dict())
         loss, grads = training_step(model, compiled, x, y)
         loss_ref, grads_ref = training_step(ref, gpt.loss_fn(ref), x, y)
         torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+        assert grads.keys() == grads_ref.keys()
         for name in grads_ref:
             torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL, msg=name)
         opt.step()
-        opt_ref.step()
-    for (name, p), p_ref in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p, p_ref, rtol=RTOL, atol=ATOL, msg=name)
     assert len(compiled.entries) == 1 and compiled.eager_reason is None, compiled
     assert fallbacks_of(compiled) == []  # sdpa's flash attention kernels are externs
