@@ -3,6 +3,7 @@ compiled values, indices and gradients match eager's. Eager PyTorch is the oracl
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -78,3 +79,24 @@ def test_explain_lists_no_pool_or_batch_norm_fallback(training):
     explained = toycomp.explain(lambda x: stem(x).sum(), x, backend="triton")
     assert explained.fallbacks == ["aten.convolution_backward.default"]
 
+
+
+def test_dynamic_shapes_batch_norm_decomposes_pooling_falls_back_visibly():
+    """With every size symbolic BatchNorm still decomposes (its counts are SymInts); max pooling
+    with a symbolic height or width stays an eager fallback that names its reason."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    ref = copy.deepcopy(model)
+    compiled = toycomp.compile(lambda x: model(x).sum(), backend="cpp", dynamic=True)
+    for n in (2, 3):
+        x = torch.randn(n, 3, 8 + n, 7, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        compiled(x).backward()
+        ref(x_ref).sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        torch.testing.assert_close(list(model.buffers()), list(ref.buffers()))
+    assert len(compiled.entries) == 1
+    graphs = compiled.entries[0].graphs
+    assert sorted(f for g in graphs for f in g.fallbacks) == sorted(POOL_OPS)
+    reasons = {n.meta.get("fallback_reason") for g in graphs for n in g.prims.graph.nodes}
+    assert "max_pool2d with symbolic height or width" in reasons
