@@ -202,7 +202,8 @@ def launch_softmax(kernel: Any, x: torch.Tensor) -> torch.Tensor:
     interpreter: one program per row, as the notebook's stub promises."""
     from triton.runtime.errors import InterpreterError
 
-    from toycomp.inductor.codegen.triton import InterpretedKernel, next_power_of_2
+    from toycomp.inductor.codegen.triton import InterpretedKernel
+    from toycomp.inductor.codegen.triton_heuristics import next_power_of_2
 
     rows, cols = x.shape
     out = torch.full_like(x, float("nan"))
