@@ -37,8 +37,10 @@ aten = torch.ops.aten
 # But views compose: broadcasting a dim of size n to (copies, n) and reshaping it to copies * n
 # repeats it, so a slice of that reads x[(lo + i) mod n], for any offset lo (a *circular* read;
 # inductor turns it into index arithmetic with a modulo, nothing is copied). A ``where`` on an
-# ``iota`` mask then replaces what wrapped around by the padding value (-inf for the maximum,
-# 0 for the gradient). Without padding the read is a plain strided slice.
+# ``iota`` mask then replaces what wrapped around by the padding value (-inf for the maximum).
+# Without padding the read is a plain strided slice. Broadcasting to (copies, n, repeat) also
+# repeats each element ``repeat`` times in a row: the inverse of a strided slice that the
+# backward needs ([Note: max pooling's backward]).
 def _circular_slice(x: Any, dim: int, lo: int, length: int, repeat: int = 1) -> Any:
     """``y[i] = x[((lo + i) mod (n * repeat)) // repeat]`` along ``dim`` for ``i < length``:
     each element ``repeat`` times in a row, read circularly from ``lo``; views only."""
