@@ -9,7 +9,7 @@ module, so that the rules and the pass import it rather than each other::
     >>> import toycomp.prims.decompositions  # the pass imports the rule modules, which fill it
     >>> DECOMPOSITIONS[torch.ops.aten.gelu.default].__module__
     'toycomp.prims.pointwise_rules'
-    >>> sorted(str(op) for op in EXTERN_OPS - SDPA_OPS)
+    >>> sorted(str(op) for op in EXTERN_OPS - SDPA_OPS - CHECK_OPS)
     ['aten.bmm.default', 'aten.convolution.default', 'aten.mm.default']
     >>> str(aten._scaled_dot_product_flash_attention_for_cpu.default) in map(str, SDPA_OPS)
     True
@@ -50,8 +50,31 @@ SDPA_OPS: frozenset[Any] = frozenset(
     for suffix in ("", "_backward")
     if hasattr(aten, name + suffix)
 )
+
+
+# [Note: checks that raise as eager does]
+# A decomposition can lose an error eager raises: embedding written as a one-hot reduction
+# returns zeros for an index out of range, where eager raises IndexError. Such checks are small
+# custom ops (torch.library, a stable API) that the decomposition calls as externs: the check
+# runs in the compiled code and raises eager's error; the value passes through.
+@torch.library.custom_op("toycomp::check_indices", mutates_args=())
+def check_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
+    """A copy of ``indices`` once each is known to lie in ``[0, size)`` (else IndexError)."""
+    if indices.numel() and bool(((indices < 0) | (indices >= size)).any()):
+        raise IndexError("index out of range in self")
+    return indices.clone()  # a custom op may not return its input itself
+
+
+@check_indices.register_fake
+def _check_indices_fake(indices: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.empty_like(indices)
+
+
+CHECK_OPS: frozenset[Any] = frozenset({torch.ops.toycomp.check_indices.default})
 EXTERN_OPS: frozenset[Any] = (
-    frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default}) | SDPA_OPS
+    frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default})
+    | SDPA_OPS
+    | CHECK_OPS
 )
 
 # ATen overload -> decomposition (a function of the op's arguments that calls prims).

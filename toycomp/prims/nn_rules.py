@@ -289,13 +289,12 @@ def native_layer_norm_backward(
 # one-hot reduction over the vocabulary, out[n, d] = sum_v where(indices[n] == v, weight[v, d], 0):
 # exact (one term is not zero), one reduction kernel, N*V*D operations where Inductor's indirect
 # load costs N*D (fine for a vocabulary of characters, slow for 50k tokens). An index out of
-# range selects no row (zeros) where eager raises an IndexError.
-# The backward, a scatter-add, is the transposed product grad_weight = one_hot^T @ grad, with the
-# one-hot matrix (N, V) of 0.0/1.0 made by a kernel and the product an extern matmul. The same
-# sum written as a reduction over N reads ``grad`` with stride D once per vocabulary entry (a
-# GPU kernel of uncoalesced loads, slower than the whole matmul); the matmul only differs when
-# ``grad`` holds inf or NaN (0 * inf = NaN spreads over the column, where eager's scatter-add
-# keeps it in one row) or when float32 matmuls may use TF32 (then so do the model's own).
+# range would select no row (zeros) where eager raises: the indices first go through the extern
+# ``toycomp::check_indices`` ([Note: checks that raise as eager does] in decomp_table.py).
+# The backward, a scatter-add, is the same kind of reduction over the N positions:
+# grad_weight[v, d] = sum_n where(indices[n] == v, grad[n, d], 0). A one-hot matrix times
+# ``grad`` (an extern matmul) would be faster on a GPU, but 0 * inf = NaN spreads an inf or NaN
+# of ``grad`` over its whole column, where eager's scatter-add keeps it in one row.
 def _one_hot(indices: Any, index_dims: Sequence[int], class_dim: int, shape: Sequence[int]) -> Any:
     """Bools of ``shape``: True where ``indices`` (placed on ``index_dims``) equal the class
     number, which runs along ``class_dim``."""
@@ -314,6 +313,7 @@ def embedding(
     if weight.ndim != 2:
         raise Unsupported(f"embedding of a {weight.ndim}-d weight")
     (v, d), k = weight.shape, indices.ndim
+    indices = _extern(torch.ops.toycomp.check_indices.default, indices, v)  # eager's IndexError
     shape = [*indices.shape, d, v]  # the vocabulary last: the reduced dim
     rows = prims.broadcast_in_dim(prims.permute(weight, [1, 0]), shape, [k, k + 1])
     hit = _one_hot(indices, list(range(k)), k + 1, shape)
@@ -330,12 +330,14 @@ def embedding_dense_backward(
     n, d = math.prod(indices.shape), grad.shape[-1]
     flat = reshape(indices, [n])
     g, dtype = upcast(reshape(grad, [n, d]))
-    hit = _one_hot(flat, [0], 1, [n, num_weights])
+    shape = [num_weights, d, n]  # out[w, j] = sum over n of grad[n, j] where indices[n] == w
+    hit = _one_hot(flat, [2], 0, shape)
     if padding_idx >= 0:  # the padding row gets no gradient
-        keep = prims.broadcast_in_dim(prims.ne(flat, padding_idx), [n, num_weights], [0])
+        keep = prims.broadcast_in_dim(prims.ne(flat, padding_idx), shape, [2])
         hit = prims.logical_and(hit, keep)
-    one_hot = prims.convert_element_type(hit, g.dtype)
-    return convert(_extern(aten.mm.default, prims.permute(one_hot, [1, 0]), g), dtype)
+    rows = prims.broadcast_in_dim(prims.permute(g, [1, 0]), shape, [1, 2])
+    picked = prims.where(hit, rows, _zero(g.dtype))  # where, not a one-hot product: 0 * inf
+    return convert(prims.sum(picked, [2]), dtype)  # would spread an inf to every row
 
 
 def _zero(dtype: torch.dtype) -> Any:

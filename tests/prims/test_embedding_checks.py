@@ -1,0 +1,39 @@
+"""Embedding's decomposition keeps eager's errors and its inf/NaN placement."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import toycomp
+
+BACKENDS = ["cpp", "triton"]
+
+
+def embed(indices, weight):
+    return F.embedding(indices, weight).sin().sum(0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_out_of_range_raises_as_in_eager(backend):
+    weight = torch.randn(10, 4)
+    compiled = toycomp.compile(embed, backend=backend)
+    compiled(torch.tensor([[1, 3], [0, 9]]), weight)
+    for bad in ([[1, 3], [0, 10]], [[-1, 3], [0, 2]]):
+        with pytest.raises(IndexError, match="index out of range"):
+            embed(torch.tensor(bad), weight)
+        with pytest.raises(IndexError, match="index out of range"):
+            compiled(torch.tensor(bad), weight)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inf_in_the_gradient_stays_in_its_row(backend):
+    weight = torch.randn(10, 4, requires_grad=True)
+    indices = torch.tensor([[1, 3, 3], [0, 9, 2]])
+    out, ref = toycomp.compile(embed, backend=backend)(indices, weight), embed(indices, weight)
+    grad = torch.randn_like(ref)
+    grad[0, 1] = float("inf")
+    (got,) = torch.autograd.grad(out, weight, grad)
+    (expected,) = torch.autograd.grad(ref, weight, grad)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert torch.isfinite(got[[4, 5, 6, 7, 8]]).all()  # rows no index points at stay zero
+    assert not toycomp.explain(embed, indices, weight).fallbacks
