@@ -37,3 +37,16 @@ def test_an_inf_in_the_gradient_stays_in_its_row(backend):
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert torch.isfinite(got[[4, 5, 6, 7, 8]]).all()  # rows no index points at stay zero
     assert not toycomp.explain(embed, indices, weight).fallbacks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_and_infinities_of_the_gradient_land_where_eager_puts_them(backend):
+    weight = torch.randn(10, 4, requires_grad=True)
+    indices = torch.tensor([[1, 3, 3, 5], [0, 9, 2, 5]])
+    out, ref = toycomp.compile(embed, backend=backend)(indices, weight), embed(indices, weight)
+    grad = torch.randn(4, 4)  # row j reaches weight rows indices[0, j] and indices[1, j]
+    grad[0, 1], grad[3, 2] = float("inf"), float("nan")
+    grad[1, 0], grad[2, 0] = float("inf"), -float("inf")  # both reach weight[3, 0]: NaN there
+    (got,) = torch.autograd.grad(out, weight, grad)
+    (expected,) = torch.autograd.grad(ref, weight, grad)
+    torch.testing.assert_close(got, expected, equal_nan=True)
