@@ -155,22 +155,13 @@ def _refuse_hidden_update(training: bool, running_mean: Any, running_var: Any, o
         )
 
 
-@register(aten.native_batch_norm.default)
+@register(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
 def native_batch_norm(
     a: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
     training: bool, momentum: float, eps: float,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    _refuse_hidden_update(training, running_mean, running_var, "native_batch_norm")
-    stats = _batch_norm(a, weight, bias, running_mean, running_var, training, momentum, eps)
-    return _forward(a, stats, training)
-
-
-@register(aten._native_batch_norm_legit.default)
-def native_batch_norm_legit(
-    a: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-    training: bool, momentum: float, eps: float,
-) -> tuple[Any, Any, Any]:  # fmt: skip
-    _refuse_hidden_update(training, running_mean, running_var, "_native_batch_norm_legit")
+    """``native_batch_norm`` and ``_native_batch_norm_legit``: the same op, two ATen names."""
+    _refuse_hidden_update(training, running_mean, running_var, "batch norm")
     stats = _batch_norm(a, weight, bias, running_mean, running_var, training, momentum, eps)
     return _forward(a, stats, training)
 
