@@ -18,7 +18,6 @@ capture one whole graph and fail on a graph break.
 
 from __future__ import annotations
 
-import builtins
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -48,7 +47,7 @@ class CapturedGraph:
         """The graph's inputs for the call ``fn(*args, **kwargs)`` (parameters included)."""
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         bound.apply_defaults()
-        return read_sources(self.sources, bound.arguments, self.fn)
+        return [s.read(bound.arguments, self.fn.__globals__, self.fn) for s in self.sources]
 
 
 def capture_graph(fn: Callable, *args: Any, **kwargs: Any) -> CapturedGraph:
@@ -72,12 +71,5 @@ def capture_graph(fn: Callable, *args: Any, **kwargs: Any) -> CapturedGraph:
         raise RuntimeError(f"capture_graph: {len(graphs)} graphs (expected exactly one)")
     gm = graphs[0]
     sources = gm.meta["input_sources"]
-    inputs = read_sources(sources, bound.arguments, target)
+    inputs = [s.read(bound.arguments, target.__globals__, target) for s in sources]
     return CapturedGraph(gm, inputs, record.guards, sources, target)
-
-
-def read_sources(sources: list, L: dict, fn: Callable) -> list:
-    """The values ``sources`` name in a frame of ``fn`` with locals ``L`` (``F`` is ``fn``
-    itself, as in the guard function: closure cells are read through it)."""
-    env = {"L": L, "G": fn.__globals__, "B": builtins.__dict__, "F": fn}
-    return [eval(s.name(), env) for s in sources]  # noqa: S307 (text the capture wrote)

@@ -45,9 +45,11 @@ class Source:
         """The expression inside the transformed function (frame locals are its parameters)."""
         return self.render(lambda n: n)
 
-    def read(self, L: dict, G: dict) -> Any:
-        """The value this source names, in the frame with locals ``L`` and globals ``G``."""
-        return eval(self.name(), {"L": L, "G": G, "B": _BUILTINS})  # noqa: S307 (our own text)
+    def read(self, L: dict, G: dict, F: Any = None) -> Any:
+        """The value this source names, in the frame with locals ``L`` and globals ``G`` of the
+        function ``F`` (closure cells are read through it, as in the guard function)."""
+        env = {"L": L, "G": G, "B": _BUILTINS, "F": F}
+        return eval(self.name(), env)  # noqa: S307 (our own text)
 
 
 @dataclass(frozen=True)
