@@ -6,6 +6,9 @@
                   of a batch's wall time / its length: on a GPU the slower of host (guards,
                   wrappers, launches) and device; on the CPU the same as the device time
     copy rate     a large ``dst.copy_(src)``, bytes read plus bytes written over its median time
+    kernel time   CUDA: the summed device time of the kernels (and copies) one step launches,
+                  from ``torch.profiler``, the median over a few steps: what the generated
+                  code costs the GPU, with the host's gaps between launches left out
     peak memory   CUDA: ``torch.cuda.max_memory_allocated`` during one step, less what was
                   allocated before it; CPU: the same figure read from ``torch.profiler``'s
                   memory events (every allocation through PyTorch's CPU allocator: eager's
@@ -76,6 +79,21 @@ def per_call_seconds(step: Step, device: str, budget_s: float) -> float:
         synchronize(device)
         times.append((time.perf_counter() - start) / batch)
     return statistics.median(times)
+
+
+def kernel_seconds(step: Step, steps: int = 5) -> float:
+    """Median over ``steps`` steps of the summed device time of one step's kernels (CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sums = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        sums.append(sum(e.device_time for e in kernels) * 1e-6)  # us -> s
+    return statistics.median(sums)
 
 
 def copy_bandwidth(device: str, quick: bool = False) -> float:
