@@ -35,6 +35,8 @@ Files, in reading order:
 * ``ir.py``: the loop IR, from value expressions through buffers to kernels;
 * ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering.py``: lowering,
   one rule per prim; views are index maps, never copies;
+* ``split_reduction.py``: (Triton) a reduction with few outputs and a long range becomes a
+  partial reduction over chunks plus a small finishing one;
 * ``scheduler.py``: fusion into kernels; ``interpret.py`` runs any of these IRs with torch;
 * ``codegen/``: kernels -> source text (shared part, C++, Triton);
 * ``runtime.py``, ``wrapper.py``: the ``call(args)`` function and what it calls at run time;

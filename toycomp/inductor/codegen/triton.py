@@ -49,6 +49,7 @@ import torch
 import toycomp.prims as prims
 from toycomp._triton_compat import interpreted_function, interpreting_device_calls
 from toycomp.inductor import cache, indexing, ir
+from toycomp.inductor.split_reduction import ReductionHint
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
     LOW_PRECISION,
@@ -63,6 +64,7 @@ from toycomp.inductor.codegen.triton_heuristics import (
     block_sizes,
     index_dtype,
     index_dtype_arg,
+    kernel_hint,
     python_size,
     reduction_blocks,  # noqa: F401  (the wrapper's namespace takes it from here)
 )
@@ -85,7 +87,7 @@ class TritonKernelCodegen(KernelCodegen):
         self.blocks = block_sizes(kernel)
         self.is_reduction = any(loop.over_r for loop in kernel.loops)
         if persistent is None:  # (a symbolic rnumel: generate() asks for both variants)
-            persistent = indexing.known_less(kernel.rnumel, PERSISTENT_MAX_RNUMEL + 1)
+            persistent = self.blocks.get("RBLOCK", 0) >= kernel.rnumel
         self.persistent = self.is_reduction and persistent
         variant = self.is_reduction and not self.blocks and not persistent
         self.name = f"{kernel.name}_looped" if variant else kernel.name
@@ -321,8 +323,11 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
         looped = TritonKernelCodegen(kernel, persistent=False)
         source += "\n\n@triton.jit\n" + looped.codegen_kernel().split("@triton.jit\n")[-1]
         blocks, name = f"{kernel.name}_blocks", kernel.name
-        pick = f"({name} if {rnumel} <= {PERSISTENT_MAX_RNUMEL} else {looped.name})"
-        call = f"{blocks} = reduction_blocks({numel}, {rnumel})\n"
+        outer = kernel_hint(kernel) == ReductionHint.OUTER  # persistent iff rnumel <= RBLOCK:
+        limit = f"{blocks}['RBLOCK']" if outer else PERSISTENT_MAX_RNUMEL
+        pick = f"({name} if {rnumel} <= {limit} else {looped.name})"
+        outer = ", outer=True" if outer else ""
+        call = f"{blocks} = reduction_blocks({numel}, {rnumel}{outer})\n"
         call += f"{pick}[(cdiv({numel}, {blocks}['XBLOCK']),)]({args}, **{blocks})"
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)

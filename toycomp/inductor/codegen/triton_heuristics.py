@@ -14,6 +14,8 @@ symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64`
     {'XBLOCK': 64, 'RBLOCK': 64, 'num_warps': 8}
     >>> reduction_blocks(128, 100_000)  # too long a row for registers: the looped variant
     {'XBLOCK': 1, 'RBLOCK': 1024, 'num_warps': 2}
+    >>> reduction_blocks(4096, 128, outer=True)  # a column sum's partials: a wide, short tile
+    {'XBLOCK': 64, 'RBLOCK': 8, 'num_warps': 4}
 
 NB: in PyTorch this lives in torch/_inductor/runtime/triton_heuristics.py (block sizes,
 autotuning configs, the grid) and torch/_inductor/codegen/simd.py (``index_dtype``,
@@ -29,6 +31,7 @@ import torch
 
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndexPrinter
+from toycomp.inductor.split_reduction import OUTER_XBLOCK, ReductionHint, reduction_hint
 
 # [Note: Triton block sizes]
 # No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
@@ -38,11 +41,17 @@ from toycomp.inductor.codegen.common import IndexPrinter
 #   near BLOCK_ELEMENTS. A softmax over 1000 columns is one pass: load, max, exp, sum, store;
 # * longer rows: a looped reduction, XBLOCK = 1 row per program, RBLOCK = LOOPED_RBLOCK columns
 #   per step, accumulating in an [XBLOCK, RBLOCK] tensor reduced along axis 1 after the loop;
-#   every Loop of the kernel (stores after a reduction too) loops over r again.
+#   every Loop of the kernel (stores after a reduction too) loops over r again;
+# * an OUTER reduction (loads contiguous along x: a column sum) takes a tile wide in x and
+#   short in r, [OUTER_XBLOCK, OUTER_TILE // OUTER_XBLOCK] = [64, 8], looped over r (see [Note:
+#   outer reductions] in split_reduction.py). Its few outputs are spread over more programs
+#   by the split_reduction pass, which runs before scheduling.
+# A reduction is persistent (no loop over r) exactly when RBLOCK >= rnumel.
 POINTWISE_XBLOCK = 1024
 PERSISTENT_MAX_RNUMEL = 4096
 LOOPED_RBLOCK = 1024
 BLOCK_ELEMENTS = 4096
+OUTER_TILE = 512  # elements of an outer reduction's tile (Inductor's 64 x 8)
 
 
 def next_power_of_2(n: int) -> int:
@@ -56,8 +65,8 @@ def next_power_of_2(n: int) -> int:
 # it: a pointwise kernel takes XBLOCK = 1024, a persistent reduction (static rnumel) takes
 # BLOCK_ELEMENTS // RBLOCK rows per program. A reduction over a symbolic rnumel is generated
 # twice in one module, persistent (``kernel_0``) and looped (``kernel_0_looped``): the wrapper
-# takes the first when this call's rnumel <= PERSISTENT_MAX_RNUMEL, with XBLOCK and RBLOCK
-# chosen by ``reduction_blocks`` from the call's sizes by the static rule, so a dynamic softmax
+# takes the first when this call's rnumel <= RBLOCK, with XBLOCK and RBLOCK chosen by
+# ``reduction_blocks`` from the call's sizes by the static rule, so a dynamic softmax
 # reads its row once, as the static one does. Triton compiles one variant per distinct block
 # size (a power of 2); the source and toycomp's cache entry stay one. Whether indices need 64
 # bits is also decided per call (see [Note: 32-bit indices with symbolic sizes]).
@@ -72,13 +81,26 @@ def block_sizes(kernel: ir.Kernel) -> dict[str, int]:
         return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // 256))}
     if not indexing.is_static(kernel.rnumel):
         return {}
-    return reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel)
+    outer = kernel_hint(kernel) == ReductionHint.OUTER
+    return reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel, outer)
 
 
-def reduction_blocks(numel: int | None, rnumel: int) -> dict[str, int]:
-    """Block sizes of a reduction of ``numel`` rows (None: unknown) of ``rnumel`` elements; for
-    a symbolic rnumel the generated wrapper calls it before each launch (see [Note: Triton with
-    dynamic shapes])."""
+def kernel_hint(kernel: ir.Kernel) -> ReductionHint:
+    """INNER or OUTER, from the loads of the kernel's loops over r (see [Note: outer
+    reductions] in split_reduction.py)."""
+    values = [s.value for loop in kernel.loops if loop.over_r for s in loop.body]
+    loads = [e.index for e in ir.walk(*values) if isinstance(e, ir.Load)]
+    return reduction_hint(loads, indexing.x, indexing.r)
+
+
+def reduction_blocks(numel: int | None, rnumel: int, outer: bool = False) -> dict[str, int]:
+    """Block sizes of a reduction of ``numel`` rows (None: unknown) of ``rnumel`` elements,
+    ``outer``: contiguous along the rows (a column sum); for a symbolic rnumel the generated
+    wrapper calls it before each launch (see [Note: Triton with dynamic shapes])."""
+    if outer:
+        xblock = OUTER_XBLOCK if numel is None else min(OUTER_XBLOCK, next_power_of_2(numel))
+        rblock = min(next_power_of_2(rnumel), max(1, OUTER_TILE // xblock))
+        return _reduction_meta(xblock, rblock, per_warp=128)
     if rnumel <= PERSISTENT_MAX_RNUMEL:
         rblock = next_power_of_2(rnumel)
         xblock = max(1, BLOCK_ELEMENTS // rblock)
@@ -89,11 +111,11 @@ def reduction_blocks(numel: int | None, rnumel: int) -> dict[str, int]:
     return _reduction_meta(xblock, rblock)
 
 
-def _reduction_meta(xblock: int, rblock: int) -> dict[str, int]:
+def _reduction_meta(xblock: int, rblock: int, per_warp: int = 512) -> dict[str, int]:
     return {
         "XBLOCK": xblock,
         "RBLOCK": rblock,
-        "num_warps": min(8, max(1, xblock * rblock // 512)),
+        "num_warps": min(8, max(1, xblock * rblock // per_warp)),
     }
 
 

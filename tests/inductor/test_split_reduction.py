@@ -1,0 +1,177 @@
+"""Split reductions and outer-reduction tiles on the Triton backend (split_reduction.py,
+triton_heuristics.py), run by Triton's interpreter on CPU tensors.
+
+Eager PyTorch is the oracle for values and gradients; the structural checks read the lowered
+and scheduled graphs that ``toycomp.explain`` keeps, and the generated launch lines.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import toycomp
+from toycomp.inductor import ir
+from toycomp.inductor.codegen import triton_heuristics
+from toycomp.inductor.indexing import index_vars, r, x
+from toycomp.inductor.split_reduction import (
+    ReductionHint,
+    node_hint,
+    num_splits,
+    split_reduction,
+    split_reductions,
+)
+
+F32 = torch.float32
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def nan_columns(rows: int, cols: int) -> torch.Tensor:
+    t = torch.randn(rows, cols)
+    t[rows - 1, 0] = float("nan")  # in the last chunk
+    t[3, cols - 1] = float("nan")  # in the first
+    return t
+
+
+def check_values(fn, *inputs, rtol=RTOL, atol=ATOL):
+    out = toycomp.compile(fn, backend="triton")(*inputs)
+    torch.testing.assert_close(out, fn(*inputs), rtol=rtol, atol=atol, equal_nan=True)
+
+
+CASES = {  # name: (fn, make inputs)
+    "column sum": (lambda t: t.sum(0), lambda: [torch.randn(1024, 37)]),
+    "column mean": (lambda t: t.mean(0), lambda: [torch.randn(512, 24)]),
+    "long rows": (lambda t: t.sum(1), lambda: [torch.randn(3, 16384)]),
+    "whole sum": (lambda t: t.sum(), lambda: [torch.randn(128, 96)]),
+    "amax NaN": (lambda t: t.amax(0), lambda: [nan_columns(768, 8)]),
+    "amin NaN": (lambda t: t.amin(0), lambda: [nan_columns(768, 8)]),
+    "int32 sum": (lambda t: t.sum(0), lambda: [torch.randint(-9, 9, (1024, 5), dtype=torch.int32)]),
+    "int64 amax": (lambda t: t.amax(0), lambda: [torch.randint(-99, 99, (512, 6))]),
+    "prime rows": (lambda t: t.sum(0), lambda: [torch.randn(1031, 8)]),
+    "size 1": (lambda t: t.sum(0), lambda: [torch.randn(1, 4096)]),
+    "size 0": (lambda t: t.sum(0), lambda: [torch.randn(0, 8)]),
+    "softmax dim 0": (lambda t: t.softmax(0), lambda: [torch.randn(600, 8)]),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_values_match_eager(name):
+    fn, make = CASES[name]
+    check_values(fn, *make())
+
+
+def test_bfloat16_sum_keeps_fp32_partials():
+    ((i0,), (r0,)) = index_vars("i", 1), index_vars("r", 1)
+    body = ir.Load("a", i0 + 16 * r0, torch.bfloat16)
+    node = ir.Reduction("buf0", (16,), (1024,), ir.ReductionType.SUM, torch.bfloat16, body)
+    partial, final = split_reduction(node, *num_splits(node))
+    assert (partial.dtype, final.dtype, final.body.dtype) == (F32, torch.bfloat16, F32)
+    check_values(lambda t: t.sum(0), torch.randn(1024, 16).bfloat16(), rtol=1e-2, atol=1e-2)
+
+
+def values_and_grads(fn, inputs):
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*inputs)
+    tangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * tangent).sum().backward()
+    return [out.detach()] + [t.grad for t in inputs]
+
+
+def layer_norm(t, w, b):
+    return torch.nn.functional.layer_norm(t, t.shape[-1:], w, b)
+
+
+def batch_norm_affine(t, w, b):  # training-mode statistics over (N, H, W), per channel
+    mean = t.mean((0, 2, 3), keepdim=True)
+    var = ((t - mean) ** 2).mean((0, 2, 3), keepdim=True)
+    return (t - mean) / torch.sqrt(var + 1e-5) * w[:, None, None] + b[:, None, None]
+
+
+GRAD_CASES = {
+    "layer_norm": (layer_norm, lambda: [torch.randn(1024, 24), torch.randn(24), torch.randn(24)]),
+    "batch_norm": (
+        batch_norm_affine,
+        lambda: [torch.randn(16, 4, 8, 8), torch.randn(4), torch.randn(4)],
+    ),
+    "linear bias": (
+        lambda t, w, b: t @ w + b,
+        lambda: [torch.randn(1024, 8), torch.randn(8, 16), torch.randn(16)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", GRAD_CASES)
+def test_weight_and_bias_gradients_match_eager(name):
+    fn, make = GRAD_CASES[name]
+    inputs = make()
+    got = values_and_grads(toycomp.compile(fn, backend="triton"), inputs)
+    expected = values_and_grads(fn, inputs)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=RTOL, atol=1e-4)
+
+
+def test_layer_norm_weight_gradient_is_split_with_its_producer_fused():
+    inputs = [torch.randn(1024, 24), torch.randn(24), torch.randn(24)]
+    inputs = [t.requires_grad_(True) for t in inputs]
+    backward = toycomp.explain(layer_norm, *inputs, backend="triton").graph("backward")
+    partials = [n for n in backward.lowered.nodes if n.name.endswith("_split")]
+    assert len(partials) == 2  # weight and bias gradients
+    weight = next(n for n in partials if "mul" in repr(n.body))  # grad * xhat, fused
+    assert weight.size[1:] == (24,) and weight.size[0] > 1
+
+
+def test_column_sum_is_two_kernels_with_a_wide_tile():
+    t = torch.randn(1024, 96)
+    graph = toycomp.explain(lambda t: t.sum(0), t, backend="triton").graph("forward")
+    partial_kernel, finish = graph.scheduled.steps
+    splits = graph.lowered.nodes[0].size[0]
+    assert (partial_kernel.numel, partial_kernel.rnumel) == (splits * 96, 1024 // splits)
+    assert (finish.numel, finish.rnumel) == (96, splits)
+    call = graph.compiled.kernels[0].call
+    assert "XBLOCK=64, RBLOCK=8" in call, call  # 64 neighbouring columns, 8 rows a step
+
+
+def test_cpp_backend_is_unchanged():
+    t = torch.randn(1024, 96)
+    graph = toycomp.explain(lambda t: t.sum(0), t, backend="cpp").graph("forward")
+    assert [n.name for n in graph.lowered.nodes] == ["buf0"]
+    lowered = toycomp.explain(lambda t: t.sum(0), t, backend="triton").graph("forward").lowered
+    assert split_reductions(lowered, "cpp") is lowered
+
+
+def test_when_not_to_split():
+    def reduction(size, rsize, body, dtype=F32):
+        return ir.Reduction("buf0", size, rsize, ir.ReductionType.SUM, dtype, body)
+
+    ((i0,), (r0,)) = index_vars("i", 1), index_vars("r", 1)
+    column = ir.Load("a", i0 + 96 * r0, F32)
+    assert node_hint(reduction((96,), (4096,), column)) == ReductionHint.OUTER
+    assert num_splits(reduction((96,), (4096,), column)) is not None
+    assert num_splits(reduction((96,), (4099,), column)) is None  # prime: no exact chunks
+    assert num_splits(reduction((96,), (4096,), column, torch.bool)) is None
+    assert num_splits(reduction((65536,), (4096,), column)) is None  # enough programs
+    row = ir.Load("a", 4096 * i0 + r0, F32)
+    assert node_hint(reduction((96,), (4096,), row)) == ReductionHint.INNER
+    assert num_splits(reduction((96,), (4096,), row)) is None  # a short row: one kernel
+
+
+def test_outer_tile_without_a_split():
+    """Many columns (no split needed) still get the wide tile, and it is looped."""
+    load = ir.Load("a", 5000 * r + x, F32)
+    loops = (ir.Loop(True, (ir.Reduce("acc", ir.ReductionType.SUM, load, F32),)),)
+    kernel = ir.Kernel("kernel_0", 5000, 300, loops, (("a", F32),), ())
+    assert triton_heuristics.kernel_hint(kernel) == ReductionHint.OUTER
+    blocks = triton_heuristics.block_sizes(kernel)
+    assert blocks["XBLOCK"] == 64 and blocks["RBLOCK"] < 300
+
+
+def test_dynamic_sizes_are_not_split_and_stay_correct():
+    fn = lambda t: t.sum(0)  # noqa: E731
+    compiled = toycomp.compile(fn, backend="triton", dynamic=True)
+    for rows in (1024, 300, 4100):
+        t = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(t), fn(t), rtol=RTOL, atol=1e-4)
+    explained = toycomp.explain(fn, torch.randn(1024, 8), backend="triton", dynamic=True)
+    graph = explained.graph("forward")
+    assert len(graph.lowered.nodes) == 1  # a symbolic range: not split
+    assert "outer=True" in graph.compiled.kernels[0].call

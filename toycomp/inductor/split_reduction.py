@@ -1,0 +1,186 @@
+"""Stage 4b': split reductions, ``ir.LoweredGraph`` -> ``ir.LoweredGraph`` (Triton backend).
+
+Input -> output: the lowered buffers -> the same buffers, where a reduction with few outputs
+and a long reduced range is replaced by two: a *partial* reduction over chunks of the range
+(``splits`` partial results per output, its body still the producers' fused pointwise work)
+and a small *finishing* reduction over the partials. A column sum of a 4096 x 4096 matrix::
+
+    buf0[4096] = sum[r<[4096]](load(a, i0 + 4096*r0))
+
+becomes 32 partial sums of 128 rows each, then their sum::
+
+    buf0_split[32, 4096] = sum[r<[128]](load(a, i1 + 524288*i0 + 4096*r0))
+    buf0[4096] = sum[r<[32]](load(buf0_split, i0 + 4096*r0))
+
+``reduction_hint`` (used here and by triton_heuristics.py to shape the tile) says whether a
+reduction reads memory contiguously along its reduced range (INNER: row sums) or along its
+outputs (OUTER: column sums).
+
+NB: in PyTorch this lives in torch/_inductor/ir.py (``Reduction.num_splits``,
+``Reduction.create_multilayer``, ``ReductionHint``) and torch/_inductor/choices.py
+(``reduction_split_factor``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+
+import sympy
+import torch
+
+from toycomp.inductor import indexing, ir
+
+# [Note: split reductions]
+# A GPU is filled by many programs: an H100 has 132 SMs, each running several programs at once.
+# A reduction kernel runs one program per XBLOCK outputs, so a reduction with few outputs and
+# a long range leaves the GPU nearly empty: the bias gradient of a GPT layer sums 16384 rows
+# into 384 columns, which is 6 programs of 64 columns (or 384 of one column), each walking
+# 16384 rows alone. Splitting the range into `splits` chunks gives splits times more programs:
+#   partial[s, i] = reduce over the chunk s of the range   (splits * numel outputs: many programs)
+#   out[i]        = reduce over s of partial[s, i]         (a small kernel: splits * numel reads)
+# The partial keeps the reduction's body, so the pointwise work feeding it (grad * xhat for
+# LayerNorm's weight gradient) stays fused into the big kernel; only the partials, `splits`
+# times smaller than the input, go through memory. The partials are fp32 for fp16/bf16
+# results, as the one-kernel reduction accumulates (so splitting loses no precision).
+# Which reductions: sum, amax and amin (the IR's three kinds), whose result does not depend on
+# how the range is grouped: max/min are exact in any order (NaN propagates through both
+# levels); integer sums are exact; a float sum changes its rounding, as eager's own tree
+# reduction does (within fp32 tolerance). An order-sensitive reduction (argmax's first index,
+# a scan) would need its index carried along; the IR has none, so none is split.
+# When not to split: sizes that are symbols (the choice needs numbers; the reduction stays one
+# kernel, persistent or looped per call), bool results, and a range with no divisor near the
+# wanted split count (a prime number of rows): every chunk must be full, since a load of the
+# chunk past the end would read out of bounds (Inductor masks such loads; our loads are masked
+# only by xmask and rmask), so `splits` divides one reduced dim exactly.
+# How many: about TARGET_PROGRAMS programs for the partial kernel (a few per SM, like
+# Inductor's reduction_split_factor), each reducing at least MIN_CHUNK_{INNER,OUTER} elements.
+TARGET_PROGRAMS = 1024
+OUTER_XBLOCK = 64  # outputs per program of an outer reduction (triton_heuristics uses it)
+MIN_CHUNK_OUTER = 128  # rows per partial of a column sum: 16 steps of an 8-row tile
+MIN_CHUNK_INNER = 4096  # elements per partial of a row sum: 4 steps of a 1024-wide tile
+INNER_MIN_RNUMEL = 8192  # an inner reduction shorter than this stays one kernel (Inductor's)
+
+
+class ReductionHint(Enum):
+    """Along which axis a reduction's loads are contiguous (PyTorch: ``ir.ReductionHint``)."""
+
+    INNER = "inner"  # along the reduced range: a row sum, each output reads a contiguous row
+    OUTER = "outer"  # along the outputs: a column sum, neighbouring outputs read neighbours
+
+
+# [Note: outer reductions]
+# `x.sum(0)` on a row-major matrix reads column j for output j: element (r, j) at r*ncols + j.
+# One output per program walking its column reads one float per 4096-byte row: every load a
+# separate memory transaction (uncoalesced), and 16x-32x slower than the memory allows. The
+# fix is the tile's shape: a program takes XBLOCK neighbouring columns and RBLOCK rows at once
+# ([XBLOCK, RBLOCK] = [64, 8]), so each row of the tile is 64 consecutive floats (coalesced),
+# and it loops over the rows accumulating 64 partial sums. The hint comes from the loads'
+# strides: a load whose index moves by 1 along the outputs and not along the range votes
+# OUTER; by 1 along the range, INNER (Inductor's rule in ``Reduction.num_splits``). Loads that
+# do not depend on both (a per-row mean, a per-column weight) do not vote.
+def reduction_hint(indices, xvar: sympy.Symbol, rvar: sympy.Symbol) -> ReductionHint:
+    """OUTER when most ``indices`` that use both ``xvar`` (innermost output variable) and
+    ``rvar`` (innermost reduced variable) move by other than 1 along ``rvar``, else INNER."""
+    inner = outer = 0
+    for index in indices:
+        index = sympy.sympify(index)
+        if not {xvar, rvar} <= index.free_symbols:
+            continue
+        if _stride(index, rvar) == 1:
+            inner += 1
+        else:
+            outer += 1
+    return ReductionHint.OUTER if outer > inner else ReductionHint.INNER
+
+
+def _stride(index: sympy.Expr, var: sympy.Symbol):
+    """How far ``index`` moves when ``var`` goes from 0 to 1, every other variable at 0."""
+    zero = {v: 0 for v in index.free_symbols if not indexing.is_size_symbol(v)}
+    return sympy.expand(index.subs({**zero, var: 1}) - index.subs(zero))
+
+
+def node_hint(node: ir.Reduction) -> ReductionHint:
+    """The hint of a lowered reduction, from the loads of its body."""
+    ivars = indexing.index_vars("i", len(node.size))
+    rvars = indexing.index_vars("r", len(node.reduction_size))
+    if not ivars:
+        return ReductionHint.INNER  # one output: nothing to be contiguous along
+    loads = [e.index for e in ir.walk(node.body) if isinstance(e, ir.Load)]
+    return reduction_hint(loads, ivars[-1], rvars[-1])
+
+
+def split_reductions(lowered: ir.LoweredGraph, backend: str) -> ir.LoweredGraph:
+    """Split the reductions of ``lowered`` that leave a GPU idle (see [Note: split
+    reductions]); only for ``backend == "triton"`` (the C++ backend parallelises its own way).
+    """
+    if backend != "triton":
+        return lowered
+    nodes: list = []
+    for node in lowered.nodes:
+        plan = num_splits(node) if isinstance(node, ir.Reduction) else None
+        nodes.extend(split_reduction(node, *plan) if plan else [node])
+    if len(nodes) == len(lowered.nodes):
+        return lowered
+    return dataclasses.replace(lowered, nodes=tuple(nodes))
+
+
+def num_splits(node: ir.Reduction) -> tuple[int, int, ReductionHint] | None:
+    """``(dim, splits, hint)``: split reduced dim ``dim`` into ``splits`` chunks; None: don't."""
+    sizes = (*node.size, *node.reduction_size)
+    if not all(indexing.is_static(n) for n in sizes) or node.dtype == torch.bool:
+        return None
+    numel, rnumel = indexing.numel(node.size), indexing.numel(node.reduction_size)
+    hint = node_hint(node)
+    if hint == ReductionHint.OUTER:
+        programs, min_chunk = -(-numel // OUTER_XBLOCK), MIN_CHUNK_OUTER
+    else:
+        programs, min_chunk = numel, MIN_CHUNK_INNER
+        if rnumel < INNER_MIN_RNUMEL:
+            return None
+    if 2 * programs > TARGET_PROGRAMS:
+        return None  # enough programs already
+    wanted = min(TARGET_PROGRAMS // programs, rnumel // min_chunk)
+    best = None  # (how far from wanted, dim, splits)
+    for dim, size in enumerate(node.reduction_size):
+        for splits in sympy.divisors(int(size)):
+            if wanted // 4 <= splits <= wanted and splits >= 2:
+                candidate = (wanted / splits, dim, splits)
+                best = min(best, candidate) if best else candidate
+    return (best[1], best[2], hint) if best else None
+
+
+def split_reduction(
+    node: ir.Reduction, dim: int, splits: int, hint: ReductionHint
+) -> list[ir.Reduction]:
+    """``node`` as a partial reduction over chunks of reduced dim ``dim`` and a finishing
+    reduction over the ``splits`` partials (Inductor: ``create_multilayer``)."""
+    chunk = node.reduction_size[dim] // splits
+    n = len(node.size)
+    ivars = indexing.index_vars("i", n + 1)
+    rvars = indexing.index_vars("r", len(node.reduction_size))
+    # OUTER: the split index is the partial's outermost dim, so the output dims stay innermost
+    # and contiguous (the partial kernel is an outer reduction too); INNER: its innermost.
+    if hint == ReductionHint.OUTER:
+        split_var, out_vars, size = ivars[0], ivars[1:], (splits, *node.size)
+    else:
+        split_var, out_vars, size = ivars[n], ivars[:n], (*node.size, splits)
+    mapping = dict(zip(indexing.index_vars("i", n), out_vars))
+    mapping[rvars[dim]] = split_var * chunk + rvars[dim]
+    rsize = node.reduction_size[:dim] + (chunk,) + node.reduction_size[dim + 1 :]
+    dtype = torch.float32 if node.dtype in (torch.float16, torch.bfloat16) else node.dtype
+    body = ir.substitute(node.body, mapping)
+    if dtype != node.dtype:
+        body = ir.Op("convert_element_type", (body,), dtype)
+    name = f"{node.name}_split"
+    partial = ir.Reduction(
+        name, size, rsize, node.reduction_type, dtype, body, node.origins
+    )
+    (r0,) = indexing.index_vars("r", 1)
+    read = indexing.index_vars("i", n) + (r0,)  # the partial's element (i..., s=r0)
+    if hint == ReductionHint.OUTER:
+        read = (r0, *read[:n])
+    index = indexing.linear_index(read, indexing.contiguous_strides(size))
+    # (an fp32 body under a bf16 result: the sum of partials accumulates in fp32, then rounds)
+    final = dataclasses.replace(node, reduction_size=(splits,), body=ir.Load(name, index, dtype))
+    return [partial, final]
