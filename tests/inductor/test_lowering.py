@@ -14,7 +14,12 @@ from torch.fx.node import map_aggregate
 import toycomp.prims as p
 from toycomp.inductor import ir
 from toycomp.inductor.interpret import run_lowered, run_scheduled
-from toycomp.inductor.lowering import REALIZE_THRESHOLD, LoweringError, lower
+from toycomp.inductor.lowering import (
+    REALIZE_READS_THRESHOLD,
+    REALIZE_THRESHOLD,
+    LoweringError,
+    lower,
+)
 from toycomp.inductor.lowering_table import LOWERINGS
 from toycomp.inductor.scheduler import schedule
 
@@ -239,6 +244,51 @@ def test_multi_user_big_value_is_realized_small_one_inlined():
     scheduled = compile_and_run(f, x)
     assert len(kernels(scheduled)) == 1
     assert [a.name for a in scheduled.allocations] == ["buf1", "buf2"]
+
+
+def test_a_value_reading_many_buffers_is_realized_once_for_its_users():
+    inputs = [torch.randn(8, 16) for _ in range(REALIZE_READS_THRESHOLD + 1)]
+
+    def f(*xs):  # a residual stream: the sum of every earlier output, used twice
+        s = xs[0]
+        for x in xs[1:]:
+            s = p.add(s, x)
+        return p.sum(s, [0]), p.exp(s)
+
+    lowered = lower(trace_prims(f, *inputs), inputs)
+    [pointwise] = [n for n in lowered.nodes if isinstance(n, ir.Pointwise) and "add" in repr(n.body)]
+    users = [n for n in lowered.nodes if n is not pointwise]
+    assert all(f"load({pointwise.name}" in repr(n.body) and "arg1" not in repr(n.body) for n in users)
+    compile_and_run(f, *inputs)
+
+
+def test_a_value_reading_few_buffers_is_inlined_into_its_users():
+    inputs = [torch.randn(8, 16) for _ in range(REALIZE_READS_THRESHOLD)]
+
+    def f(*xs):
+        s = xs[0]
+        for x in xs[1:]:
+            s = p.add(s, x)
+        return p.sum(s, [0]), p.exp(s)
+
+    lowered = lower(trace_prims(f, *inputs), inputs)
+    assert all("arg1" in repr(n.body) for n in lowered.nodes)  # each user reads the inputs
+
+
+@pytest.mark.parametrize("view", ["permute", "reshape"])
+def test_an_extern_reading_a_view_of_a_saved_value_stores_the_value_once(view):
+    x, w = torch.randn(6, 4), torch.randn(6, 5)
+
+    def f(x, w):
+        y = p.mul(p.sin(x), 2.0)  # used by mm through a view, and returned (saved)
+        v = p.permute(y, [1, 0]) if view == "permute" else p.reshape(y, [4, 6])
+        return extern(aten.mm.default, v, w), y
+
+    scheduled = compile_and_run(f, x, w)
+    stores = [s for k in kernels(scheduled) for loop in k.loops for s in loop.body]
+    assert len(stores) == 1  # y once; the mm reads it through a strided view
+    [mm] = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
+    assert mm.args[0].buffer == stores[0].buffer
 
 
 def test_reduction_over_size_one_dims_is_a_view():

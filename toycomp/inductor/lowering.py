@@ -72,10 +72,22 @@ SUPPORTED_DTYPES = {
 #      each kernel that inlines it would recompute a lot (its users share one expression
 #      object: see [Note: expressions are DAGs] in ir.py). Small shared values (sin(x) in
 #      sin(x)*cos(x)*sin(x)) are recomputed: the fused kernel's CSE computes them once anyway.
+#      Likewise when its body reads more than REALIZE_READS_THRESHOLD buffers: a residual
+#      stream x = x + f(x), inlined layer after layer, would make the last layer's kernels
+#      read every earlier layer's output; stored once, each user reads one buffer;
 #   3. reductions are always buffers; their users read them with a Load (contiguous layout).
-# Inductor's rule is similar (realize_opcount_threshold=30, plus reads-based heuristics); the
+# Inductor's rule is similar (realize_opcount_threshold=30, realize_reads_threshold=4); the
 # scheduler then fuses realized buffers back into kernels where the indices allow it.
+#
+# [Note: realizing a view realizes its base]
+# A view is a new FX node whose value is its base's body read through an index map. When an
+# extern needs the view in memory (``bmm(reshape(softmax(x)))``) and the base has other users
+# (the softmax is also saved for the backward), storing the view's copy and later the base's
+# own would write the same values twice. So realizing a view first realizes its base, as
+# Inductor's views share their base's storage (ReinterpretView), and the view is lowered again
+# on top of that buffer: usually a strided view of it, at no cost.
 REALIZE_THRESHOLD = 30
+REALIZE_READS_THRESHOLD = 4
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> ir.LoweredGraph:
@@ -107,6 +119,7 @@ class GraphLowering:
         self.current_origin = ""
         self.device = _graph_device(gm, self.example_inputs)
         self.sizevars = SizeVars(self.example_inputs)  # SymInts -> s0, s1... (dynamic shapes)
+        self.view_base: dict[Node, Node] = {}  # a view prim's node -> the node it views
 
     def run(self) -> ir.LoweredGraph:
         n_placeholders = sum(node.op == "placeholder" for node in self.gm.graph.nodes)
@@ -194,7 +207,10 @@ class GraphLowering:
         _check_matches_meta(node, value, self.tensor_meta(self.meta[node]))
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
-        if len(node.users) >= 2 and tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
+        base = node.args[0] if node.args else None
+        if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW and isinstance(base, Node):
+            self.view_base[node] = base
+        if len(node.users) >= 2 and _costly_to_inline(value):
             self.realize(node)
 
     def extern(self, node: Node, kernel: str, fallback: bool) -> None:
@@ -275,11 +291,13 @@ class GraphLowering:
         kept = [(a, b) for n, a, b in steps if not indexing.known_less(n, 2)]  # n >= 2 moves
         return None if all(indexing.known_equal(a, b) for a, b in kept) else stride
 
-    def realize(self, node: Node) -> ir.TensorArg:
-        """Make ``node``'s value exist in memory and return how to read it (see the Note)."""
+    def realize(self, node: Node, through_views: bool = True) -> ir.TensorArg:
+        """Make ``node``'s value exist in memory and return how to read it (see the Notes)."""
         value = self.env[node]
         if not isinstance(value, TensorValue):
             raise LoweringError(f"{node.name!r} is not a tensor")
+        if through_views and self.realize_base_of_view(node):
+            value = self.env[node]
         view = as_strided_view(value)
         if view is not None:
             return view
@@ -288,6 +306,20 @@ class GraphLowering:
         stride = indexing.contiguous_strides(value.size)
         self.env[node] = strided_load(name, value.size, stride, value.dtype)
         return ir.TensorArg(name, value.size, stride)
+
+    def realize_base_of_view(self, node: Node) -> bool:
+        """Realize the nearest node that ``node`` views (through a chain of views) and that
+        has other users too, then lower the chain again on top of it (see the Note)."""
+        chain = [node]
+        while chain[-1] in self.view_base and (chain[-1] is node or len(chain[-1].users) < 2):
+            chain.append(self.view_base[chain[-1]])
+        base = chain[-1]
+        if base is node or len(base.users) < 2 or as_strided_view(self.env[base]) is not None:
+            return False
+        self.realize(base, through_views=False)
+        for view in reversed(chain[:-1]):
+            self.prim(view)
+        return True
 
     def make_reduction(self, size, reduction_size, reduction_type, dtype, body, origins):
         name = self.new_name()
@@ -301,6 +333,14 @@ class GraphLowering:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def _costly_to_inline(value: TensorValue) -> bool:
+    """Would each user that inlines ``value`` recompute or re-read too much (see the Note)?"""
+    if tree_size(value.body, REALIZE_THRESHOLD) > REALIZE_THRESHOLD:
+        return True
+    reads = {e.buffer for e in ir.walk(value.body) if isinstance(e, ir.Load)}
+    return len(reads) > REALIZE_READS_THRESHOLD
+
+
 def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
     """The inputs' device; for a graph without inputs, the device its creation prims name."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
