@@ -302,17 +302,23 @@ def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
 
 # --- kernels -------------------------------------------------------------------------------------
 def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
+    # The store of a reduction's result waits until a statement other than a Reduce comes, so
+    # that consecutive reductions share one pass over r (LayerNorm's weight and bias gradients
+    # read the incoming gradient once); safe, since no statement of a kernel loads a buffer
+    # the kernel writes (see [Note: fusion]).
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
+    pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
         if isinstance(e.node, Reduction):
             local = ir.Local(_local_name(e.node), e.node.dtype)
             reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
             statements.append((True, reduce))
             if e.node.name in stored:
-                statements.append((False, ir.Store(e.node.name, e.position, local)))
+                pending.append((False, ir.Store(e.node.name, e.position, local)))
         elif e.node.name in stored:
-            statements.append((e.over_r, ir.Store(e.node.name, e.position, e.value)))
-    loops = _split_loops(statements)
+            statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
+            pending = []
+    loops = _split_loops(statements + pending)
     origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
     return ir.Kernel(
         name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins
