@@ -276,3 +276,9 @@ def symbolic_int(mode, value: int, name: str):  # capture/output_graph.py: a dyn
     env, source = mode.shape_env, ConstantSource(name)
     symbol = env.create_symbol(value, source, DimDynamic.DYNAMIC)
     return env.create_symintnode(symbol, hint=value, source=source)
+
+
+def assert_async(condition, message: str) -> None:  # prims/decomp_table.py: a check on the GPU
+    """Assert a one-element bool tensor on its device, without waiting for it (CUDA: a
+    device-side assert, as eager's own index checks)."""
+    torch._assert_async(condition, message)

@@ -1,5 +1,8 @@
 """Embedding's decomposition keeps eager's errors and its inf/NaN placement."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,3 +53,37 @@ def test_nan_and_infinities_of_the_gradient_land_where_eager_puts_them(backend):
     (got,) = torch.autograd.grad(out, weight, grad)
     (expected,) = torch.autograd.grad(ref, weight, grad)
     torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_the_index_check_on_a_gpu_does_not_wait_for_the_gpu():
+    weight = torch.randn(10, 4, device="cuda")
+    indices = torch.tensor([[1, 3], [0, 9]], device="cuda")
+    compiled = toycomp.compile(embed, backend="triton")
+    expected = embed(indices, weight)
+    torch.testing.assert_close(compiled(indices, weight), expected)  # compiles, syncs
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation now raises
+    try:
+        out = compiled(indices, weight)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(out, expected)
+
+
+@needs_cuda
+def test_an_index_out_of_range_on_a_gpu_is_a_device_side_assert_as_in_eager():
+    # A device-side assert leaves the CUDA context unusable: run it in a process of its own.
+    code = (
+        "import torch, toycomp, torch.nn.functional as F\n"
+        "f = toycomp.compile(lambda i, w: F.embedding(i, w).sin(), backend='triton')\n"
+        "w = torch.randn(10, 4, device='cuda')\n"
+        "f(torch.tensor([1, 9], device='cuda'), w)\n"
+        "f(torch.tensor([1, 10], device='cuda'), w)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "device-side assert" in run.stderr or "index out of range" in run.stderr

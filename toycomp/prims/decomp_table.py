@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import torch
 
+from toycomp._torch_compat import assert_async
+
 aten = torch.ops.aten
 
 # [Note: extern ops]
@@ -57,10 +59,15 @@ SDPA_OPS: frozenset[Any] = frozenset(
 # returns zeros for an index out of range, where eager raises IndexError. Such checks are small
 # custom ops (torch.library, a stable API) that the decomposition calls as externs: the check
 # runs in the compiled code and raises eager's error; the value passes through.
+# On a GPU, eager checks on the device (a failed index is a "device-side assert" reported at
+# the next synchronisation): reading the verdict back to the host would stall every step until
+# the GPU caught up, so the check there is an asynchronous assert too.
 @torch.library.custom_op("toycomp::check_indices", mutates_args=())
 def check_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
     """A copy of ``indices`` once each is known to lie in ``[0, size)`` (else IndexError)."""
-    if indices.numel() and bool(((indices < 0) | (indices >= size)).any()):
+    if indices.is_cuda:
+        assert_async(((indices >= 0) & (indices < size)).all(), "index out of range in self")
+    elif indices.numel() and bool(((indices < 0) | (indices >= size)).any()):
         raise IndexError("index out of range in self")
     return indices.clone()  # a custom op may not return its input itself
 
