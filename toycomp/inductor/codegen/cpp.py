@@ -3,9 +3,10 @@
 Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cpp`` and called
 through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
-loop per ``ir.Loop`` that runs over the reduced elements; loops are ``omp simd`` and float
-``sin``/``exp``/... call glibc's vector math, one implementation for every element of every
-kernel (see [Note: vectorised libm]). For
+loop per ``ir.Loop`` that runs over the reduced elements, or, for a reduction over columns, a
+loop over tiles of outputs with ``rindex`` outside (cpp_reduction.py says which and how);
+loops are ``omp simd`` and float ``sin``/``exp``/... call glibc's vector math, one
+implementation for every element of every kernel (see [Note: vectorised libm]). For
 ``sin(x)**2 + cos(x)**2`` on 4M floats (the scheduled kernel that ``toycomp.explain`` keeps)::
 
     >>> import torch, toycomp
@@ -53,9 +54,8 @@ from typing import Callable
 import sympy
 import torch
 
-import toycomp.prims as prims
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.codegen import libmvec
+from toycomp.inductor.codegen import cpp_reduction, cpp_row_buffers, libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
@@ -79,8 +79,6 @@ CPP_TYPES = {
 # then decided at run time, by an OpenMP ``if(parallel: 4*s0 >= 16384)`` clause. ``omp simd``
 # loops stay vectorised: GCC emits a vector body and a scalar tail for the last iterations, as
 # it does for a static size that is no multiple of the vector width.
-# When a kernel has a single row (numel == 1), parallelise its r loops instead, from this size.
-PARALLEL_REDUCTION_MIN_RNUMEL = 4096
 # Smaller kernels (numel * rnumel elements) run on one core: starting OpenMP's threads costs
 # microseconds, more than the work of a small pointwise kernel (the MLP's bias + GELU, say).
 PARALLEL_MIN_ELEMENTS = 16384
@@ -177,14 +175,6 @@ CPP_OPS: dict[str, Callable[..., str]] = {
     "convert_element_type": cpp_convert,
 }
 
-# Reduce -> (OpenMP reduction identifier, accumulation statement)
-_REDUCTIONS = {
-    ir.ReductionType.SUM: ("+", "{acc} = {acc} + {value};"),
-    ir.ReductionType.MAX: ("max_nan", "{acc} = max_propagate_nan({acc}, {value});"),
-    ir.ReductionType.MIN: ("min_nan", "{acc} = min_propagate_nan({acc}, {value});"),
-}
-
-
 class CppPrinter(IndexPrinter):
     floordiv = "/"  # indices are non-negative int64_t: C's truncation is floor division
 
@@ -194,12 +184,15 @@ class CppKernelCodegen(KernelCodegen):
 
     ops = CPP_OPS
     printer = CppPrinter()
+    ctype = staticmethod(cpp_type)
 
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
+        self.column = cpp_reduction.use_column_layout(kernel)
+        self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """float ``sin``/``exp``/... call ``toycomp_sinf``/``toycomp_expf``: one implementation
@@ -225,16 +218,10 @@ class CppKernelCodegen(KernelCodegen):
         self.stores.writeline(f"{self.args[buffer]}[{self.print_index(index)}] = {value};")
 
     def reduce(self, red: ir.Reduce, value: str) -> None:
-        acc, dtype = self.locals[red.name], compute_dtype(red.dtype)
-        if compute_dtype(red.value.dtype) != dtype:
-            value = self.cast(value, red.value.dtype, red.dtype)
-        identity = self.constant(prims.reduction_identity(red.reduction_type.value, dtype), dtype)
-        self.prefix.writeline(f"{cpp_type(dtype)} {acc} = {identity};")
-        clause, update = _REDUCTIONS[red.reduction_type]
-        self.stores.writeline(update.format(acc=acc, value=value))
-        self.loop_reductions.append(f"{clause}:{acc}")
-        if clause != "+":
-            self.declared_reductions.add((clause, dtype))
+        if self.column:
+            cpp_reduction.reduce_column(self, red, value)
+        else:
+            cpp_reduction.reduce_row(self, red, value)
 
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
         dtype = compute_dtype(dtype or _literal_dtype(value))
@@ -265,39 +252,79 @@ class CppKernelCodegen(KernelCodegen):
     # --- layout ----------------------------------------------------------------------------------
     def codegen_kernel(self) -> str:
         k = self.kernel
-        body = IndentedBuffer()
-        parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
-        parallel_r = None
-        if indexing.known_equal(k.numel, 1):
-            parallel_r = self.parallel_if(k.rnumel, PARALLEL_REDUCTION_MIN_RNUMEL)
-        for loop in k.loops:
-            self.codegen_loop_code(body, loop, parallel_r)
+        parts = cpp_reduction.split_by_layout(k)  # see [Note: a kernel of rows and columns]
+        if len(parts) == 1:
+            functions = [self.codegen_function(k.name, self.codegen_body())]
+        else:
+            functions, calls = [], IndentedBuffer()
+            for part in parts:
+                cg = CppKernelCodegen(part)
+                functions.append(cg.codegen_function(part.name, cg.codegen_body(), "static "))
+                self.vector_math.update(cg.vector_math)
+                self.declared_reductions.update(cg.declared_reductions)
+                args = [self.args[b] for b in cg.args] + list(map(str, part.size_symbols()))
+                calls.writeline(f"{part.name}({', '.join(args)});")
+            functions.append(self.codegen_function(k.name, calls))
         code = IndentedBuffer()
         code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
         for fn, arity in sorted(self.vector_math.items()):
             code.writelines(_declare_vector_math(fn, arity))
         for clause, dtype in sorted(self.declared_reductions, key=str):
-            code.writeline(_declare_reduction(clause, dtype, self))
-        code.writeline(f'extern "C" void {k.name}({self.signature()})')
+            code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
+        return PREAMBLE + "\n" + code.getvalue() + "".join(functions)
+
+    def codegen_function(self, name: str, body: IndentedBuffer, linkage='extern "C" ') -> str:
+        code = IndentedBuffer()
+        code.writeline(f"{linkage}void {name}({self.signature()})")
         code.writeline("{")
         with code.indent():
-            if indexing.known_equal(k.numel, 1):
-                code.writeline("const int64_t xindex = 0;")
-                code.splice(body)
-            else:
-                # A pointwise kernel's x loop is its only loop: vectorise it too.
-                simd = all(not loop.over_r and _independent_iterations(loop) for loop in k.loops)
-                pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
-                if pragma:
-                    code.writeline(f"#pragma omp {pragma}{parallel or ''}")
-                numel = self.print_index(k.numel)
-                code.writeline(f"for (int64_t xindex = 0; xindex < {numel}; xindex++)")
-                code.writeline("{")
-                with code.indent():
-                    code.splice(body)
-                code.writeline("}")
+            code.splice(body)
         code.writeline("}")
-        return PREAMBLE + "\n" + code.getvalue()
+        return code.getvalue()
+
+    def codegen_body(self) -> IndentedBuffer:
+        k = self.kernel
+        parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
+        if self.column:  # see [Note: row and column reductions] in cpp_reduction.py
+            return cpp_reduction.codegen_column_body(self, parallel)
+        return self.codegen_row_body(parallel)
+
+    def codegen_row_body(self, parallel: str | None) -> IndentedBuffer:
+        """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
+        k, body = self.kernel, IndentedBuffer()
+        parallel_r = None
+        if indexing.known_equal(k.numel, 1):
+            parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
+        kept = cpp_row_buffers.RowBuffers(k)  # see [Note: a row's costly values, kept]
+        kept.declare(self, body)
+        for i, loop in enumerate(k.loops):
+            self.new_sections()
+            self.loop_reductions = []
+            kept.before_loop(self, i)
+            self.codegen_loop(loop)
+            kept.after_loop(self, i)
+            if loop.over_r:
+                cpp_reduction.codegen_row_loop(self, body, loop, parallel_r)
+            else:
+                for section in (self.loads, self.compute, self.stores):
+                    body.splice(section)
+        code = IndentedBuffer()
+        if indexing.known_equal(k.numel, 1):
+            code.writeline("const int64_t xindex = 0;")
+            code.splice(body)
+            return code
+        # A pointwise kernel's x loop is its only loop: vectorise it too.
+        independent = cpp_reduction.independent_iterations
+        simd = all(not loop.over_r and independent(loop) for loop in k.loops)
+        pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
+        if pragma:
+            code.writeline(f"#pragma omp {pragma}{parallel or ''}")
+        code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
+        code.writeline("{")
+        with code.indent():
+            code.splice(body)
+        code.writeline("}")
+        return code
 
     def parallel_if(self, elements, minimum: int) -> str | None:
         """Whether a loop over ``elements`` runs on all cores: None (no), "" (yes), or, when
@@ -306,30 +333,6 @@ class CppKernelCodegen(KernelCodegen):
         if indexing.is_static(elements):
             return "" if elements >= minimum else None
         return f" if(parallel: {self.print_index(elements)} >= {minimum})"
-
-    def codegen_loop_code(self, body: IndentedBuffer, loop: ir.Loop, parallel_r) -> None:
-        self.new_sections()
-        self.loop_reductions = []
-        self.codegen_loop(loop)
-        if not loop.over_r:
-            for section in (self.loads, self.compute, self.stores):
-                body.splice(section)
-            return
-        body.splice(self.prefix)
-        clauses = "".join(f" reduction({c})" for c in self.loop_reductions)
-        if parallel_r is not None:
-            simd = " simd" if clauses else ""
-            body.writeline(f"#pragma omp parallel for{simd}{clauses}{parallel_r}")
-        elif clauses or _independent_iterations(loop):
-            body.writeline(f"#pragma omp simd{clauses}")
-        rnumel = self.print_index(self.kernel.rnumel)
-        body.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
-        body.writeline("{")
-        with body.indent():
-            for section in (self.loads, self.compute, self.stores):
-                body.splice(section)
-        body.writeline("}")
-        body.splice(self.suffix)
 
     def signature(self) -> str:
         writes = set(self.kernel.writes())
@@ -349,16 +352,6 @@ def _ctype(arg: str) -> type:
     return ctypes.c_double if arg.startswith("f") else ctypes.c_int64
 
 
-def _declare_reduction(clause: str, dtype: torch.dtype, cg: CppKernelCodegen) -> str:
-    fn = "max_propagate_nan" if clause == "max_nan" else "min_propagate_nan"
-    name = "amax" if clause == "max_nan" else "amin"
-    init = cg.constant(prims.reduction_identity(name, dtype), dtype)
-    return (
-        f"#pragma omp declare reduction({clause} : {cpp_type(dtype)} : "
-        f"omp_out = {fn}(omp_out, omp_in)) initializer(omp_priv = {init})"
-    )
-
-
 def _declare_vector_math(fn: str, arity: int) -> list[str]:
     """``sinf`` -> ``toycomp_sinf``: glibc's vector sinf where cache.py defines
     ``TOYCOMP_SIMD_sinf`` (and PREAMBLE can use it), else the scalar sinf."""
@@ -373,16 +366,6 @@ def _declare_vector_math(fn: str, arity: int) -> list[str]:
     ]
 
 
-def _independent_iterations(loop: ir.Loop) -> bool:
-    """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
-    stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
-    stored = {buffer for buffer, _ in stores}
-    for e in ir.walk(*(stmt.value for stmt in loop.body)):
-        if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
-            return False
-    return True
-
-
 def _literal_dtype(value: ir.Number) -> torch.dtype:
     """The C type a number with no dtype of its own is written in: ``bool``, ``int64_t``, or
     ``float`` for any Python float (``2.0f``). Not ``tensor_utils.python_number_dtype`` on
@@ -395,7 +378,7 @@ def _literal_dtype(value: ir.Number) -> torch.dtype:
 # --- compile and call -------------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
-    cg = CppKernelCodegen(kernel)
+    cg = CppKernelCodegen(cpp_reduction.merge_reduction_loops(kernel))
     source = cg.codegen_kernel()
     args = [f"{buffer}.data_ptr()" for buffer in cg.args]
     args += [str(s) for s in kernel.size_symbols()]  # dynamic shapes: the sizes, at call time

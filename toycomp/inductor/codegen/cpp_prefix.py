@@ -1,10 +1,11 @@
 """Stage 4c (C++ backend): the preamble every C++ kernel's source starts with.
 
 Input -> output: nothing -> C++ text (``PREAMBLE``) that ``cpp.py`` puts before each kernel: the
-includes, NaN-propagating ``max``/``min``, bfloat16 conversions, ``fp-contract=off`` (see
-[Note: one rounding per op] in cpp.py), and the ``TOYCOMP_SAME_LIBM_1``/``_2`` macros through which
-a kernel calls float ``sinf``/``expf``/... (see [Note: vectorised libm] in cpp.py). A kernel that
-calls ``sinf`` writes ``TOYCOMP_SAME_LIBM_1(sinf)`` after it and calls ``toycomp_sinf``::
+includes (``<algorithm>`` for the column layout's ``std::min``), NaN-propagating ``max``/``min``,
+bfloat16 conversions, ``fp-contract=off`` (see [Note: one rounding per op] in cpp.py), and the
+``TOYCOMP_SAME_LIBM_1``/``_2`` macros through which a kernel calls float ``sinf``/``expf``/...
+(see [Note: vectorised libm] in cpp.py). A kernel that calls ``sinf`` writes
+``TOYCOMP_SAME_LIBM_1(sinf)`` after it and calls ``toycomp_sinf``::
 
     >>> "TOYCOMP_SAME_LIBM_1(fn)" in PREAMBLE and "fp-contract=off" in PREAMBLE
     True
@@ -96,7 +97,8 @@ inline void toycomp_store(float* p, toycomp_vec v, int n) {
 #endif
 """
 
-PREAMBLE = r"""#include <cmath>
+PREAMBLE = r"""#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
