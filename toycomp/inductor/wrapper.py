@@ -19,13 +19,18 @@ Input IR -> output: the scheduler's kernels, extern calls and buffers -> readabl
         a, w = args
         check_input(a, (8, 16), (16, 1), torch.float32, device, 'a')
         check_input(w, (16, 4), (4, 1), torch.float32, device, 'w')
-        buf0 = aten.mm.default(a, w)
+        buf0 = empty_strided((8, 4), (4, 1), dtype=torch.float32, device=device)
+        buf0 = aten.mm.out(a, w, out=buf0)
         buf0 = check_extern(buf0, (8, 4), (4, 1), torch.float32, 'buf0')
-        buf1 = empty_strided((8, 4), (4, 1), dtype=torch.float32, device=device)
+        buf1 = buf0  # reuse in place
         kernel_0(buf0.data_ptr(), buf1.data_ptr())
         del buf0
         return (buf1,)
     <BLANKLINE>
+
+The matmul writes into a buffer the wrapper allocated (``out=``), and the relu kernel writes
+its result over the matmul's, which it reads at the same index and which is dead after it:
+``memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
 
 ``compile_graph(scheduled, backend="cpp")`` does the same, then compiles the kernels and
 ``exec``-s this source: ``compiled([a, w])`` returns ``[relu(a @ w)]``.
@@ -55,6 +60,7 @@ import sympy
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, IndexPrinter
+from toycomp.inductor.memory_planning import plan_memory
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
     cdiv,
@@ -106,13 +112,17 @@ class CompiledGraph:
         return "\n".join(lines)
 
 
-def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
+def compile_graph(
+    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool = True
+) -> CompiledGraph:
     """Generate kernels and the wrapper for ``scheduled``; compile and load everything.
 
     Args:
         scheduled: the scheduler's result.
         backend: ``"cpp"`` (CPU tensors only) or ``"triton"`` (CUDA, or CPU via Triton's
             interpreter).
+        memory_planning: reuse dead buffers and write matmuls into planned buffers (see
+            [Note: memory planning] in memory_planning.py); False allocates every buffer.
 
     Returns:
         A ``CompiledGraph`` mapping a list of input tensors to the list of outputs.
@@ -122,7 +132,7 @@ def compile_graph(scheduled: ir.ScheduledGraph, backend: str) -> CompiledGraph:
     kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
     generate = cpp.generate if backend == "cpp" else triton.generate
     generated = [generate(k) for k in kernels]
-    source = WrapperCodegen(scheduled, generated).generate()
+    source = WrapperCodegen(scheduled, generated, memory_planning).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
@@ -171,8 +181,14 @@ def _load_kernels(
 class WrapperCodegen:
     """Writes the ``call(args)`` function for one ``ScheduledGraph``."""
 
-    def __init__(self, scheduled: ir.ScheduledGraph, generated: list[GeneratedKernel]) -> None:
+    def __init__(
+        self,
+        scheduled: ir.ScheduledGraph,
+        generated: list[GeneratedKernel],
+        memory_planning: bool = True,
+    ) -> None:
         self.graph = scheduled
+        self.memory_planning = memory_planning
         self.calls = {g.name: g.call for g in generated}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.constants = {c.name for c in scheduled.constants}
@@ -215,15 +231,16 @@ class WrapperCodegen:
                 where = "device" if here else self._render(b.device)
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
-            last_use = self._last_uses()
+            self.plan = plan_memory(self.graph, self._last_uses(), self.memory_planning)
             for i, step in enumerate(self.graph.steps):
-                self._allocate_for(code, step, allocs)
+                for line in self.plan.before[i]:  # [Note: memory planning]
+                    allocs.pop(line.name, None)
+                    code.writeline(line.codegen(render_tuple))
                 code.writelines(self._step_line(step).split("\n"))
                 if isinstance(step, ir.ExternKernel):
                     code.writelines(_check_extern_lines(step))
-                dead = [b for b, j in last_use.items() if j == i]
-                if dead:
-                    code.writeline(f"del {', '.join(dead)}")
+                if self.plan.after[i] is not None:
+                    code.writeline(self.plan.after[i].codegen())
             for name, a in allocs.items():  # written by no step (e.g. empty outputs)
                 code.writeline(_empty(a))
             strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
@@ -231,19 +248,14 @@ class WrapperCodegen:
             code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
         return code.getvalue()
 
-    def _allocate_for(self, code: IndentedBuffer, step: Any, allocs: dict) -> None:
-        """Allocate each buffer right before the first step that writes it."""
-        writes = step.writes() if isinstance(step, ir.Kernel) else ()
-        for name in writes:
-            if name in allocs:
-                code.writeline(_empty(allocs.pop(name)))
-
     def _step_line(self, step: ir.Kernel | ir.ExternKernel) -> str:
         if isinstance(step, ir.Kernel):
             return self.calls[step.name]
         target = extern_name(step.kernel)
         args = [self._render(a) for a in step.args]
         args += [f"{k}={self._render(v)}" for k, v in step.kwargs]
+        if step.name in self.plan.out_variants:  # writes into its planned buffer
+            target, args = self.plan.out_variants[step.name], [*args, f"out={step.name}"]
         return f"{step.name} = {target}({', '.join(args)})"
 
     def _output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:
