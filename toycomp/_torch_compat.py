@@ -282,3 +282,9 @@ def assert_async(condition, message: str) -> None:  # prims/decomp_table.py: a c
     """Assert a one-element bool tensor on its device, without waiting for it (CUDA: a
     device-side assert, as eager's own index checks)."""
     torch._assert_async(condition, message)
+
+
+def clear_saved_tensors(ctx) -> None:  # aot/runtime_wrappers.py: free saved values in backward
+    """Drop an autograd.Function node's saved tensors once its backward has read them, unless
+    the graph is retained (AOTAutograd's ``ctx.maybe_clear_saved_tensors()``)."""
+    ctx.maybe_clear_saved_tensors()

@@ -15,7 +15,7 @@ import torch
 import toycomp
 import toycomp.pipeline as pipeline
 from benchmarks.timing import cpu_peak_memory_bytes
-from toycomp.inductor import indexing, memory_planning, wrapper
+from toycomp.inductor import memory_planning, wrapper
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,
@@ -264,3 +264,33 @@ def test_training_step_peak_is_lower_than_unplanned(monkeypatch):
     planned, unplanned = peak(True), peak(False)
     one_buffer = batch * hidden * 4  # less 1%: the two peaks fall a weight gradient apart
     assert unplanned - planned >= 0.99 * one_buffer, (planned, unplanned)
+
+
+def test_backward_frees_saved_values_yet_retain_graph_works():
+    """The backward wrapper deletes each saved value after its last use (``args.clear()``,
+    then ``del``); with ``retain_graph=True`` autograd keeps them, so a second backward
+    gives eager's gradients again (accumulated), and without it a second backward fails as
+    eager's does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    inp = torch.randn(16, 8)
+    explanation = toycomp.explain(model, inp, backend="cpp")
+    backward = [g for g in explanation.entry.graphs if g.name == "backward"][0]
+    source = backward.compiled.wrapper_source
+    assert "args.clear()" in source and "addmm" in source.split("args.clear()")[1], source
+    assert any(line.strip().startswith("del ") and "addmm" in line
+               for line in source.splitlines()), source  # fmt: skip
+
+    def twice(fn, retain):
+        model.zero_grad(set_to_none=True)
+        out = fn(inp).square().sum()
+        out.backward(retain_graph=retain)
+        out.backward()
+        return [p.grad for p in model.parameters()]
+
+    for got, want in zip(twice(toycomp.compile(model, backend="cpp"), True), twice(model, True)):
+        check(got, want)
+    with pytest.raises(RuntimeError, match="second time"):
+        twice(model, False)
+    with pytest.raises(RuntimeError, match="second time"):
+        twice(toycomp.compile(model, backend="cpp"), False)

@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from toycomp._torch_compat import clear_saved_tensors
 from toycomp.aot.functional_utils import copy_like, storage_key
 from toycomp.symbolic_shapes import SymbolicInputs, symbolic_inputs
 from toycomp.tensor_utils import same_strides
@@ -113,8 +114,11 @@ class CompiledFunction(torch.autograd.Function):
         tangents = [_offset_free(grad_outputs[i].contiguous()) for i in aot.diff_outputs]
         if torch.is_grad_enabled():  # create_graph=True: see [Note: double backward]
             grads = list(CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents))
-        else:
-            grads = list(aot.compiled_backward(saved + tangents))
+        else:  # the backward may free each saved value once dead: hand over our references
+            args, saved, tangents, tensors = saved + tangents, [], [], iter(())
+            clear_saved_tensors(ctx)  # (kept when retain_graph=True)
+            boxed = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)
+            grads = list(boxed(args))
         result: list[torch.Tensor | None] = [None] * len(aot.requires_grad)
         for index, grad in zip(aot.grad_inputs, grads):
             result[index] = grad

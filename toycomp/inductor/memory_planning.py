@@ -33,12 +33,14 @@ import sympy
 
 from toycomp.inductor import ir
 
-__all__ = ["AllocateLine", "FreeIfNotReusedLine", "MemoryPlan", "ReuseLine", "plan_memory"]
+__all__ = [
+    "AllocateLine", "FreeIfNotReusedLine", "MemoryPlan", "ReuseLine", "last_uses", "plan_memory"
+]
 
 # [Note: memory planning]
 # Every intermediate buffer lives from the step that first writes it to the step that last
-# reads it (``WrapperCodegen._last_uses``); after that, ``del bufN`` hands its memory back to
-# PyTorch's allocator. The plan does better in three ways, each only where it is safe:
+# reads it (``last_uses``); after that, ``del bufN`` hands its memory back to PyTorch's
+# allocator. The plan does better in four ways, each only where it is safe:
 #
 # 1. Reuse. A later allocation with the same dtype and the same storage size in bytes (with
 #    dynamic shapes, the same size expression: ``4*s0`` equals ``4*s0``, never "probably") takes
@@ -53,6 +55,12 @@ __all__ = ["AllocateLine", "FreeIfNotReusedLine", "MemoryPlan", "ReuseLine", "pl
 # 3. ``out=``. An extern matmul (``aten.mm``, ``aten.bmm``) whose result is contiguous writes
 #    into a planned buffer through its out variant, so its result can be reused and reuse an
 #    earlier dead buffer too; ``check_extern`` still checks what the call returned.
+# 4. Inputs. ``call(args)`` empties ``args`` after unpacking it and deletes each input after
+#    its last use. That frees nothing while the caller holds the tensor (a parameter, the
+#    user's input), but the AOT backward hands over the activations the forward saved
+#    (``CompiledGraph.call_boxed``, after clearing the autograd node's saved tensors): the
+#    MLP's saved ``addmm`` is freed before its weight gradients are allocated, as eager's
+#    autograd frees a node's saved tensors once the node has run. Inputs are never reused.
 #
 # A buffer is never given away when something may still see its memory:
 # - a graph input, a constant or a graph output (they outlive the call: never in ``last_use``);
@@ -140,6 +148,22 @@ class MemoryPlan:
 
     def reuses(self) -> list[ReuseLine]:
         return [line for lines in self.before for line in lines if isinstance(line, ReuseLine)]
+
+
+def last_uses(graph: ir.ScheduledGraph, keep: set[str]) -> dict[str, int]:
+    """Step index after which each buffer is dead: its last read or write by a kernel, or its
+    last mention by an extern call. Outputs and the names in ``keep`` are never dead (a
+    ``del`` of a constant would make it a local of ``call``)."""
+    keep = keep | {o.buffer for o in graph.outputs if isinstance(o, ir.TensorArg)}
+    last: dict[str, int] = {}
+    for i, step in enumerate(graph.steps):
+        if isinstance(step, ir.Kernel):
+            used = [*step.reads(), *step.writes()]
+        else:
+            used = [step.name, *step.buffers(), *_tensor_args((step.args, step.kwargs))]
+        for name in used:
+            last[name] = i
+    return {b: i for b, i in last.items() if b not in keep}
 
 
 def plan_memory(

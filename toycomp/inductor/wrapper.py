@@ -17,11 +17,13 @@ Input IR -> output: the scheduler's kernels, extern calls and buffers -> readabl
     # toycomp wrapper (2 steps on cpu)
     def call(args):
         a, w = args
+        args.clear()
         check_input(a, (8, 16), (16, 1), torch.float32, device, 'a')
         check_input(w, (16, 4), (4, 1), torch.float32, device, 'w')
         buf0 = empty_strided((8, 4), (4, 1), dtype=torch.float32, device=device)
         buf0 = aten.mm.out(a, w, out=buf0)
         buf0 = check_extern(buf0, (8, 4), (4, 1), torch.float32, 'buf0')
+        del a, w
         buf1 = buf0  # reuse in place
         kernel_0(buf0.data_ptr(), buf1.data_ptr())
         del buf0
@@ -31,6 +33,8 @@ Input IR -> output: the scheduler's kernels, extern calls and buffers -> readabl
 The matmul writes into a buffer the wrapper allocated (``out=``), and the relu kernel writes
 its result over the matmul's, which it reads at the same index and which is dead after it:
 ``memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
+``args.clear()`` and ``del a, w`` free the inputs once dead when the caller hands them over
+(``CompiledGraph.call_boxed``: the AOT backward does, for the saved activations).
 
 ``compile_graph(scheduled, backend="cpp")`` does the same, then compiles the kernels and
 ``exec``-s this source: ``compiled([a, w])`` returns ``[relu(a @ w)]``.
@@ -60,7 +64,7 @@ import sympy
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, IndexPrinter
-from toycomp.inductor.memory_planning import plan_memory
+from toycomp.inductor.memory_planning import last_uses, plan_memory
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
     cdiv,
@@ -102,6 +106,12 @@ class CompiledGraph:
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.fn(list(inputs)))
+
+    def call_boxed(self, args: list) -> list[torch.Tensor]:
+        """Call it with a list it may empty: the wrapper clears ``args``, so an input whose
+        last use has passed is freed, unless the caller holds it (the AOT backward hands over
+        the saved activations this way; PyTorch's "boxed" calling convention)."""
+        return list(self.fn(args))
 
     def __repr__(self) -> str:
         lines = [f"CompiledGraph(backend={self.backend!r}, device={str(self.device)!r})"]
@@ -218,6 +228,8 @@ class WrapperCodegen:
         with code.indent():
             names = [b.name for b in self.graph.inputs]
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
+            if names and self.memory_planning:  # see call_boxed
+                code.writeline("args.clear()")
             for symbol, source in self.symbols.items():  # dynamic shapes: the sizes of this call
                 code.writeline(f"{symbol} = {source}")
             used = _scalars_used(self.graph)
@@ -231,7 +243,11 @@ class WrapperCodegen:
                 where = "device" if here else self._render(b.device)
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
-            self.plan = plan_memory(self.graph, self._last_uses(), self.memory_planning)
+            keep = {b.name for b in self.graph.inputs} | self.constants
+            if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
+                keep -= {b.name for b in self.tensor_inputs}
+            last = last_uses(self.graph, keep)
+            self.plan = plan_memory(self.graph, last, self.memory_planning)
             for i, step in enumerate(self.graph.steps):
                 for line in self.plan.before[i]:  # [Note: memory planning]
                     allocs.pop(line.name, None)
@@ -268,21 +284,6 @@ class WrapperCodegen:
         if arg.buffer in self.constants:  # a fresh tensor per call, as eager returns
             return f"{self._view(arg)}.clone()"
         return self._view(arg)
-
-    def _last_uses(self) -> dict[str, int]:
-        """Step index after which each intermediate buffer is dead (outputs, inputs and
-        constants never: a ``del`` of a constant would make it a local of ``call``)."""
-        keep = {b.name for b in self.graph.inputs} | self.constants
-        keep |= {o.buffer for o in self.graph.outputs if isinstance(o, ir.TensorArg)}
-        last: dict[str, int] = {}
-        for i, step in enumerate(self.graph.steps):
-            if isinstance(step, ir.Kernel):
-                used = [*step.reads(), *step.writes()]
-            else:
-                used = [step.name, *step.buffers(), *_tensor_args((step.args, step.kwargs))]
-            for name in used:
-                last[name] = i
-        return {b: i for b, i in last.items() if b not in keep}
 
     def _view(self, arg: ir.TensorArg) -> str:
         size, stride = tuple(arg.size), tuple(arg.stride)
@@ -327,14 +328,6 @@ def _check_extern_lines(step: ir.ExternKernel) -> list[str]:
 
 def _unpack(names: list[str]) -> str:
     return f"{names[0]}," if len(names) == 1 else ", ".join(names)
-
-
-def _tensor_args(value: Any) -> list[str]:
-    if isinstance(value, ir.TensorArg):
-        return [value.buffer]
-    if isinstance(value, (list, tuple)):
-        return [b for v in value for b in _tensor_args(v)]
-    return []
 
 
 def _empty(a: ir.AllocatedBuffer) -> str:
