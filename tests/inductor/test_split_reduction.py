@@ -50,6 +50,8 @@ CASES = {  # name: (fn, make inputs)
     "prime rows": (lambda t: t.sum(0), lambda: [torch.randn(1031, 8)]),
     "size 1": (lambda t: t.sum(0), lambda: [torch.randn(1, 4096)]),
     "size 0": (lambda t: t.sum(0), lambda: [torch.randn(0, 8)]),
+    "no outputs": (lambda t: t.sum(0), lambda: [torch.randn(16384, 0)]),
+    "no outputs amax": (lambda t: t.amax(1), lambda: [torch.randn(0, 9000)]),
     "softmax dim 0": (lambda t: t.softmax(0), lambda: [torch.randn(600, 8)]),
 }
 

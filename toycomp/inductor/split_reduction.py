@@ -3,14 +3,21 @@
 Input -> output: the lowered buffers -> the same buffers, where a reduction with few outputs
 and a long reduced range is replaced by two: a *partial* reduction over chunks of the range
 (``splits`` partial results per output, its body still the producers' fused pointwise work)
-and a small *finishing* reduction over the partials. A column sum of a 4096 x 4096 matrix::
+and a small *finishing* reduction over the partials. A column sum of a 4096 x 4096 matrix
+becomes 16 partial sums of 256 rows each, then their sum::
 
+    >>> (i0,), (r0,) = indexing.index_vars("i", 1), indexing.index_vars("r", 1)
+    >>> body = ir.Load("a", i0 + 4096 * r0, torch.float32)
+    >>> column_sum = ir.Reduction("buf0", (4096,), (4096,), ir.ReductionType.SUM, torch.float32,
+    ...                           body)
+    >>> column_sum
     buf0[4096] = sum[r<[4096]](load(a, i0 + 4096*r0))
-
-becomes 32 partial sums of 128 rows each, then their sum::
-
-    buf0_split[32, 4096] = sum[r<[128]](load(a, i1 + 524288*i0 + 4096*r0))
-    buf0[4096] = sum[r<[32]](load(buf0_split, i0 + 4096*r0))
+    >>> num_splits(column_sum)  # split reduced dim 0 in 16; the loads are contiguous along i0
+    (0, 16, <ReductionHint.OUTER: 'outer'>)
+    >>> for node in split_reduction(column_sum, 0, 16, ReductionHint.OUTER):
+    ...     print(node)
+    buf0_split[16, 4096] = sum[r<[256]](load(a, 1048576*i0 + i1 + 4096*r0))
+    buf0[4096] = sum[r<[16]](load(buf0_split, i0 + 4096*r0))
 
 ``reduction_hint`` (used here and by triton_heuristics.py to shape the tile) says whether a
 reduction reads memory contiguously along its reduced range (INNER: row sums) or along its
@@ -55,6 +62,10 @@ from toycomp.inductor import indexing, ir
 # only by xmask and rmask), so `splits` divides one reduced dim exactly.
 # How many: about TARGET_PROGRAMS programs for the partial kernel (a few per SM, like
 # Inductor's reduction_split_factor), each reducing at least MIN_CHUNK_{INNER,OUTER} elements.
+# Measured on an H100 (torch.profiler kernel times): the 4096 x 4096 column sum took 133 us as
+# one kernel of one column per program; split in 16 with the [64, 8] tile, 23.7 + 1.4 us
+# (Inductor 24.2 + 2.4, eager 32 us). Targets of 512-4096 programs and chunks of 64-256 rows
+# were within a few percent of these choices; 256 programs was up to 3x slower.
 TARGET_PROGRAMS = 1024
 OUTER_XBLOCK = 64  # outputs per program of an outer reduction (triton_heuristics uses it)
 MIN_CHUNK_OUTER = 128  # rows per partial of a column sum: 16 steps of an 8-row tile
@@ -131,6 +142,8 @@ def num_splits(node: ir.Reduction) -> tuple[int, int, ReductionHint] | None:
     if not all(indexing.is_static(n) for n in sizes) or node.dtype == torch.bool:
         return None
     numel, rnumel = indexing.numel(node.size), indexing.numel(node.reduction_size)
+    if numel == 0 or rnumel == 0:
+        return None  # nothing to spread (an empty sum is a constant already, in lowering)
     hint = node_hint(node)
     if hint == ReductionHint.OUTER:
         programs, min_chunk = -(-numel // OUTER_XBLOCK), MIN_CHUNK_OUTER
