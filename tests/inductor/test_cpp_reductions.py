@@ -1,7 +1,8 @@
 """C++ reductions in both layouts equal eager (issue 9: column reductions, parallel reductions).
 
-See [Note: row and column reductions], [Note: summing in blocks] and [Note: one pass for
-sibling reductions] in toycomp/inductor/codegen/cpp_reduction.py. Eager PyTorch is the oracle
+See [Note: row and column reductions] and [Note: summing in blocks] in
+toycomp/inductor/codegen/cpp_reduction.py, [Note: one pass for sibling reductions] in
+cpp_layout.py, [Note: a row's costly values, kept] in cpp_row_buffers.py. Eager is the oracle
 for values and gradients; the sizes are odd (no multiple of a vector width or of XBLOCK /
 RBLOCK), empty, or one long, and some are symbolic.
 """
@@ -15,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import toycomp
 from toycomp.inductor import ir
-from toycomp.inductor.codegen import cpp, cpp_reduction
+from toycomp.inductor.codegen import cpp, cpp_layout, cpp_reduction
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
 from toycomp.inductor.wrapper import compile_graph
@@ -50,7 +51,7 @@ def check(fn, *args, backward: bool = False, **tolerance):
 def test_column_sum_walks_rows_outside_a_vector_loop_over_outputs():
     """``x.sum(0)``: tiles of XBLOCK outputs, the r loop outside the vectorised tile loop."""
     (kernel,) = compiled_kernels(lambda a: a.sum(0), torch.randn(300, 517))
-    assert cpp_reduction.use_column_layout(kernel)
+    assert cpp_layout.use_column_layout(kernel)
     source = cpp.generate(kernel).source
     body = source[source.index('extern "C"') :]
     assert f"x0 += {cpp_reduction.XBLOCK}" in body
@@ -64,7 +65,7 @@ def test_column_sum_walks_rows_outside_a_vector_loop_over_outputs():
 def test_row_reductions_stay_row_major():
     """A softmax reads rows contiguously: r stays the inner, vectorised loop."""
     (kernel,) = compiled_kernels(lambda a: torch.softmax(a, -1), torch.randn(300, 517))
-    assert not cpp_reduction.use_column_layout(kernel)
+    assert not cpp_layout.use_column_layout(kernel)
     body = cpp.generate(kernel).source.split('extern "C"')[-1]
     assert "reduction(max_nan:amax" in body and "reduction(+:sum" in body
 
@@ -76,9 +77,9 @@ def test_layer_norm_weight_and_bias_gradients_share_one_pass():
         "backward"
     )
     kernels = [s for s in graph.scheduled.steps if isinstance(s, ir.Kernel)]
-    column = [k for k in kernels if cpp_reduction.use_column_layout(k)]
+    column = [k for k in kernels if cpp_layout.use_column_layout(k)]
     assert len(column) == 1
-    merged = cpp_reduction.merge_reduction_loops(column[0])
+    merged = cpp_layout.merge_reduction_loops(column[0])
     r_loops = [loop for loop in merged.loops if loop.over_r]
     assert len(r_loops) == 1 and sum(isinstance(s, ir.Reduce) for s in r_loops[0].body) == 2
 
@@ -160,7 +161,7 @@ def test_symbolic_column_and_row_reductions():
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     scheduled = schedule(lower(decompose(gm, examples), examples))
     kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
-    assert any(cpp_reduction.use_column_layout(k) for k in kernels)
+    assert any(cpp_layout.use_column_layout(k) for k in kernels)
     assert any(k.size_symbols() for k in kernels)
     compiled = compile_graph(scheduled, "cpp")
     for shape in [(1, 1), (300, 517), (3, 257), (600, 2), (2, 2)]:
@@ -188,3 +189,39 @@ def test_kept_values_are_not_confused_with_similar_ones():
 
     check(fn, torch.randn(37, 301))
     check(lambda a: torch.log_softmax(a, -1), torch.randn(37, 301), backward=True)
+
+
+def test_dynamic_layer_norm_and_softmax_gradients_over_batch_sizes():
+    """``dynamic=True``: one compile of each serves batch sizes with odd and tiny row counts;
+    the column sums of the weight and bias gradients run over a symbolic number of rows."""
+    ln = lambda x, w, b: F.layer_norm(x, (37,), w, b)  # noqa: E731
+    sm = lambda x: torch.softmax(x, -1) * x  # noqa: E731
+    compiled_ln = toycomp.compile(ln, backend="cpp", dynamic=True)
+    compiled_sm = toycomp.compile(sm, backend="cpp", dynamic=True)
+    w, b = torch.randn(37, requires_grad=True), torch.randn(37, requires_grad=True)
+    for batch in [300, 1, 17, 2]:
+        x = torch.randn(batch, 37, requires_grad=True)
+        grad = torch.randn(batch, 37)
+        for fn, compiled, inputs in [(ln, compiled_ln, (x, w, b)), (sm, compiled_sm, (x,))]:
+            got = torch.autograd.grad(compiled(*inputs), inputs, grad)
+            want = torch.autograd.grad(fn(*inputs), inputs, grad)
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g, e, rtol=RTOL, atol=ATOL)
+
+
+# --- few outputs, many rows: the rows shared out between threads --------------------------------
+def test_column_reduction_with_few_outputs_shares_rows_between_threads():
+    """A single tile of 48 outputs over 20000 rows: the threads share the row blocks and
+    combine their arrays in thread order (the same bits on every run); NaN still wins."""
+    fn = lambda a: (a.sum(0), a.amax(0), a.amin(0))  # noqa: E731
+    a = torch.randn(20000, 48)
+    a[5, 3], a[19999, 7] = float("nan"), float("nan")
+    (kernel,) = compiled_kernels(fn, a)
+    body = cpp.generate(kernel).source.split('extern "C"')[-1]
+    assert "#pragma omp for schedule(static)" in body and "ordered" in body
+    check(fn, a)
+    compiled = toycomp.compile(fn, backend="cpp")
+    first, again = compiled(a), compiled(a)
+    assert all(torch.equal(f.view(torch.int32), g.view(torch.int32)) for f, g in zip(first, again))
+    ints = torch.randint(-1000, 1000, (20001, 5))
+    check(lambda a: (a.sum(0), a.amax(0)), ints)

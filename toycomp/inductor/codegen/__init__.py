@@ -16,8 +16,10 @@ Files, in reading order:
   printer, and ``KernelCodegen``, which walks a kernel into loads / compute / stores sections;
 * ``cpp_prefix.py``: the C++ text every C++ kernel starts with (helpers, vector libm macros);
 * ``cpp.py``: the C++ backend and its rule table ``CPP_OPS``;
+* ``cpp_layout.py``: the loop order of each part of a C++ reduction kernel (rows or columns);
+  sibling reductions merged, kernels mixing both split;
 * ``cpp_reduction.py``: the loop nests of C++ reductions: row layout, or the column layout
-  (tiles of outputs, r outside); sibling reductions merged, mixed kernels split;
+  (tiles of outputs, r outside);
 * ``cpp_row_buffers.py``: values a row reduction would compute twice, kept in an array;
 * ``triton_helpers.py``: the Triton rule table ``TRITON_OPS`` and its ``tl.*``-only helpers;
 * ``triton_heuristics.py``: Triton block sizes and index dtype (per call with dynamic shapes);

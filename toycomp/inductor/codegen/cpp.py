@@ -4,7 +4,7 @@ Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cp
 through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
 loop per ``ir.Loop`` that runs over the reduced elements, or, for a reduction over columns, a
-loop over tiles of outputs with ``rindex`` outside (cpp_reduction.py says which and how);
+loop over tiles of outputs with ``rindex`` outside (cpp_layout.py: which; cpp_reduction.py: how);
 loops are ``omp simd`` and float ``sin``/``exp``/... call glibc's vector math, one
 implementation for every element of every kernel (see [Note: vectorised libm]). For
 ``sin(x)**2 + cos(x)**2`` on 4M floats (the scheduled kernel that ``toycomp.explain`` keeps)::
@@ -55,7 +55,7 @@ import sympy
 import torch
 
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.codegen import cpp_reduction, cpp_row_buffers, libmvec
+from toycomp.inductor.codegen import cpp_layout, cpp_reduction, cpp_row_buffers, libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
@@ -191,8 +191,9 @@ class CppKernelCodegen(KernelCodegen):
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
-        self.column = cpp_reduction.use_column_layout(kernel)
+        self.column = cpp_layout.use_column_layout(kernel)
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
+        self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """float ``sin``/``exp``/... call ``toycomp_sinf``/``toycomp_expf``: one implementation
@@ -252,7 +253,7 @@ class CppKernelCodegen(KernelCodegen):
     # --- layout ----------------------------------------------------------------------------------
     def codegen_kernel(self) -> str:
         k = self.kernel
-        parts = cpp_reduction.split_by_layout(k)  # see [Note: a kernel of rows and columns]
+        parts = cpp_layout.split_by_layout(k)  # see [Note: a kernel of rows and columns]
         if len(parts) == 1:
             functions = [self.codegen_function(k.name, self.codegen_body())]
         else:
@@ -314,7 +315,7 @@ class CppKernelCodegen(KernelCodegen):
             code.splice(body)
             return code
         # A pointwise kernel's x loop is its only loop: vectorise it too.
-        independent = cpp_reduction.independent_iterations
+        independent = cpp_layout.independent_iterations
         simd = all(not loop.over_r and independent(loop) for loop in k.loops)
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
@@ -378,7 +379,7 @@ def _literal_dtype(value: ir.Number) -> torch.dtype:
 # --- compile and call -------------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
-    cg = CppKernelCodegen(cpp_reduction.merge_reduction_loops(kernel))
+    cg = CppKernelCodegen(cpp_layout.merge_reduction_loops(kernel))
     source = cg.codegen_kernel()
     args = [f"{buffer}.data_ptr()" for buffer in cg.args]
     args += [str(s) for s in kernel.size_symbols()]  # dynamic shapes: the sizes, at call time

@@ -102,6 +102,7 @@ PREAMBLE = r"""#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <omp.h>
 
 // Every op rounds once, as in eager PyTorch (see [Note: one rounding per op] in cpp.py).
 #pragma GCC optimize("fp-contract=off")

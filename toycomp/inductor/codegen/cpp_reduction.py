@@ -1,7 +1,8 @@
 """Stage 4c (C++ backend): the loop nests of reduction kernels, over rows and over columns.
 
 Input -> output: an ``ir.Kernel`` whose loops run over ``r`` (and the ``CppKernelCodegen`` filling
-its sections) -> the C++ loops of its body. Two layouts (see [Note: row and column reductions]):
+its sections) -> the C++ loops of its body, in the layout cpp_layout.py chose for it (see
+[Note: row and column reductions]):
 
 * **row** (``r`` contiguous in memory: a softmax, a LayerNorm's statistics): one ``x`` at a time,
   each ``r`` loop ``omp simd`` with an OpenMP ``reduction`` clause; ``x`` runs on all cores.
@@ -35,14 +36,12 @@ vectorised over the output index, and ``CascadeSumHelper`` for long float sums.
 
 from __future__ import annotations
 
-import dataclasses
-
-import sympy
 import torch
 
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
+from toycomp.inductor.codegen.cpp_layout import independent_iterations
 
 # [Note: row and column reductions]
 # A reduction kernel runs, for each output x, its loops over r. Where the memory it reads lies
@@ -62,9 +61,9 @@ from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
 # over the same tile. Inductor vectorises such a reduction over x too, with one vector (16
 # outputs) per tile and r inner (40 ms for the 4096 x 4096 sum); with the r loop outside and
 # a wider tile, toycomp's reads run along rows as eager's do.
-# The layout is chosen from the indices the r loops read and store that depend on both x and r
-# (those depending on one only are broadcasts, cheap either way): column when more of them
-# have stride 1 in x than in r, row otherwise (a tie, a transpose, stays row). A kernel whose
+# cpp_layout.py chooses the layout from the indices that the r loops read and store and that
+# depend on x and r (those on one only are broadcasts, cheap either way): column when more
+# of them have stride 1 in x than in r, else row (a tie, a transpose, stays row). A kernel whose
 # loops read a buffer they store at another index (iterations not independent) stays row.
 XBLOCK = 256
 
@@ -87,154 +86,6 @@ REDUCTIONS = {
     ir.ReductionType.MAX: ("max_nan", "max_propagate_nan({acc}, {value})"),
     ir.ReductionType.MIN: ("min_nan", "min_propagate_nan({acc}, {value})"),
 }
-
-
-# [Note: one pass for sibling reductions]
-# The scheduler stores a reduction's result right after its loop, so a kernel computing two
-# sums that are both stored (LayerNorm's weight and bias gradients: sum(grad * xhat) and
-# sum(grad) over the batch) comes as `for r: reduce A; once: store A; for r: reduce B; once:
-# store B`, and reads `grad` twice. The store of A only writes memory that no loop of the kernel
-# reads, so it may run after B's loop; then the two r loops are adjacent and, when B does not
-# read A's result (which is only known after A's loop), they are one loop: one pass over
-# `grad`. `merge_reduction_loops` does that before code generation, for both layouts.
-
-
-def merge_reduction_loops(kernel: ir.Kernel) -> ir.Kernel:
-    """``kernel`` with sibling r loops merged (see [Note: one pass for sibling reductions])."""
-    loops = list(kernel.loops)
-    i = 0
-    while i + 2 < len(loops):
-        first, stores, second = loops[i : i + 3]
-        movable = not stores.over_r and all(isinstance(s, ir.Store) for s in stores.body)
-        if first.over_r and second.over_r and movable and not _reads_locals_of(second, first):
-            loops[i : i + 3] = [ir.Loop(True, first.body + second.body), stores]
-        else:
-            i += 1
-    if len(loops) == len(kernel.loops):
-        return kernel
-    return dataclasses.replace(kernel, loops=_merge_adjacent_stores(loops))
-
-
-def _reads_locals_of(loop: ir.Loop, earlier: ir.Loop) -> bool:
-    reduced = {s.name for s in earlier.body if isinstance(s, ir.Reduce)}
-    values = [s.value for s in loop.body]
-    return any(isinstance(e, ir.Local) and e.name in reduced for e in ir.walk(*values))
-
-
-def _merge_adjacent_stores(loops: list[ir.Loop]) -> tuple[ir.Loop, ...]:
-    """Two adjacent once-per-x loops of stores are one loop."""
-    merged: list[ir.Loop] = []
-    for loop in loops:
-        if merged and not loop.over_r and not merged[-1].over_r:
-            merged[-1] = ir.Loop(False, merged[-1].body + loop.body)
-        else:
-            merged.append(loop)
-    return tuple(merged)
-
-
-# --- choosing the layout ------------------------------------------------------------------------
-def use_column_layout(kernel: ir.Kernel) -> bool:
-    """True when ``kernel`` reduces (or stores) over columns: see [Note: row and column
-    reductions]."""
-    if indexing.known_equal(kernel.numel, 1) or indexing.known_equal(kernel.rnumel, 1):
-        return False
-    if not all(independent_iterations(loop) for loop in kernel.loops):
-        return False
-    r_statements = [s for loop in kernel.loops if loop.over_r for s in loop.body]
-    return _reads_columns(r_statements)
-
-
-def _reads_columns(statements: list[ir.Store | ir.Reduce]) -> bool:
-    """More of the indices that ``statements`` (of r loops) load and store have stride 1 in x
-    than in r; those depending on x or r only (broadcasts) are cheap either way, not counted."""
-    indices = {}
-    for stmt in statements:
-        if isinstance(stmt, ir.Store):
-            indices[stmt.index] = None
-        indices.update((e.index, None) for e in ir.walk(stmt.value) if isinstance(e, ir.Load))
-    x_contiguous = r_contiguous = 0
-    for index in indices:
-        x_stride, r_stride = _stride(index, indexing.x), _stride(index, indexing.r)
-        if x_stride == 0 or r_stride == 0:
-            continue
-        x_contiguous += x_stride == 1
-        r_contiguous += r_stride == 1
-    return x_contiguous > r_contiguous
-
-
-# [Note: a kernel of rows and columns]
-# With a square matrix, a row reduction and a column reduction have the same (numel, rnumel),
-# and the scheduler may fuse them: LayerNorm's backward at 4096 x 4096 is one kernel computing
-# the row sums for grad_x AND the column sums for the weight and bias gradients, reading
-# `tangents` at `r + 4096*x` and at `4096*r + x`. No single loop order reads both well (one
-# layout walks the other's reads down columns: 200 ms instead of 20). But the two halves share
-# nothing except their inputs: no statement of one reads a Local of the other. So code
-# generation splits such a kernel: statements are grouped by the Locals they read (a Reduce and
-# everything that uses its result stay together), each group votes row or column by its own
-# reads, and when the votes differ the kernel becomes two parts, one per layout, two static
-# functions that the kernel's function calls one after the other. (Inductor would not fuse
-# them: it compares memory dependencies, and these are reads at different indices.)
-def split_by_layout(kernel: ir.Kernel) -> list[ir.Kernel]:
-    """``[kernel]``, or its row part and its column part (see [Note: a kernel of rows and
-    columns]), each a kernel of its own named ``<name>_rows`` / ``<name>_columns``."""
-    if indexing.known_equal(kernel.numel, 1) or indexing.known_equal(kernel.rnumel, 1):
-        return [kernel]
-    statements = [(loop.over_r, s) for loop in kernel.loops for s in loop.body]
-    groups = _statement_groups([s for _, s in statements])
-    columns: set[int] = set()
-    for group in groups:
-        if _reads_columns([statements[i][1] for i in group if statements[i][0]]):
-            columns.update(group)
-    if not columns or len(columns) == len(statements):
-        return [kernel]
-    parts = []
-    for suffix, keep in (("rows", False), ("columns", True)):
-        chosen = {id(s) for i, (_, s) in enumerate(statements) if (i in columns) == keep}
-        loops = [ir.Loop(loop.over_r, tuple(s for s in loop.body if id(s) in chosen))
-                 for loop in kernel.loops]  # fmt: skip
-        loops = tuple(loop for loop in loops if loop.body)
-        part = dataclasses.replace(kernel, name=f"{kernel.name}_{suffix}", loops=loops)
-        parts.append(merge_reduction_loops(part))
-    return parts
-
-
-def _statement_groups(statements: list[ir.Store | ir.Reduce]) -> list[list[int]]:
-    """The statements (by position) grouped: a Reduce with every statement reading its Local."""
-    parent = list(range(len(statements)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    producer = {s.name: i for i, s in enumerate(statements) if isinstance(s, ir.Reduce)}
-    for i, stmt in enumerate(statements):
-        for e in ir.walk(stmt.value):
-            if isinstance(e, ir.Local) and e.name in producer:
-                parent[root(i)] = root(producer[e.name])
-    groups: dict[int, list[int]] = {}
-    for i in range(len(statements)):
-        groups.setdefault(root(i), []).append(i)
-    return list(groups.values())
-
-
-def _stride(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr | None:
-    """How far ``index`` moves when ``var`` grows by one: a number or a size expression, or
-    None when that depends on where it starts (a ``FloorDiv``, a modulo)."""
-    step = sympy.expand(sympy.sympify(index).subs(var, var + 1) - index)
-    free = step.free_symbols
-    return step if indexing.x not in free and indexing.r not in free else None
-
-
-def independent_iterations(loop: ir.Loop) -> bool:
-    """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
-    stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
-    stored = {buffer for buffer, _ in stores}
-    for e in ir.walk(*(stmt.value for stmt in loop.body)):
-        if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
-            return False
-    return True
 
 
 # --- the row layout -----------------------------------------------------------------------------
@@ -291,18 +142,19 @@ def reduce_column(cg, red: ir.Reduce, value: str) -> None:
     combine = REDUCTIONS[red.reduction_type][1]
     cg.stores.writeline(f"{target} = {combine.format(acc=target, value=_value(cg, red, value))};")
     cg.locals[red.name] = f"{acc}[xi]"  # later loops read this output's element of the array
+    cg.accumulators.append((red.name, ctype, acc, identity, combine))
 
 
 def codegen_column_body(cg, parallel: str | None) -> IndentedBuffer:
     """The whole function body of a column-layout kernel: a loop over tiles of XBLOCK outputs
     (on all cores when ``parallel`` is not None), each running every loop of the kernel."""
+    if parallel is not None and _split_rows(cg.kernel):
+        return _codegen_split_rows(cg)
     tile = IndentedBuffer()
     for loop in cg.kernel.loops:
-        cg.new_sections()
-        cg.partial_sums = []
-        cg.codegen_loop(loop)
+        _codegen_column_loop(cg, loop)
         if loop.over_r:
-            _column_r_loop(cg, tile, loop)
+            _column_r_loop(cg, tile)
         else:
             _tile_loop(cg, tile)
     code = IndentedBuffer()
@@ -318,17 +170,26 @@ def codegen_column_body(cg, parallel: str | None) -> IndentedBuffer:
     return code
 
 
-def _column_r_loop(cg, tile: IndentedBuffer, loop: ir.Loop) -> None:
-    """``for r { for xi in tile {...} }``; with float sums, r runs in blocks of RBLOCK."""
+def _codegen_column_loop(cg, loop: ir.Loop) -> None:
+    cg.new_sections()
+    cg.partial_sums, cg.accumulators = [], []
+    cg.codegen_loop(loop)
+
+
+def _column_r_loop(cg, tile: IndentedBuffer, blocks: str | None = None) -> None:
+    """``for r { for xi in tile {...} }``. With float sums, or when ``blocks`` gives the
+    ``omp for`` pragma that shares them out, r runs in blocks of RBLOCK."""
     tile.splice(cg.prefix)
     rnumel = cg.print_index(cg.kernel.rnumel)
-    if not cg.partial_sums:
+    if not cg.partial_sums and blocks is None:
         tile.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
         tile.writeline("{")
         with tile.indent():
             _tile_loop(cg, tile)
         tile.writeline("}")
         return
+    if blocks is not None:
+        tile.writeline(blocks)
     tile.writeline(f"for (int64_t r0 = 0; r0 < {rnumel}; r0 += {RBLOCK})")
     tile.writeline("{")
     with tile.indent():
@@ -341,11 +202,57 @@ def _column_r_loop(cg, tile: IndentedBuffer, loop: ir.Loop) -> None:
         with tile.indent():
             _tile_loop(cg, tile)
         tile.writeline("}")
-        tile.writeline("#pragma omp simd")
-        tile.writeline("for (int64_t xi = 0; xi < xn; xi++)")
-        adds = [f"{acc}[xi] = {acc}[xi] + {acc}_part[xi];" for _, acc, _ in cg.partial_sums]
-        _braced(tile, adds)
+        if cg.partial_sums:
+            tile.writeline("#pragma omp simd")
+            tile.writeline("for (int64_t xi = 0; xi < xn; xi++)")
+            _braced(tile, [f"{a}[xi] = {a}[xi] + {a}_part[xi];" for _, a, _ in cg.partial_sums])
     tile.writeline("}")
+
+
+# [Note: a column reduction with few outputs]
+# Tiles run on all cores, but a reduction of a single tile (at most XBLOCK outputs: the bias
+# gradient of 64 channels over a million rows) would run on one. Then the threads share out the
+# blocks of RBLOCK rows instead: each thread reduces its blocks into accumulator arrays of its
+# own, and the threads' arrays are then combined into `<acc>_total`, one thread after the
+# other in thread order (an `ordered` loop of one iteration per thread), so that a float sum
+# has the same bits on every run with the same number of threads (a `critical` section would
+# add them in the order the threads arrive). Only the simplest such kernel does this: one r
+# loop of reductions, then the stores of their results (`x.sum(0)`, `x.amax(0)`, bias grads).
+def _split_rows(kernel: ir.Kernel) -> bool:
+    """A static single-tile column reduction with enough rows to share: see [Note: a column
+    reduction with few outputs]."""
+    if not (indexing.is_static(kernel.numel) and indexing.is_static(kernel.rnumel)):
+        return False
+    if kernel.numel > XBLOCK or kernel.rnumel < PARALLEL_REDUCTION_MIN_RNUMEL:
+        return False
+    kinds = [(loop.over_r, {type(s) for s in loop.body}) for loop in kernel.loops]
+    return kinds == [(True, {ir.Reduce}), (False, {ir.Store})]
+
+
+def _codegen_split_rows(cg) -> IndentedBuffer:
+    code = IndentedBuffer()
+    code.writelines(["const int64_t x0 = 0;", f"const int64_t xn = {cg.kernel.numel};"])
+    reduce_loop, store_loop = cg.kernel.loops
+    _codegen_column_loop(cg, reduce_loop)
+    region = IndentedBuffer()
+    _column_r_loop(cg, region, blocks="#pragma omp for schedule(static)")
+    combines = []
+    for name, ctype, acc, identity, combine in cg.accumulators:
+        total = f"{acc}_total[xi]"
+        code.writeline(f"{ctype} {acc}_total[{XBLOCK}];")
+        code.writeline(f"for (int64_t xi = 0; xi < xn; xi++) {total} = {identity};")
+        combines.append(f"{total} = {combine.format(acc=total, value=f'{acc}[xi]')};")
+        cg.locals[name] = total
+    region.writeline("#pragma omp for ordered schedule(static, 1)")
+    region.writeline("for (int thread = 0; thread < omp_get_num_threads(); thread++)")
+    ordered = ["#pragma omp ordered", "for (int64_t xi = 0; xi < xn; xi++)", "{"]
+    _braced(region, ordered, ["    " + line for line in combines], ["}"])
+    code.writeline("#pragma omp parallel")
+    _braced(code, region)
+    cg.new_sections()
+    cg.codegen_loop(store_loop)
+    _tile_loop(cg, code)
+    return code
 
 
 def _tile_loop(cg, out: IndentedBuffer) -> None:

@@ -3,8 +3,8 @@
 Input -> output: the libm functions a kernel uses -> the compiler flags that switch on their
 vector versions (``-DTOYCOMP_SIMD_sinf ... -lmvec``), for those this machine provides and that
 compute correctly, found by a probe compiled once per process (and cached on disk like a
-kernel). ``TOYCOMP_VECTOR_MATH=0`` turns them off. See [Note: vectorised libm] in cpp.py for why every kernel then uses one
-implementation per function.
+kernel). ``TOYCOMP_VECTOR_MATH=0`` turns them off. See [Note: vectorised libm] in cpp.py for why
+every kernel then uses one implementation per function.
 
     >>> vector_math_flags([]) == ()
     True

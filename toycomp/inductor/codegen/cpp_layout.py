@@ -1,0 +1,177 @@
+"""Stage 4c (C++ backend): which loop order each part of a reduction kernel gets.
+
+Input -> output: an ``ir.Kernel`` -> the same kernel with its sibling r loops merged
+(``merge_reduction_loops``), split into a row part and a column part where it mixes both
+(``split_by_layout``), and for each part the layout ``cpp_reduction.py`` generates: row (r the
+inner, vectorised loop) or column (a tile of outputs inside, r outside). ``x.sum(0)`` reads
+``load(a, 48*r + x)``: stride 1 in x, 48 in r, so a column::
+
+    >>> import torch, toycomp
+    >>> graph = toycomp.explain(lambda a: a.sum(0), torch.randn(64, 48)).graph("forward")
+    >>> kernel = graph.scheduled.steps[0]
+    >>> kernel.loops[0]
+    for r:
+      sum_buf0 = sum(load(primals_1, 48*r + x))
+    >>> use_column_layout(kernel)
+    True
+
+NB: in PyTorch the choice lives in torch/_inductor/codegen/cpp.py (``CppKernelProxy``: the
+tiling and vectorisation of the loop nest, chosen from the strides of the loads and stores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from toycomp.inductor import indexing, ir
+
+# [Note: one pass for sibling reductions]
+# The scheduler stores a reduction's result right after its loop, so a kernel computing two
+# sums that are both stored (LayerNorm's weight and bias gradients: sum(grad * xhat) and
+# sum(grad) over the batch) comes as `for r: reduce A; once: store A; for r: reduce B; once:
+# store B`, and reads `grad` twice. The store of A only writes memory that no loop of the kernel
+# reads, so it may run after B's loop; then the two r loops are adjacent and, when B does not
+# read A's result (which is only known after A's loop), they are one loop: one pass over
+# `grad`. `merge_reduction_loops` does that before code generation, for both layouts.
+
+
+def merge_reduction_loops(kernel: ir.Kernel) -> ir.Kernel:
+    """``kernel`` with sibling r loops merged (see [Note: one pass for sibling reductions])."""
+    loops = list(kernel.loops)
+    i = 0
+    while i + 2 < len(loops):
+        first, stores, second = loops[i : i + 3]
+        movable = not stores.over_r and all(isinstance(s, ir.Store) for s in stores.body)
+        if first.over_r and second.over_r and movable and not _reads_locals_of(second, first):
+            loops[i : i + 3] = [ir.Loop(True, first.body + second.body), stores]
+        else:
+            i += 1
+    if len(loops) == len(kernel.loops):
+        return kernel
+    return dataclasses.replace(kernel, loops=_merge_adjacent_stores(loops))
+
+
+def _reads_locals_of(loop: ir.Loop, earlier: ir.Loop) -> bool:
+    reduced = {s.name for s in earlier.body if isinstance(s, ir.Reduce)}
+    values = [s.value for s in loop.body]
+    return any(isinstance(e, ir.Local) and e.name in reduced for e in ir.walk(*values))
+
+
+def _merge_adjacent_stores(loops: list[ir.Loop]) -> tuple[ir.Loop, ...]:
+    """Two adjacent once-per-x loops of stores are one loop."""
+    merged: list[ir.Loop] = []
+    for loop in loops:
+        if merged and not loop.over_r and not merged[-1].over_r:
+            merged[-1] = ir.Loop(False, merged[-1].body + loop.body)
+        else:
+            merged.append(loop)
+    return tuple(merged)
+
+
+# --- choosing the layout -----------------------------------------------------------------------
+def use_column_layout(kernel: ir.Kernel) -> bool:
+    """True when ``kernel`` reduces (or stores) over columns: see [Note: row and column
+    reductions] in cpp_reduction.py."""
+    if indexing.known_equal(kernel.numel, 1) or indexing.known_equal(kernel.rnumel, 1):
+        return False
+    if not all(independent_iterations(loop) for loop in kernel.loops):
+        return False
+    r_statements = [s for loop in kernel.loops if loop.over_r for s in loop.body]
+    return _reads_columns(r_statements)
+
+
+def _reads_columns(statements: list[ir.Store | ir.Reduce]) -> bool:
+    """More of the indices that ``statements`` (of r loops) load and store have stride 1 in x
+    than in r; those depending on x or r only (broadcasts) are cheap either way, not counted."""
+    indices = {}
+    for stmt in statements:
+        if isinstance(stmt, ir.Store):
+            indices[stmt.index] = None
+        indices.update((e.index, None) for e in ir.walk(stmt.value) if isinstance(e, ir.Load))
+    x_contiguous = r_contiguous = 0
+    for index in indices:
+        x_stride, r_stride = _stride(index, indexing.x), _stride(index, indexing.r)
+        if x_stride == 0 or r_stride == 0:
+            continue
+        x_contiguous += x_stride == 1
+        r_contiguous += r_stride == 1
+    return x_contiguous > r_contiguous
+
+
+# [Note: a kernel of rows and columns]
+# With a square matrix, a row reduction and a column reduction have the same (numel, rnumel),
+# and the scheduler may fuse them: LayerNorm's backward at 4096 x 4096 is one kernel computing
+# the row sums for grad_x AND the column sums for the weight and bias gradients, reading
+# `tangents` at `r + 4096*x` and at `4096*r + x`. No single loop order reads both well (one
+# layout walks the other's reads down columns: 200 ms instead of 20). But the two halves share
+# nothing except their inputs: no statement of one reads a Local of the other. So code
+# generation splits such a kernel: statements are grouped by the Locals they read (a Reduce and
+# everything that uses its result stay together), each group votes row or column by its own
+# reads, and when the votes differ the kernel becomes two parts, one per layout, two static
+# functions that the kernel's function calls one after the other. (Inductor would not fuse
+# them: it compares memory dependencies, and these are reads at different indices.)
+def split_by_layout(kernel: ir.Kernel) -> list[ir.Kernel]:
+    """``[kernel]``, or its row part and its column part (see [Note: a kernel of rows and
+    columns]), each a kernel of its own named ``<name>_rows`` / ``<name>_columns``."""
+    if indexing.known_equal(kernel.numel, 1) or indexing.known_equal(kernel.rnumel, 1):
+        return [kernel]
+    statements = [(loop.over_r, s) for loop in kernel.loops for s in loop.body]
+    groups = _statement_groups([s for _, s in statements])
+    columns: set[int] = set()
+    for group in groups:
+        if _reads_columns([statements[i][1] for i in group if statements[i][0]]):
+            columns.update(group)
+    if not columns or len(columns) == len(statements):
+        return [kernel]
+    parts = []
+    for suffix, keep in (("rows", False), ("columns", True)):
+        chosen = {id(s) for i, (_, s) in enumerate(statements) if (i in columns) == keep}
+        loops = [ir.Loop(loop.over_r, tuple(s for s in loop.body if id(s) in chosen))
+                 for loop in kernel.loops]  # fmt: skip
+        loops = tuple(loop for loop in loops if loop.body)
+        part = dataclasses.replace(kernel, name=f"{kernel.name}_{suffix}", loops=loops)
+        parts.append(merge_reduction_loops(part))
+    return parts
+
+
+def _statement_groups(statements: list[ir.Store | ir.Reduce]) -> list[list[int]]:
+    """The statements (by position) grouped: a Reduce with every statement reading its Local."""
+    parent = list(range(len(statements)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    producer = {s.name: i for i, s in enumerate(statements) if isinstance(s, ir.Reduce)}
+    for i, stmt in enumerate(statements):
+        for e in ir.walk(stmt.value):
+            if isinstance(e, ir.Local) and e.name in producer:
+                parent[root(i)] = root(producer[e.name])
+    groups: dict[int, list[int]] = {}
+    for i in range(len(statements)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
+
+
+def _stride(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr | None:
+    """How far ``index`` moves when ``var`` grows by one: a number or a size expression, or
+    None when that depends on where it starts (a ``FloorDiv``, a modulo)."""
+    step = sympy.expand(sympy.sympify(index).subs(var, var + 1) - index)
+    free = step.free_symbols
+    return step if indexing.x not in free and indexing.r not in free else None
+
+
+def independent_iterations(loop: ir.Loop) -> bool:
+    """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
+    stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
+    stored = {buffer for buffer, _ in stores}
+    for e in ir.walk(*(stmt.value for stmt in loop.body)):
+        if isinstance(e, ir.Load) and e.buffer in stored and (e.buffer, e.index) not in stores:
+            return False
+    return True
+
+
