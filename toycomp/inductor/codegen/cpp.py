@@ -297,7 +297,6 @@ class CppKernelCodegen(KernelCodegen):
         if indexing.known_equal(k.numel, 1):
             parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
         kept = cpp_row_buffers.RowBuffers(k)  # see [Note: a row's costly values, kept]
-        kept.declare(self, body)
         for i, loop in enumerate(k.loops):
             self.new_sections()
             self.loop_reductions = []

@@ -7,6 +7,7 @@ loops. For a softmax, ``exp(a - max)`` is computed by the sum loop, stored into 
 read back by the loop that divides it by the sum::
 
         float sum_buf1 = 0.0f;
+        float row0[1000];
         #pragma omp simd reduction(+:sum_buf1)
         for (int64_t rindex = 0; rindex < 1000; rindex++)
         {
@@ -31,7 +32,7 @@ import sympy
 import torch
 
 from toycomp.inductor import indexing, ir
-from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
+from toycomp.inductor.codegen.common import compute_dtype
 
 # [Note: a row's costly values, kept]
 # A softmax kernel computes exp(a - max) twice for each element: in the loop that sums it and
@@ -89,10 +90,6 @@ class RowBuffers:
             self.arrays[key] = (f"row{len(self.arrays)}", compute_dtype(node.dtype))
         return self.arrays[key][0]
 
-    def declare(self, cg, body: IndentedBuffer) -> None:
-        for name, dtype in self.arrays.values():
-            body.writeline(f"{cg.ctype(dtype)} {name}[{self.kernel.rnumel}];")
-
     def before_loop(self, cg, i: int) -> None:
         """Loop ``i`` reads its kept values from their arrays instead of computing them."""
         for node, name in self.loads.get(i, []):
@@ -100,7 +97,10 @@ class RowBuffers:
             cg.generated[id(node)] = (node, value)
 
     def after_loop(self, cg, i: int) -> None:
+        """Loop ``i`` stores the values it keeps, into arrays declared just before it."""
+        dtypes = dict(self.arrays.values())
         for node, name in self.stores.get(i, []):
+            cg.prefix.writeline(f"{cg.ctype(dtypes[name])} {name}[{self.kernel.rnumel}];")
             cg.stores.writeline(f"{name}[rindex] = {cg.generated[id(node)][1]};")
 
 
