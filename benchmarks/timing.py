@@ -138,7 +138,7 @@ def cpu_peak_memory_bytes(step: Step) -> int:
         return 0
     totals = [e["args"]["Total Allocated"] for e in memory]
     baseline = totals[0] - memory[0]["args"]["Bytes"]
-    return max(totals) - baseline
+    return max(*totals, baseline) - baseline  # 0: the step freed (old gradients) more than it took
 
 
 def first_call_seconds(step: Step, device: str) -> float:

@@ -42,9 +42,10 @@ __all__ = [
 # reads it (``last_uses``); after that, ``del bufN`` hands its memory back to PyTorch's
 # allocator. The plan does better in four ways, each only where it is safe:
 #
-# 1. Reuse. A later allocation with the same dtype and the same storage size in bytes (with
-#    dynamic shapes, the same size expression: ``4*s0`` equals ``4*s0``, never "probably") takes
-#    the dead buffer instead of calling ``empty_strided``: ``buf7 = buf3; del buf3  # reuse``.
+# 1. Reuse. A later allocation with the same dtype and the same number of elements (both
+#    contiguous; with dynamic shapes, the same size expression: ``4*s0`` equals ``4*s0``, never
+#    "probably") takes the dead buffer instead of calling ``empty_strided``: ``buf7 = buf3;
+#    del buf3  # reuse`` (``reinterpret_tensor`` when the shapes differ).
 #    The dead buffer's ``del`` is then skipped (Inductor's FreeIfNotReusedLine). The values
 #    left in it are garbage to the new owner, which is no different from ``empty_strided``.
 # 2. In place. A pointwise kernel may write an output over an input that dies in that kernel,
@@ -63,7 +64,7 @@ __all__ = [
 #    autograd frees a node's saved tensors once the node has run. Inputs are never reused.
 #
 # A buffer is never given away when something may still see its memory:
-# - a graph input, a constant or a graph output (they outlive the call: never in ``last_use``);
+# - a graph input (the caller's), a constant or a graph output (it outlives the call);
 # - a buffer the wrapper did not allocate itself: an extern's result may be a view of its
 #   argument or share storage with other results (``aten.split``), only planned buffers are
 #   known to own their storage alone;
@@ -84,9 +85,13 @@ class Layout:
     dtype: object
 
     def key(self) -> tuple:
-        """Buffers with equal keys can take each other's memory: dtype and storage extent."""
-        extent = 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride))
-        return (self.dtype, sympy.expand(sympy.sympify(extent)))
+        """Buffers with equal keys can take each other's memory: dtype and element count (the
+        storage size of a contiguous buffer, ``4*s0`` with dynamic shapes)."""
+        return (self.dtype, sympy.expand(sympy.Mul(*map(sympy.sympify, self.size))))
+
+    def plannable(self) -> bool:
+        """Contiguous (so its storage holds exactly its elements) and not empty."""
+        return _is_contiguous(self.size, self.stride) and self.key()[1] != 0
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,8 @@ class _Planner:
         for s in steps:
             if s.name in self.out_variants:
                 self.layouts[s.name] = Layout(s.size, s.stride, s.dtype)
-        self.donors = set(self.layouts) & set(last_use) if reuse else set()
+        self.donors = {n for n, lay in self.layouts.items() if lay.plannable()} & set(last_use)
+        self.donors = self.donors if reuse else set()
         self.donors -= _maybe_aliased(graph)
         self.dying: list[list[str]] = [[] for _ in steps]
         for name, i in last_use.items():
@@ -227,7 +233,7 @@ class _Planner:
         """In place over a buffer dying in this kernel, else the most recently freed dead
         buffer of the pool, else fresh memory."""
         layout = self.layouts[name]
-        if layout.key()[1] == 0:  # nothing to reuse for an empty buffer
+        if not layout.plannable():
             return AllocateLine(name, layout)
         if isinstance(step, ir.Kernel):
             fits = [d for d in dying if self.fits(d, name)]
