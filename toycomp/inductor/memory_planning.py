@@ -52,7 +52,11 @@ __all__ = [
 #    when it reads that input only at the very index where it writes the output: each element
 #    is loaded (the loads section of the generated loop) before it is stored (the stores
 #    section), and no other iteration touches it. The MLP's GELU kernel writes ``addmm`` over
-#    the matmul it reads: one (batch, hidden) buffer fewer at the step's peak.
+#    the matmul it reads: one (batch, hidden) buffer fewer at the step's peak. Not on CUDA:
+#    on the lent H100 the GPT step's GELU-backward kernel (16384 x 1536) took 0.27 ms writing
+#    over its input and 0.14 ms writing a fresh buffer, and the caching allocator already
+#    hands a freed block to the next allocation of its size, so in place would buy memory
+#    with time there.
 # 3. ``out=``. An extern matmul (``aten.mm``, ``aten.bmm``) whose result is contiguous writes
 #    into a planned buffer through its out variant, so its result can be reused and reuse an
 #    earlier dead buffer too; ``check_extern`` still checks what the call returned.
@@ -172,7 +176,7 @@ def last_uses(graph: ir.ScheduledGraph, keep: set[str]) -> dict[str, int]:
 
 
 def plan_memory(
-    graph: ir.ScheduledGraph, last_use: dict[str, int], reuse: bool = True
+    graph: ir.ScheduledGraph, last_use: dict[str, int], reuse: bool = True, in_place: bool = True
 ) -> MemoryPlan:
     """The memory plan of ``graph`` (see [Note: memory planning]).
 
@@ -181,8 +185,9 @@ def plan_memory(
         last_use: step index after which each intermediate buffer is dead (inputs, constants
             and outputs absent).
         reuse: False gives the unplanned wrapper (allocate everything, ``del`` at last use).
+        in_place: whether kernels may write over an input dying in them (point 2 of the Note).
     """
-    planner = _Planner(graph, last_use, reuse)
+    planner = _Planner(graph, last_use, reuse, in_place)
     before = [planner.allocate_for(i, step) for i, step in enumerate(graph.steps)]
     after = [[d for d in names if d not in planner.taken] for names in planner.dying]
     frees = [FreeIfNotReusedLine(tuple(names)) if names else None for names in after]
@@ -192,7 +197,9 @@ def plan_memory(
 class _Planner:
     """Walks the steps in order, keeping a pool of dead buffers (by ``Layout.key()``)."""
 
-    def __init__(self, graph: ir.ScheduledGraph, last_use: dict[str, int], reuse: bool) -> None:
+    def __init__(
+        self, graph: ir.ScheduledGraph, last_use: dict[str, int], reuse: bool, in_place: bool
+    ) -> None:
         steps = graph.steps
         self.out_variants = {s.name: OUT_VARIANTS[s.kernel] for s in steps if _writes_out(s)}
         if not reuse:
@@ -214,6 +221,7 @@ class _Planner:
         self.pool: dict[tuple, list[str]] = {}
         self.taken: set[str] = set()  # reused from the pool: their del is in the ReuseLine
         self.unallocated = {a.name for a in graph.allocations}
+        self.in_place = in_place
 
     def allocate_for(self, i: int, step) -> list[AllocateLine | ReuseLine]:
         """The lines before step ``i``; then the buffers dying in it join the pool."""
@@ -235,7 +243,7 @@ class _Planner:
         layout = self.layouts[name]
         if not layout.plannable():
             return AllocateLine(name, layout)
-        if isinstance(step, ir.Kernel):
+        if isinstance(step, ir.Kernel) and self.in_place:
             fits = [d for d in dying if self.fits(d, name)]
             donor = inplace_donor(step, name, fits, self.layouts)
             if donor is not None:

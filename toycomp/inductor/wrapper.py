@@ -247,7 +247,8 @@ class WrapperCodegen:
             if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
                 keep -= {b.name for b in self.tensor_inputs}
             last = last_uses(self.graph, keep)
-            self.plan = plan_memory(self.graph, last, self.memory_planning)
+            on_cuda = torch.device(self.graph.device).type == "cuda"  # no in place there
+            self.plan = plan_memory(self.graph, last, self.memory_planning, in_place=not on_cuda)
             for i, step in enumerate(self.graph.steps):
                 for line in self.plan.before[i]:  # [Note: memory planning]
                     allocs.pop(line.name, None)
