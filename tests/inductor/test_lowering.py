@@ -291,6 +291,20 @@ def test_an_extern_reading_a_view_of_a_saved_value_stores_the_value_once(view):
     assert mm.args[0].buffer == stores[0].buffer
 
 
+def test_a_value_already_in_memory_is_not_stored_again_through_its_views():
+    x, w = torch.randn(6, 8), torch.randn(6, 5)
+
+    def f(x, w):  # qkv = x * 2 (two users: two slices); q: read by mm and returned
+        qkv = p.mul(x, 2.0)
+        q = p.permute(p.slice(qkv, 1, 0, 4), [1, 0])
+        k = p.slice(qkv, 1, 4, 8)
+        return extern(aten.mm.default, p.reshape(q, [4, 6]), w), q, p.exp(k)
+
+    scheduled = compile_and_run(f, x, w)
+    stored = [s.buffer for k in kernels(scheduled) for loop in k.loops for s in loop.body]
+    assert len(stored) == 2  # q once (for the mm and as an output), exp(k); never all of qkv
+
+
 def test_reduction_over_size_one_dims_is_a_view():
     x = torch.randn(4, 1, 5, dtype=torch.float64)
     lowered = lower(trace_prims(lambda x: p.exp(p.amax(x, [1])), x), [x])

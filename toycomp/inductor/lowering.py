@@ -310,6 +310,8 @@ class GraphLowering:
     def realize_base_of_view(self, node: Node) -> bool:
         """Realize the nearest node that ``node`` views (through a chain of views) and that
         has other users too, then lower the chain again on top of it (see the Note)."""
+        if as_strided_view(self.env[node]) is not None:  # already in memory (or a view of it)
+            return False
         chain = [node]
         while chain[-1] in self.view_base and (chain[-1] is node or len(chain[-1].users) < 2):
             chain.append(self.view_base[chain[-1]])
