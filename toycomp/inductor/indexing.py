@@ -286,7 +286,25 @@ def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> Bounds | 
     ):
         d = parts[1][0]
         return _static(FloorDiv(parts[0][0], d)), _static(FloorDiv(parts[0][1], d))
+    if isinstance(expr, (sympy.Min, sympy.Max)):
+        return _min_max_bounds(isinstance(expr, sympy.Min), parts)
     return None
+
+
+def _min_max_bounds(is_min: bool, parts: list[Bounds]) -> Bounds | None:
+    """Bounds of ``Min(a, b, ...)``: at least the smallest lower bound (None if which one is
+    unknown), at most the smallest upper bound, or any one of them (each is one: a ragged
+    split's ``Min(row, s0 - 1)`` is at most ``s0 - 1``, however large ``row`` gets). ``Max``:
+    the mirror image, as ``Max(a, b) == -Min(-a, -b)``."""
+    if not is_min:
+        parts = [(-sympy.sympify(hi), -sympy.sympify(lo)) for lo, hi in parts]
+    lows, highs = ([sympy.sympify(p[k]) for p in parts] for k in (0, 1))
+    lowest = [a for a in lows if all(known_nonnegative(b - a) for b in lows)]
+    if not lowest:
+        return None
+    highest = [a for a in highs if all(known_nonnegative(b - a) for b in highs)]
+    lo, hi = lowest[0], (highest or highs)[0]
+    return (_static(lo), _static(hi)) if is_min else (_static(-hi), _static(-lo))
 
 
 def _product_bounds(parts: list[Bounds]) -> Bounds | None:

@@ -137,6 +137,24 @@ class IndexPrinter(StrPrinter):
         # Parenthesise both operands: FloorDiv(6*r + x, 24) must not print as 6*r + x // 24.
         return f"(({base}) {self.floordiv} ({divisor}))"
 
+    # Min / Max: a ragged split reduction clamps its row, Min(row, R - 1) (split_reduction.py).
+    # Only kernels' indices hold them (sizes never do), so these are Triton's spellings; C++
+    # overrides them. Both take a block and a scalar: tl.minimum(rindex + 8, s0 - 1).
+    minimum, maximum = "tl.minimum", "tl.maximum"
+
+    def _print_Min(self, expr: sympy.Min) -> str:
+        return self._nested(self.minimum, expr.args)
+
+    def _print_Max(self, expr: sympy.Max) -> str:
+        return self._nested(self.maximum, expr.args)
+
+    def _nested(self, function: str, args: tuple) -> str:
+        first, *rest = args
+        text = self._print(first)
+        for arg in rest:  # Min(a, b, c) -> minimum(minimum(a, b), c)
+            text = f"{function}({text}, {self._print(arg)})"
+        return text
+
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
         if expr.exp.is_Integer and expr.exp > 0:  # s0**2, from sizes (s0, s0): s0*s0
             return "*".join([self.parenthesize(expr.base, 100)] * int(expr.exp))

@@ -177,6 +177,7 @@ CPP_OPS: dict[str, Callable[..., str]] = {
 
 class CppPrinter(IndexPrinter):
     floordiv = "/"  # indices are non-negative int64_t: C's truncation is floor division
+    minimum, maximum = "std::min<int64_t>", "std::max<int64_t>"  # (an int literal is an int)
 
 
 class CppKernelCodegen(KernelCodegen):
