@@ -45,7 +45,7 @@ from toycomp.prims.decompositions import decompose, fallbacks
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
-from toycomp.inductor.split_reduction import split_reductions
+from toycomp.inductor.split_reduction import size_hints, split_reductions
 from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 from toycomp.symbolic_shapes import is_symbolic
 
@@ -85,7 +85,8 @@ def inductor_compiler(
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
         target = resolve_backend(backend, example_inputs)
-        lowered = split_reductions(lower(prims_gm, example_inputs), target)
+        hints = size_hints(example_inputs)  # the sizes' example values choose the splits
+        lowered = split_reductions(lower(prims_gm, example_inputs), target, hints)
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
         record.append(
