@@ -42,9 +42,12 @@ def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
     with ``torch.empty(4, 1).t().stride()``). ``expected`` is a tensor or a (size, stride) pair.
     """
     size, stride = (expected.shape, expected.stride()) if isinstance(expected, torch.Tensor) else expected
-    if tuple(size) != tuple(t.shape):
+    shape, t_stride = t.shape, t.stride()
+    if shape != tuple(size):
         return False
-    return all(a == b for n, a, b in zip(t.shape, stride, t.stride()) if n > 1)
+    if t_stride == tuple(stride):  # the common case, checked once per call of every kernel
+        return True
+    return all(a == b for n, a, b in zip(shape, stride, t_stride) if n > 1)
 
 
 def python_number_dtype(x: bool | int | float | complex) -> torch.dtype:
