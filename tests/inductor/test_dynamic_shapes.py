@@ -289,3 +289,41 @@ def test_reduction_over_a_symbolic_row_fits_both_short_and_long_rows(backend):
         (forward,) = record[0].compiled.kernels
         assert "def kernel_0(" in forward.source and "def kernel_0_looped(" in forward.source
         assert "if s1 <= 4096 else kernel_0_looped" in forward.call, forward.call
+
+
+# --- [Note: alignment of symbolic sizes] --------------------------------------------------------
+def test_alignment_is_the_largest_power_of_two_up_to_16_dividing_a_size():
+    from toycomp.inductor.runtime import alignment
+
+    for n in range(0, 300):
+        expected = max(a for a in (1, 2, 4, 8, 16) if n % a == 0)
+        assert alignment(n) == expected, n
+
+
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+
+@pytest.mark.skipif(_triton_version() < (3, 9), reason="older interpreters cannot run it forced")
+def test_dynamic_triton_kernels_rebuild_sizes_as_visible_multiples(monkeypatch):
+    """The kernel takes ``s1_ALIGN`` and rebuilds ``s1`` from it; the wrapper passes the
+    alignment on CUDA (1 for the interpreter). Forced on here, the values stay eager's."""
+    import toycomp
+    import toycomp.inductor.wrapper as wrapper
+    from toycomp.inductor.runtime import alignment
+
+    f = lambda x: torch.softmax(x, -1)  # noqa: E731
+    kernel = toycomp.explain(f, torch.randn(8, 100), backend="triton", dynamic=True)
+    [generated] = kernel.graph("forward").compiled.kernels
+    assert "s1 = (s1 // s1_ALIGN) * s1_ALIGN" in generated.source
+    assert "s1_ALIGN=alignment(s1)" in generated.call
+    assert wrapper._namespace(torch.device("cpu"))["alignment"](1000) == 1
+    assert wrapper._namespace(torch.device("cuda"))["alignment"](1000) == 8
+    namespace = wrapper._namespace
+    monkeypatch.setattr(wrapper, "_namespace", lambda d: {**namespace(d), "alignment": alignment})
+    compiled = toycomp.compile(f, backend="triton", dynamic=True)
+    for shape in [(8, 1000), (5, 37), (16, 24), (3, 2), (4, 4100)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(compiled(x), f(x))

@@ -53,6 +53,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def alignment(n: int) -> int:
+    """The largest power of two up to 16 dividing ``n`` (16 for 0): what a dynamic Triton
+    kernel may assume of a size (see [Note: alignment of symbolic sizes] in triton.py)."""
+    return min(n & -n, 16) if n else 16
+
+
 def reinterpret_tensor(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
     """The view ``TensorArg(buffer, size, stride, offset)``: offset counts from ``t``'s start."""
     return t.as_strided(size, stride, t.storage_offset() + offset)

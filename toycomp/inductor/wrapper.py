@@ -67,6 +67,7 @@ from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, Ind
 from toycomp.inductor.memory_planning import last_uses, plan_memory
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
+    alignment,
     cdiv,
     check_extern,
     check_input,
@@ -419,4 +420,5 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "check_extern": check_extern,
         "cdiv": cdiv,
         "reduction_blocks": triton.reduction_blocks,
+        "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
     }
