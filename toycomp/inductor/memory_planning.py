@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from toycomp.inductor import ir
+from toycomp.inductor import indexing, ir
 
 __all__ = [
     "AllocateLine", "FreeIfNotReusedLine", "MemoryPlan", "ReuseLine", "last_uses", "plan_memory"
@@ -298,12 +298,8 @@ def _writes_out(step) -> bool:
 
 
 def _is_contiguous(size, stride) -> bool:
-    expected = sympy.Integer(1)
-    for n, s in reversed(list(zip(size, stride))):
-        if sympy.expand(sympy.sympify(s) - expected) != 0:
-            return False
-        expected = expected * n
-    return True
+    expected = indexing.contiguous_strides(tuple(size))
+    return all(indexing.known_equal(s, e) for s, e in zip(stride, expected))
 
 
 def _maybe_aliased(graph: ir.ScheduledGraph) -> set[str]:
