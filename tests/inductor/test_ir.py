@@ -1,6 +1,6 @@
-"""Loop-IR expressions are DAGs (see [Note: expressions are DAGs] in toycomp/inductor/ir.py):
-every pass visits each shared node once, nothing recurses as deep as the expression, and
-compile time grows linearly with the graph (issue 6, item 11)."""
+"""Loop-IR expressions are DAGs (see [Note: expressions are DAGs] in
+toycomp/inductor/loop_body.py): every pass visits each shared node once, nothing recurses as
+deep as the expression, and compile time grows linearly with the graph (issue 6, item 11)."""
 
 from __future__ import annotations
 

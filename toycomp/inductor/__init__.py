@@ -32,7 +32,8 @@ Files, in reading order:
 
 * ``indexing.py``: sympy index arithmetic (where element ``(i0, i1)`` lives in memory);
 * ``sizevars.py``: dynamic shapes: PyTorch's SymInts -> expressions in the sizes ``s0, s1...``;
-* ``ir.py``: the loop IR, from value expressions through buffers to kernels;
+* ``loop_body.py``, ``ir.py``: the loop IR: value expressions (a loop's body), then buffers and
+  kernels;
 * ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering.py``: lowering,
   one rule per prim; views are index maps, never copies;
 * ``split_reduction.py``: (Triton) a reduction with few outputs and a long range becomes a

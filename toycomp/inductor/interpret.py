@@ -207,7 +207,7 @@ def _run_extern(node: ir.ExternKernel, env: _Env) -> dict[str, torch.Tensor]:
 
 def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
     """Evaluate ``expr``: each distinct node once, its arguments first (iteratively: see
-    [Note: expressions are DAGs] in ir.py)."""
+    [Note: expressions are DAGs] in loop_body.py)."""
     values: dict[int, torch.Tensor] = {}
     for node in ir.post_order(expr):
         args = [values[id(a)] for a in node.args] if isinstance(node, ir.Op) else []

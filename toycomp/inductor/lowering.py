@@ -70,8 +70,8 @@ SUPPORTED_DTYPES = {
 #      index), we hand out a TensorArg of that buffer instead: a transpose is not copied;
 #   2. it has 2+ FX users and its body has more than REALIZE_THRESHOLD expression nodes, so
 #      each kernel that inlines it would recompute a lot (its users share one expression
-#      object: see [Note: expressions are DAGs] in ir.py). Small shared values (sin(x) in
-#      sin(x)*cos(x)*sin(x)) are recomputed: the fused kernel's CSE computes them once anyway.
+#      object: see [Note: expressions are DAGs] in loop_body.py). Small shared values (sin(x)
+#      in sin(x)*cos(x)*sin(x)) are recomputed: the fused kernel's CSE computes them once anyway.
 #      Likewise when its body reads more than REALIZE_READS_THRESHOLD buffers: a residual
 #      stream x = x + f(x), inlined layer after layer, would make the last layer's kernels
 #      read every earlier layer's output; stored once, each user reads one buffer;

@@ -55,8 +55,8 @@ from toycomp.inductor.ir import ExternKernel, Pointwise, Reduction
 #     an outer prefix of product N (read from x) and an inner suffix of product M (from r);
 #   * every read of a buffer computed in the same kernel is at the SAME element that kernel
 #     computes at (x, r): then the load is replaced by the producer's expression, the same
-#     object for every consumer (a DAG: [Note: expressions are DAGs] in ir.py), or by the
-#     ``Local`` holding a reduction's per-row result, so nothing inside a kernel ever loads a
+#     object for every consumer (a DAG: [Note: expressions are DAGs] in loop_body.py), or by
+#     the ``Local`` holding a reduction's per-row result, so nothing inside a kernel ever loads a
 #     value that the kernel writes: no read-before-write is possible. A read at a different
 #     index (a transpose, a broadcast of a full tensor, a per-row read of a full tensor) makes
 #     the buffer go to another kernel, and its producer is stored to memory;
@@ -348,7 +348,7 @@ def _split_loops(statements) -> tuple[ir.Loop, ...]:
 
 def _locals_under(values: list[ir.Expr]) -> dict[int, frozenset[str]]:
     """id(node) -> the names of the ``Local``s it reads, for every node under ``values``
-    (computed once per node, bottom-up: see [Note: expressions are DAGs] in ir.py)."""
+    (computed once per node, bottom-up: see [Note: expressions are DAGs] in loop_body.py)."""
     under: dict[int, frozenset[str]] = {}
     for e in ir.post_order(*values):
         if isinstance(e, ir.Local):

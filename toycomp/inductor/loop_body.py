@@ -1,0 +1,221 @@
+"""Stage 4a, the loop IR's first layer: value expressions, the body of a loop.
+
+A loop body is a tree of small frozen dataclasses: ``Load`` (read a buffer at an index),
+``Constant``, ``IndexValue`` (an index as a value: how ``iota`` lowers), ``Op`` (a pointwise
+prim, by name: ``"sin"``, ``"add"``, ``"where"``...) and ``Local`` (a reduction's result, later
+in the same kernel). Repeated parts are shared objects, so the tree is a DAG (see [Note:
+expressions are DAGs]), and every pass here visits each distinct node once: ``walk``,
+``post_order``, ``map_expr``, ``substitute`` (rename the loop variables in every index: how views
+and fusion move bodies) and ``format_expr`` (the text that ``Op`` prints).
+
+Input -> output: these are the bodies that lowering builds inside ``ir.Pointwise`` and
+``ir.Reduction`` and that the scheduler moves (``substitute``) into ``ir.Store`` / ``ir.Reduce``;
+ir.py holds those two layers (buffers, kernels) and re-exports every name of this module, so
+``ir.Load`` and ``from toycomp.inductor.ir import Op`` work as before::
+
+    >>> from toycomp.inductor.indexing import index_vars, x
+    >>> (i0,), f32 = index_vars("i", 1), torch.float32
+    >>> sin = Op("sin", (Load("a", i0, f32),), f32)
+    >>> body = Op("mul", (sin, sin), f32)
+    >>> len(list(walk(body)))  # mul, sin, load: the shared sin is visited once
+    3
+    >>> substitute(body, {i0: x})
+    mul(sin(load(a, x)), sin(load(a, x)))
+
+NB: in PyTorch this lives in torch/_inductor/loop_body.py (``LoopBody``: a buffer's ``inner_fn``
+recorded as an FX graph of ``ops.*`` calls) and torch/_inductor/ops_handler.py (the ops an
+``inner_fn`` may call); Inductor's ``inner_fn`` closures play the role of our printable trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Union
+
+import sympy
+import torch
+
+Number = Union[int, float, bool]
+
+
+# --- value expressions: the body of a loop ---------------------------------------------------
+@dataclass(frozen=True)
+class Load:
+    """Read ``buffer`` at memory position ``index`` (an element offset, strides already applied)."""
+
+    buffer: str
+    index: sympy.Expr
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        return f"load({self.buffer}, {self.index})"
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A Python number in a loop body, of ``dtype`` (made with ``convert_number``)."""
+
+    value: Number
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def convert_number(value: Number, dtype: torch.dtype) -> Number:
+    """A Python number as a tensor of ``dtype`` holds it (``torch.tensor(value).to(dtype)``):
+    ``True``/``False`` for bool, a float for floating dtypes, else an int truncated toward zero.
+
+    >>> convert_number(2, torch.float32), convert_number(-2.7, torch.int64)
+    (2.0, -2)
+    """
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """The value of an index expression (how ``iota`` lowers)."""
+
+    index: sympy.Expr
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        return f"index({self.index})"
+
+
+@dataclass(frozen=True)
+class Op:
+    """A pointwise prim applied to sub-expressions; ``name`` is the prim's name (``"sin"``)."""
+
+    name: str
+    args: tuple["Expr", ...]
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        return format_expr(self)
+
+
+@dataclass(frozen=True)
+class Local:
+    """The per-row result of a ``Reduce`` that ran earlier in the same kernel."""
+
+    name: str
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+Expr = Union[Load, Constant, IndexValue, Op, Local]
+
+
+# [Note: expressions are DAGs]
+# An expression is a tree only on paper. Lowering inlines a value into each of its users and
+# fusion pastes a producer's expression into each of its consumers, both as the SAME object:
+# in `for i in range(n): y = y * y.sigmoid() + y.sin()` each y is used three times by the next,
+# so the fused kernel's expression has 3**n paths but only ~6n distinct nodes. Every pass over
+# expressions therefore visits each distinct node (object) once: `walk` and `post_order` skip
+# nodes already seen, `map_expr` rebuilds each node once (so sharing survives a rewrite), and
+# code generation and the interpreter evaluate each node once per loop. All are iterative: a
+# chain of a few hundred ops is deeper than Python's recursion limit. Printing names the
+# shared nodes of a big expression (`format_expr`). Compile time stays linear in the graph.
+# (Identity, not equality: nodes are compared by `is`, which is free; two equal but separately
+# built expressions are simply visited twice, and the kernel's CSE still computes them once.)
+def walk(*exprs: Expr) -> Iterator[Expr]:
+    """Every distinct sub-expression of ``exprs``, once, parents before children (pre-order)."""
+    seen: set[int] = set()
+    stack = list(reversed(exprs))
+    while stack:
+        expr = stack.pop()
+        if id(expr) in seen:
+            continue
+        seen.add(id(expr))
+        yield expr
+        if isinstance(expr, Op):
+            stack.extend(reversed(expr.args))
+
+
+def post_order(*exprs: Expr) -> list[Expr]:
+    """Every distinct sub-expression of ``exprs``, once, each after its arguments (left to right:
+    the order in which a recursive evaluation would first reach them)."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack = [(e, False) for e in reversed(exprs)]
+    while stack:
+        expr, args_done = stack.pop()
+        if args_done:
+            order.append(expr)
+        elif id(expr) not in seen:
+            seen.add(id(expr))
+            stack.append((expr, True))
+            if isinstance(expr, Op):
+                stack.extend((a, False) for a in reversed(expr.args))
+    return order
+
+
+def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Rebuild ``expr`` bottom-up; ``fn`` returns a replacement for a node, or None to keep it.
+    Each distinct node is rebuilt once, so shared sub-expressions stay shared."""
+    new: dict[int, Expr] = {}  # id(original node) -> its rebuilt version
+    for node in post_order(expr):
+        rebuilt = node
+        if isinstance(node, Op):
+            args = tuple(new[id(a)] for a in node.args)
+            if any(a is not b for a, b in zip(args, node.args)):
+                rebuilt = Op(node.name, args, node.dtype)
+        replaced = fn(rebuilt)
+        new[id(node)] = rebuilt if replaced is None else replaced
+    return new[id(expr)]
+
+
+def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
+    """Rename loop variables in every index of ``expr`` (how views and fusion move bodies)."""
+    moved: dict[sympy.Expr, sympy.Expr] = {}  # each distinct index is substituted once
+
+    def move(index: sympy.Expr) -> sympy.Expr:
+        if index not in moved:
+            moved[index] = sympy.expand(index.subs(mapping, simultaneous=True))
+        return moved[index]
+
+    def subs(e: Expr) -> Expr | None:
+        if isinstance(e, Load):
+            return Load(e.buffer, move(e.index), e.dtype)
+        if isinstance(e, IndexValue):
+            return IndexValue(move(e.index), e.dtype)
+        return None
+
+    return map_expr(expr, subs)
+
+
+# Expressions with more nodes than this, counted as a tree, print with their shared nodes named.
+TREE_PRINT_LIMIT = 200
+
+
+def format_expr(expr: Expr) -> str:
+    """``expr`` as text: a tree, ``mul(sin(load(a, x)), sin(load(a, x)))``, unless the tree has
+    more than ``TREE_PRINT_LIMIT`` nodes; then each Op used more than once is printed once, by
+    name: ``let t0 = sin(load(a, x)), ... in mul(t0, t0)`` (see [Note: expressions are DAGs])."""
+    order = post_order(expr)
+    size: dict[int, int] = {}
+    uses: dict[int, int] = {}
+    for e in order:
+        args = e.args if isinstance(e, Op) else ()
+        size[id(e)] = min(1 + sum(size[id(a)] for a in args), TREE_PRINT_LIMIT + 1)
+        for a in args:
+            uses[id(a)] = uses.get(id(a), 0) + 1
+    big = size[id(expr)] > TREE_PRINT_LIMIT
+    text: dict[int, str] = {}
+    bindings: list[str] = []
+    for e in order:
+        if not isinstance(e, Op):
+            text[id(e)] = repr(e)
+            continue
+        text[id(e)] = f"{e.name}({', '.join(text[id(a)] for a in e.args)})"
+        if big and uses.get(id(e), 0) > 1:
+            bindings.append(f"t{len(bindings)} = {text[id(e)]}")
+            text[id(e)] = f"t{len(bindings) - 1}"
+    if not bindings:
+        return text[id(expr)]
+    return f"let {', '.join(bindings)} in {text[id(expr)]}"
