@@ -26,7 +26,8 @@ that ``toycomp.explain`` keeps)::
     >>> generated.call  # the wrapper's line that launches it
     'kernel_0[(1,)](primals_1, buf0, 1000, XBLOCK=1024, num_warps=4)'
 
-Rules (see the Notes): every load and store is masked; fp16/bf16 are upcast to fp32 on load;
+Rules (see the Notes): every load and store is masked, a load that only one branch of a ``where``
+needs by that branch's condition too (codegen/masked_loads.py); fp16/bf16 are upcast to fp32 on load;
 only ``tl.*`` math (Triton's CPU interpreter cannot run ``libdevice``); block sizes come from
 ``block_sizes`` in triton_heuristics.py (no autotuning). On CPU tensors the kernel runs in
 Triton's interpreter. With dynamic shapes the sizes are kernel arguments, the grid comes from
@@ -59,6 +60,7 @@ from toycomp.inductor.codegen.common import (
     compute_dtype,
     operand_dtype,
 )
+from toycomp.inductor.codegen.masked_loads import load_conditions
 from toycomp.inductor.codegen.triton_heuristics import (
     PERSISTENT_MAX_RNUMEL,
     block_sizes,
@@ -117,14 +119,31 @@ class TritonKernelCodegen(KernelCodegen):
         return f"{self.args[buffer]} + ({text})"
 
     # --- the backend methods --------------------------------------------------------------------
+    def codegen_loop(self, loop: ir.Loop) -> None:
+        # loops that share one scope share values too: their loads are masked by all their uses
+        loops = self.kernel.loops if self.persistent else [loop]
+        self.load_masks = load_conditions([stmt.value for lp in loops for stmt in lp.body])
+        super().codegen_loop(loop)
+
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
-        mask = self.mask(index)
+        mask, section = self.mask(index), self.loads
+        terms = self.load_masks.get((buffer, index))
+        if terms:  # read only where a `where` selects it ([Note: loads masked by where])
+            mask, section = f"{mask} & ({self.where_mask(terms)})", self.compute
         other = ""
-        if "rmask" in mask:
+        if "rmask" in mask or terms:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
         load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
         code = triton_widen(load, self.dtypes[buffer])
-        return self.cse.generate(self.loads, code, self.dtypes[buffer])
+        return self.cse.generate(section, code, self.dtypes[buffer])
+
+    def where_mask(self, terms: list[list[tuple[ir.Expr, bool]]]) -> str:
+        """``(c0 & ~c1) | c2``: the where-conditions under which a load is selected."""
+        def condition(c: ir.Expr, taken: bool) -> str:
+            return self.codegen_expr(c) if taken else f"~{self.codegen_expr(c)}"
+
+        conjunctions = [" & ".join(condition(c, taken) for c, taken in t) for t in terms]
+        return " | ".join(f"({c})" for c in conjunctions) if len(terms) > 1 else conjunctions[0]
 
     def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
         dtype = self.dtypes[buffer]
