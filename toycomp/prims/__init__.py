@@ -46,7 +46,9 @@ Files, in reading order:
 * ``pointwise_rules.py``, ``nn_rules.py``, ``norm_rules.py``, ``pool_rules.py``,
   ``view_rules.py``: the decompositions, by kind;
 * ``symbolic_sizes.py``: dynamic shapes: the nodes computing the SymInts that prims take;
-* ``decompositions.py``: the pass, ``decompose``, with its tracer and ``fallbacks``.
+* ``decomp_tracer.py``: ``Proxy`` and ``DecompTracer``, which turn the prims a rule calls into
+  FX nodes (checking the prims' contract);
+* ``decompositions.py``: the pass, ``decompose``, and ``fallbacks``.
 
 NB: in PyTorch this lives in torch/_prims/__init__.py (about 100 prims, with meta functions and
 nvFuser/ATen implementations), torch/_refs (the ATen-to-prims "references"), torch/_decomp
