@@ -15,7 +15,8 @@ is a graph break, and the rest of ``fn`` continues in a resume function, capture
 Files, in reading order:
 
     convert_frame.py       ``compile_frame``: the per-function cache of guarded entries
-    symbolic_convert.py    ``InstructionTranslator``: a value stack and locals of variable trackers
+    symbolic_convert.py    ``InstructionTranslator``: the root frame, where the graph breaks
+    translator_base.py     what every frame shares: a value stack and locals of variable trackers
     instructions.py        the opcode table (Python 3.10-3.13): locals, the stack, operators
     instructions_containers.py  subscripts, containers, attributes, f-strings
     instructions_flow.py   calls, functions, jumps, loops, ``with``, generators
