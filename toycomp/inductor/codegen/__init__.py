@@ -15,7 +15,8 @@ Files, in reading order:
 * ``common.py``: what both languages share: ``IndentedBuffer``, the ten-line ``CSE``, the index
   printer, and ``KernelCodegen``, which walks a kernel into loads / compute / stores sections;
 * ``cpp_prefix.py``: the C++ text every C++ kernel starts with (helpers, vector libm macros);
-* ``cpp.py``: the C++ backend and its rule table ``CPP_OPS``;
+* ``cpp_utils.py``: C++ spellings of dtypes, indices and prims (the rule table ``CPP_OPS``);
+* ``cpp.py``: the C++ backend;
 * ``cpp_layout.py``: the loop order of each part of a C++ reduction kernel (rows or columns);
   sibling reductions merged, kernels mixing both split;
 * ``cpp_reduction.py``: the loop nests of C++ reductions: row layout, or the column layout

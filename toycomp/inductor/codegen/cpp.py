@@ -36,7 +36,9 @@ implementation for every element of every kernel (see [Note: vectorised libm]). 
     }
 
 float32 computes in ``float`` (the ``std::`` overloads), fp16/bf16 are loaded into ``float`` and
-rounded back on stores, int64 in ``int64_t``, bool in ``bool``; indices are ``int64_t``.
+rounded back on stores, int64 in ``int64_t``, bool in ``bool``; indices are ``int64_t``. These
+spellings (``CPP_TYPES``, the ``CPP_OPS`` rule table, ``CppPrinter``) live in cpp_utils.py and
+are re-exported here.
 
 NB: in PyTorch this lives in torch/_inductor/codegen/cpp.py (CppKernel, CppOverrides, the
 vectorised CppVecKernel and the OpenMP scheduling in CppKernelProxy) and
@@ -59,18 +61,17 @@ from toycomp.inductor.codegen import cpp_layout, cpp_reduction, cpp_row_buffers,
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
-    IndexPrinter,
     KernelCodegen,
     compute_dtype,
-    infix_rules,
 )
 from toycomp.inductor.codegen.cpp_prefix import PREAMBLE
-
-CPP_TYPES = {
-    torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
-    torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
-    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
-}  # fmt: skip
+from toycomp.inductor.codegen.cpp_utils import (  # noqa: F401  (re-exported: cpp.CPP_TYPES)
+    CPP_OPS,
+    CPP_TYPES,
+    CppPrinter,
+    cpp_convert,
+    cpp_type,
+)
 
 # [Note: C++ kernels with dynamic shapes]
 # A kernel whose sizes are symbols takes them as ``const int64_t s0`` arguments after its
@@ -131,53 +132,6 @@ VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its
     "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "sin": ("sinf", 1),
     "cos": ("cosf", 1), "tanh": ("tanhf", 1), "erf": ("erff", 1), "pow": ("powf", 2),
 }  # fmt: skip
-
-def cpp_type(dtype: torch.dtype) -> str:
-    if dtype not in CPP_TYPES:
-        raise NotImplementedError(f"C++ backend: dtype {dtype} is not supported")
-    return CPP_TYPES[dtype]
-
-
-def cpp_convert(value: str, dtype: torch.dtype) -> str:
-    """``convert_element_type``: fp16/bf16 round through the narrow type, then compute in float.
-
-    A double goes to float first, as in eager (fp64 -> fp16 rounds twice there, through fp32)."""
-    if dtype == torch.bfloat16:
-        return f"bf16_to_float(float_to_bf16({value}))"
-    if dtype == torch.float16:
-        return f"static_cast<float>(static_cast<_Float16>(static_cast<float>({value})))"
-    return f"static_cast<{cpp_type(dtype)}>({value})"
-
-
-# Rule table: prim name -> C++ expression. Arguments are already named values (tmpN) or literals.
-CPP_OPS: dict[str, Callable[..., str]] = {
-    **infix_rules(),  # add, sub, mul, div and the comparisons
-    "neg": lambda a: f"-{a}",
-    "abs": lambda a: f"std::abs({a})",
-    "exp": lambda a: f"std::exp({a})",
-    "log": lambda a: f"std::log({a})",
-    "log1p": lambda a: f"std::log1p({a})",
-    "sqrt": lambda a: f"std::sqrt({a})",
-    "rsqrt": lambda a: f"1 / std::sqrt({a})",
-    "reciprocal": lambda a: f"1 / {a}",
-    "sin": lambda a: f"std::sin({a})",
-    "cos": lambda a: f"std::cos({a})",
-    "tanh": lambda a: f"std::tanh({a})",
-    "erf": lambda a: f"std::erf({a})",
-    "floor": lambda a: f"std::floor({a})",
-    "sign": lambda a: f"({a} > 0) - ({a} < 0)",  # NaN -> 0, like torch.sign
-    "logical_not": lambda a: f"!{a}",
-    "pow": lambda a, b: f"std::pow({a}, {b})",
-    "maximum": lambda a, b: f"max_propagate_nan({a}, {b})",
-    "minimum": lambda a, b: f"min_propagate_nan({a}, {b})",
-    "logical_and": lambda a, b: f"{a} && {b}",
-    "where": lambda c, a, b: f"{c} ? {a} : {b}",
-    "convert_element_type": cpp_convert,
-}
-
-class CppPrinter(IndexPrinter):
-    floordiv = "/"  # indices are non-negative int64_t: C's truncation is floor division
-    minimum, maximum = "std::min<int64_t>", "std::max<int64_t>"  # (an int literal is an int)
 
 
 class CppKernelCodegen(KernelCodegen):
