@@ -34,8 +34,8 @@ Files, in reading order:
 * ``sizevars.py``: dynamic shapes: PyTorch's SymInts -> expressions in the sizes ``s0, s1...``;
 * ``loop_body.py``, ``ir.py``: the loop IR: value expressions (a loop's body), then buffers and
   kernels;
-* ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering.py``: lowering,
-  one rule per prim; views are index maps, never copies;
+* ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering_meta.py``,
+  ``lowering.py``: lowering, one rule per prim; views are index maps, never copies;
 * ``split_reduction.py``: (Triton) a reduction with few outputs and a long range becomes a
   partial reduction over chunks plus a small finishing one;
 * ``scheduler.py``: fusion into kernels; ``interpret.py`` runs any of these IRs with torch;

@@ -25,7 +25,8 @@ realizes buffers and turns ATen ops into ``ExternKernel`` calls into eager PyTor
 The rules themselves, one per prim, live in ``lowering_rules.py`` (views rewrite the index of
 every load and never copy; ``full`` becomes a ``Constant``; reductions become ``Reduction``
 buffers) and fill the ``LOWERINGS`` table of ``lowering_table.py``; ``TensorValue`` and the view
-index maps live in ``tensor_value.py``.
+index maps live in ``tensor_value.py``; each node's meta value and the dtypes the loop IR
+supports, in ``lowering_meta.py``.
 
 NB: in PyTorch this lives in torch/_inductor/lowering.py (the ``lowerings`` table,
 ``make_pointwise``, ``make_reduction``), torch/_inductor/graph.py (``GraphLowering``, the FX
@@ -34,10 +35,9 @@ interpreter that runs the rules) and torch/_inductor/ir.py (``TensorBox``/``Stor
 
 from __future__ import annotations
 
-import inspect
 import operator
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.fx.node import Node
@@ -45,6 +45,15 @@ from torch.fx.node import Node
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
 from toycomp.inductor import indexing, ir, lowering_rules  # noqa: F401  (fills LOWERINGS)
+from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPORTED_DTYPES)
+    SUPPORTED_DTYPES,
+    _check_matches_meta,
+    _dtypes_supported,
+    _graph_device,
+    _map_nodes,
+    _meta_value,
+    _same_sizes,
+)
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
 from toycomp.inductor.sizevars import SizeVars, is_symbolic
 from toycomp.inductor.tensor_value import (
@@ -55,12 +64,7 @@ from toycomp.inductor.tensor_value import (
     tree_size,
 )
 from toycomp.prims.decomp_table import EXTERN_OPS
-from toycomp.tensor_utils import to_meta, to_meta_value
-
-SUPPORTED_DTYPES = {
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-}  # fmt: skip
+from toycomp.tensor_utils import to_meta
 
 # [Note: when to realize]
 # A TensorValue is inlined into every user (its body is copied into theirs, like Inductor's
@@ -343,80 +347,12 @@ def _costly_to_inline(value: TensorValue) -> bool:
     return len(reads) > REALIZE_READS_THRESHOLD
 
 
-def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
-    """The inputs' device; for a graph without inputs, the device its creation prims name."""
-    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
-        return t.device
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in (prims.full, prims.iota):
-            return torch.device(node.kwargs.get("device", node.args[-1]))
-    return torch.device("cpu")
-
-
-def _same_sizes(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))
-
-
-def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
-    """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
-    running the op (the prim's eager reference) on meta tensors."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return to_meta(val)
-    if is_symbolic(val) or (isinstance(val, int) and not prims.is_prim(node.target)):
-        return val  # a size computation (sym_size, operator.mul on SymInts)
-    if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
-        return meta[node.args[0]][node.args[1]]
-    if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
-        return to_meta_value(val)
-    args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
-    fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
-    try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
-        if "device" in bound.arguments:  # creation ops: build on meta, the real device is known
-            bound.arguments["device"] = "meta"
-        args, kwargs = bound.args, bound.kwargs
-    except (TypeError, ValueError):  # OpOverloads have no Python signature: call as given
-        kwargs = {k: ("meta" if k == "device" else v) for k, v in kwargs.items()}
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:
-        raise LoweringError(f"cannot infer the result of {node.name!r} ({node.target}): {e}") from e
-
-
-def _map_nodes(obj: Any, fn: Callable[[Node], Any]) -> Any:
-    """Replace every FX node in nested tuples/lists/dicts by ``fn(node)``; lists become tuples."""
-    if isinstance(obj, Node):
-        return fn(obj)
-    if isinstance(obj, (tuple, list)):
-        return tuple(_map_nodes(o, fn) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _map_nodes(v, fn) for k, v in obj.items()}
-    return obj
-
-
 def _values(args: Any) -> list[TensorValue]:
     if isinstance(args, TensorValue):
         return [args]
     if isinstance(args, (tuple, list)):
         return [v for a in args for v in _values(a)]
     return []
-
-
-def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
-    tensors = [meta[n] for n in node.all_input_nodes] + [meta[node]]
-    return all(
-        t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor)
-    ) and isinstance(meta[node], torch.Tensor)
-
-
-def _check_matches_meta(node: Node, value: TensorValue, out: TensorMeta) -> None:
-    if not _same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
-        raise LoweringError(
-            f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
-            f"eager gives {list(out.shape)} {out.dtype}"
-        )
 
 
 def _kernel_name(node: Node) -> str:

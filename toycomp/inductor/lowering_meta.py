@@ -1,0 +1,116 @@
+"""What lowering knows of each FX node besides its rule: its meta value, dtypes and device.
+
+``GraphLowering`` (lowering.py) asks, before running a node's rule, for the node's result on
+the meta device (``_meta_value``: shape, dtype and the strides eager would give; from
+``node.meta["val"]``, or by running the prim's eager reference on meta tensors) and whether
+the loop IR supports its dtypes (``SUPPORTED_DTYPES``; else the node runs eagerly, a visible
+fallback); after the rule, it checks that the lowered value has the meta value's sizes and dtype
+(``_check_matches_meta``). Also here: the graph's device and ``_map_nodes``, which replaces the
+FX nodes in nested arguments. Every name is re-exported by lowering.py::
+
+    >>> import torch
+    >>> from toycomp.prims.decompositions import decompose
+    >>> aten, a = torch.ops.aten, torch.randn(3, 4)
+    >>> gm = decompose(torch.fx.symbolic_trace(lambda a: aten.exp.default(aten.t.default(a))), [a])
+    >>> placeholder, permute, exp, output = gm.graph.nodes
+    >>> meta = {placeholder: a.to("meta")}
+    >>> for node in (permute, exp):
+    ...     del node.meta["val"]  # as for a graph without meta values: run the prims on meta
+    ...     meta[node] = _meta_value(node, meta)
+    >>> meta[exp].shape, meta[exp].stride(), _dtypes_supported(exp, meta)  # eager's strides
+    (torch.Size([4, 3]), (1, 4), True)
+
+NB: in PyTorch this lives in torch/_inductor/graph.py (``GraphLowering.run_node`` reads each
+node's FakeTensor, ``node.meta["val"]``) and torch/_inductor/lowering.py
+(``fallback_node_due_to_unsupported_type``, ``unsupported_input_tensor``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any, Callable
+
+import torch
+from torch.fx.node import Node
+
+import toycomp.prims as prims
+from toycomp.inductor import indexing
+from toycomp.inductor.lowering_table import LoweringError
+from toycomp.inductor.sizevars import is_symbolic
+from toycomp.inductor.tensor_value import TensorMeta, TensorValue
+from toycomp.tensor_utils import to_meta, to_meta_value
+
+
+def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
+    """The inputs' device; for a graph without inputs, the device its creation prims name."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
+        return t.device
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (prims.full, prims.iota):
+            return torch.device(node.kwargs.get("device", node.args[-1]))
+    return torch.device("cpu")
+
+
+def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
+    """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
+    running the op (the prim's eager reference) on meta tensors."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return to_meta(val)
+    if is_symbolic(val) or (isinstance(val, int) and not prims.is_prim(node.target)):
+        return val  # a size computation (sym_size, operator.mul on SymInts)
+    if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
+        return meta[node.args[0]][node.args[1]]
+    if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
+        return to_meta_value(val)
+    args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
+    fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        if "device" in bound.arguments:  # creation ops: build on meta, the real device is known
+            bound.arguments["device"] = "meta"
+        args, kwargs = bound.args, bound.kwargs
+    except (TypeError, ValueError):  # OpOverloads have no Python signature: call as given
+        kwargs = {k: ("meta" if k == "device" else v) for k, v in kwargs.items()}
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        raise LoweringError(f"cannot infer the result of {node.name!r} ({node.target}): {e}") from e
+
+
+def _map_nodes(obj: Any, fn: Callable[[Node], Any]) -> Any:
+    """Replace every FX node in nested tuples/lists/dicts by ``fn(node)``; lists become tuples."""
+    if isinstance(obj, Node):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return tuple(_map_nodes(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_nodes(v, fn) for k, v in obj.items()}
+    return obj
+
+
+SUPPORTED_DTYPES = {
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+}  # fmt: skip
+
+
+def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
+    tensors = [meta[n] for n in node.all_input_nodes] + [meta[node]]
+    return all(
+        t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor)
+    ) and isinstance(meta[node], torch.Tensor)
+
+
+def _check_matches_meta(node: Node, value: TensorValue, out: TensorMeta) -> None:
+    if not _same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
+        raise LoweringError(
+            f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
+            f"eager gives {list(out.shape)} {out.dtype}"
+        )
+
+
+def _same_sizes(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))
