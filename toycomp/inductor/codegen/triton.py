@@ -48,7 +48,11 @@ import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp._triton_compat import interpreted_function, interpreting_device_calls
+from toycomp._triton_compat import (
+    LeanLauncher,
+    interpreted_function,
+    interpreting_device_calls,
+)
 from toycomp.inductor import cache, indexing, ir
 from toycomp.inductor.split_reduction import ReductionHint
 from toycomp.inductor.codegen.common import (
@@ -397,8 +401,8 @@ def load(generated: GeneratedKernel, device: torch.device, name: str | None = No
         raise RuntimeError("backend='triton' needs the triton package (pip install triton)") from e
     module = cache.load_python_module(generated.source, "triton")
     kernel = getattr(module, name or generated.name)
-    if device.type == "cuda":
-        return kernel
+    if device.type == "cuda":  # launched without Triton's per-launch Python ([Note: lean launches])
+        return LeanLauncher(kernel)
     if device.type == "cpu":
         return InterpretedKernel(kernel)
     raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")

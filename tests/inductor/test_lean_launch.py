@@ -1,0 +1,106 @@
+"""Lean Triton launches on CUDA ([Note: lean launches] in toycomp/_triton_compat.py): a kernel
+launched directly only with the specialization Triton compiled it for, and results like eager's.
+The specialization check runs anywhere; the launches need the lent GPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import toycomp
+from toycomp._triton_compat import LeanLauncher, _specialization
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def triton_specialization(arg):
+    """Triton's own view of an argument (the oracle)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    return native_specialize_impl(BaseBackend, arg, False, True, True)
+
+
+def test_equal_specializations_are_equal_for_triton():
+    t = torch.zeros(64)
+    args = [0, 1, 2, 15, 16, 17, 32, -16, -1, 2**31 - 16, 2**31, 2**40, 2**63, 2.5, 1.0,
+            t, t[1:], t[4:], t.double(), t.double()[1:], t.to(torch.int32)[2:]]  # fmt: skip
+    for a, b in itertools.combinations(args, 2):
+        if _specialization(a) == _specialization(b):
+            assert triton_specialization(a) == triton_specialization(b), (a, b)
+
+
+def add_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+        xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+        xmask = xindex < xnumel
+        a = tl.load(in_ptr0 + xindex, xmask)
+        b = tl.load(in_ptr1 + xindex, xmask)
+        tl.store(out_ptr0 + xindex, a + b, xmask)
+
+    return add
+
+
+@CUDA
+def test_lean_launches_reuse_only_the_matching_compiled_kernel():
+    kernel = LeanLauncher(add_kernel())
+    base = torch.randn(4096 + 1, device="cuda")
+    other = torch.randn(4096 + 1, device="cuda")
+    cases = [(base[:4096], 4096), (base[:4096], 4096), (base[1:], 4096), (base[:1000], 1000),
+             (base[:1], 1), (base[1:1001], 1000)]  # fmt: skip
+    for a, n in cases:
+        out = torch.empty(n, device="cuda")
+        kernel[(-(-n // 256),)](a, other[:n], out, n, XBLOCK=256, num_warps=4)
+        torch.testing.assert_close(out, a[:n] + other[:n])
+    # aligned 4096, misaligned 4096, aligned 1000, n=1, misaligned 1000: five specializations
+    assert len(kernel.launches) == 5
+
+
+@CUDA
+def test_launch_hooks_see_every_launch():
+    from triton import knobs
+
+    kernel, seen = LeanLauncher(add_kernel()), []
+    a = torch.randn(256, device="cuda")
+    out = torch.empty(256, device="cuda")
+    kernel[(1,)](a, a, out, 256, XBLOCK=256, num_warps=4)
+    default = knobs.runtime.launch_enter_hook
+    knobs.runtime.launch_enter_hook = seen.append
+    try:
+        for _ in range(3):
+            kernel[(1,)](a, a, out, 256, XBLOCK=256, num_warps=4)
+    finally:
+        knobs.runtime.launch_enter_hook = default
+    assert len(seen) == 3
+    torch.testing.assert_close(out, a + a)
+
+
+@CUDA
+def test_compiled_training_step_with_lean_launches_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128), torch.nn.Linear(128, 8)
+    ).cuda()
+
+    def step(x, y):
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    compiled = toycomp.compile(step, backend="triton")
+    for batch in (32, 32, 17, 32):  # the same graph again, then another size
+        x, y = torch.randn(batch, 64, device="cuda"), torch.randint(0, 8, (batch,), device="cuda")
+        model.zero_grad()
+        expected = step(x, y)
+        expected.backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        got = compiled(x, y)
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        for g, w in zip((p.grad for p in model.parameters()), want):
+            torch.testing.assert_close(g, w)
