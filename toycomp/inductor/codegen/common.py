@@ -261,7 +261,7 @@ class KernelCodegen:
     def codegen_expr(self, expr: ir.Expr) -> str:
         """The code of ``expr``'s value in the current loop. Each distinct node is generated
         once per loop, its arguments first (iteratively: see [Note: expressions are DAGs] in
-        ir.py); ``generated`` keeps the node alive, so its ``id`` stays its own."""
+        loop_body.py); ``generated`` keeps the node alive, so its ``id`` stays its own."""
         stack = [(expr, False)]
         while stack:
             node, args_done = stack.pop()
