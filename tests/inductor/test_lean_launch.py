@@ -16,10 +16,12 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 def triton_specialization(arg):
-    """Triton's own view of an argument (the oracle)."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-
+    """Triton's own view of an argument (the oracle; its name has changed across versions)."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        pytest.skip("this Triton has no native_specialize_impl")
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
