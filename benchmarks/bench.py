@@ -6,6 +6,7 @@
     python benchmarks/bench.py --json out.json  # also store every figure (date, device, versions)
     python benchmarks/bench.py --models         # torchvision training steps (needs torchvision)
     python benchmarks/bench.py --compile-time   # compile time of 40- to 200-op pointwise chains
+    python benchmarks/bench.py --mode reduce-overhead  # both compilers replay CUDA graphs
 
 Rows (benchmarks/workloads.py): issue 9's workloads at its sizes on CUDA (sin²+cos² on 16M
 floats, bias + GELU, softmax and layer_norm on 8192 x 4096, forward and forward + backward, an
@@ -85,11 +86,14 @@ def worst_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 # --- one compiler on one row -------------------------------------------------------------------
+MODE: str | None = None  # --mode: torch.compile's and toycomp.compile's mode
+
+
 def compile_with(compiler: str, fn: Callable) -> Callable:
     if compiler == "torch.compile":
-        return torch.compile(fn)
+        return torch.compile(fn, mode=MODE)
     if compiler == "toycomp":
-        return toycomp.compile(fn)
+        return toycomp.compile(fn, mode=MODE)
     return fn
 
 
@@ -302,6 +306,8 @@ def parse_args() -> argparse.Namespace:
                         help="compile time of pointwise chains instead (benchmarks/chains.py)")
     parser.add_argument("--tf32", action="store_true",
                         help="--models: keep PyTorch's TF32 settings (default: TF32 off)")
+    parser.add_argument("--mode", choices=["default", "reduce-overhead"], default=None,
+                        help="passed to torch.compile and toycomp.compile (CUDA graphs)")
     parser.add_argument("--timeout", type=float, default=500.0,
                         help="--models: seconds all compilers' processes may run together")
     return parser.parse_args()
@@ -309,6 +315,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    global MODE
+    MODE = args.mode
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     def save(results: dict) -> None:

@@ -5,7 +5,7 @@
        --prims----> graphs of ~40 primitives                 toycomp/prims/
        --inductor-> loop IR -> fused C++ / Triton kernels    toycomp/inductor/
 
-Public API: ``toycomp.compile(fn, backend=None, dynamic=None)``, ``toycomp.explain(fn,
+Public API: ``toycomp.compile(fn, backend=None, dynamic=None, mode=None)``, ``toycomp.explain(fn,
 *inputs)``, ``toycomp.mark_dynamic(tensor, dim)``, ``toycomp.viz.draw(gm)``, and ``torch.compile(fn, backend="toycomp")`` once the package is
 installed. Each stage's own entry point lives in its package
 (``toycomp.capture.captured_graph.capture_graph``, ``toycomp.aot.aot_autograd.aot_function``,

@@ -42,6 +42,7 @@ from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
+from toycomp.inductor.cudagraphs import CUDAGraphMode, check_mode
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
@@ -78,9 +79,13 @@ class GraphArtefacts:
 
 
 def inductor_compiler(
-    backend: str | None, name: str, record: list[GraphArtefacts]
+    backend: str | None,
+    name: str,
+    record: list[GraphArtefacts],
+    cudagraphs: CUDAGraphMode | None = None,
 ) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledGraph]:
-    """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4."""
+    """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4;
+    with ``cudagraphs`` (``mode="reduce-overhead"``) its result replays a CUDA graph."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
@@ -92,21 +97,25 @@ def inductor_compiler(
         record.append(
             GraphArtefacts(name, gm, prims_gm, fallbacks(prims_gm), lowered, scheduled, compiled)
         )
-        return compiled
+        return cudagraphs.wrap(compiled, scheduled, name) if cudagraphs else compiled
 
     return compiler
 
 
 def compile_stages_2_to_4(
-    gm: torch.fx.GraphModule, example_inputs: list, backend: str | None, partition: str
+    gm: torch.fx.GraphModule,
+    example_inputs: list,
+    backend: str | None,
+    partition: str,
+    cudagraphs: CUDAGraphMode | None = None,
 ) -> tuple[AOTOutput, list[GraphArtefacts]]:
     """AOT (joint graph, partition) with stages 3-4 as its forward and backward compilers."""
     graphs: list[GraphArtefacts] = []
     aot = aot_function(
         gm,
         list(example_inputs),
-        fw_compiler=inductor_compiler(backend, "forward", graphs),
-        bw_compiler=inductor_compiler(backend, "backward", graphs),
+        fw_compiler=inductor_compiler(backend, "forward", graphs, cudagraphs),
+        bw_compiler=inductor_compiler(backend, "backward", graphs, cudagraphs),
         partition_fn=PARTITIONS[partition],
     )
     return aot, graphs
@@ -145,8 +154,11 @@ class GraphCompiler:
     warning, and is kept in ``eager``.
     """
 
-    def __init__(self, backend: str | None, partition: str, name: str = "fn") -> None:
+    def __init__(
+        self, backend: str | None, partition: str, name: str = "fn", mode: str | None = None
+    ) -> None:
         self.backend, self.partition, self.name = backend, partition, name
+        self.cudagraphs = CUDAGraphMode(name) if mode == "reduce-overhead" else None
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
         self.log: list[CompiledEntry] = []  # both, in compile order
@@ -158,7 +170,9 @@ class GraphCompiler:
             example_inputs = [fake_on_device(t, torch.device("cpu"))
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
-            aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend, self.partition)
+            aot, graphs = compile_stages_2_to_4(
+                gm, example_inputs, self.backend, self.partition, self.cudagraphs
+            )
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
             self.log.append(self.eager[-1])
@@ -199,12 +213,13 @@ class OptimizedFunction:
         backend: str | None,
         partition: str = "min_cut",
         dynamic: bool | None = None,
+        mode: str | None = None,
     ) -> None:
         self.fn = fn
         self.backend = backend
         self.partition = partition
         name = getattr(fn, "__qualname__", type(fn).__name__)
-        self.compiler = GraphCompiler(backend, partition, name)
+        self.compiler = GraphCompiler(backend, partition, name, mode)
         self.entries = self.compiler.entries
         self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
         self.frame = self.context.frame_for(frame_target(fn))
@@ -237,6 +252,7 @@ def compile(  # noqa: A001 (torch.compile's name)
     backend: str | None = None,
     partition: str = "min_cut",
     dynamic: bool | None = None,
+    mode: str | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
@@ -253,6 +269,9 @@ def compile(  # noqa: A001 (torch.compile's name)
             every batch size); ``True`` makes every size a symbol from the start; ``False``
             never does. ``toycomp.mark_dynamic(x, dim)`` makes a dimension a symbol in every
             mode. Sizes 0 and 1 are always specialised.
+        mode: ``None`` or ``"default"``; ``"reduce-overhead"`` replays each compiled graph on
+            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/cudagraphs.py: static
+            shapes only; a graph it cannot apply to runs as compiled, with a warning).
 
     Returns:
         A callable with the same results, gradients and Python side effects as ``fn``. A new
@@ -261,9 +280,10 @@ def compile(  # noqa: A001 (torch.compile's name)
         frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
     """
     check_choices(backend, partition)
+    check_mode(mode)
     if dynamic not in (None, True, False):
         raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
-    return OptimizedFunction(fn, backend, partition, dynamic)
+    return OptimizedFunction(fn, backend, partition, dynamic, mode)
 
 
 def toycomp_backend(

@@ -41,6 +41,7 @@ Files, in reading order:
 * ``scheduler.py``: fusion into kernels; ``interpret.py`` runs any of these IRs with torch;
 * ``codegen/``: kernels -> source text (shared part, C++, Triton);
 * ``runtime.py``, ``wrapper.py``: the ``call(args)`` function and what it calls at run time;
+* ``cudagraphs.py``: ``mode="reduce-overhead"``: a compiled graph replayed as one CUDA graph;
 * ``cache.py``: compiled kernels on disk.
 
 NB: in PyTorch this lives in torch/_inductor: lowering.py (the ``lowerings`` table), graph.py
