@@ -114,6 +114,8 @@ class CUDAGraphMode:
         self.warned: set[str] = set()
 
     def wrap(self, compiled: CompiledGraph, scheduled: ir.ScheduledGraph, name: str) -> Any:
+        if not scheduled.steps:  # no kernel, no extern call (views of inputs): nothing to replay
+            return compiled
         reasons = skip_reasons(compiled, scheduled)
         if reasons:
             self.warn(name, "; ".join(reasons))
@@ -218,8 +220,9 @@ class CUDAGraphRunner:
         except Exception as e:  # e.g. a CPU synchronisation inside the graph
             return self.skip(f"the capture failed: {type(e).__name__}: {e}", args)
         self.captures += 1
+        self.captured = captured
         self.sources = [self.output_source(o) for o in captured]
-        del captured
+        del self.captured, captured
         for i, (x, static) in enumerate(zip(args, self.static_inputs)):
             if isinstance(x, torch.Tensor) and i not in self.in_place:
                 static.copy_(x)
@@ -273,6 +276,10 @@ class CUDAGraphRunner:
                 static.untyped_storage().data_ptr() == key
             ):
                 return ("input", i, out.data_ptr() - static.data_ptr(), out)
+        alone = sum(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == key
+                    for o in self.captured)  # fmt: skip
+        if alone == 1 and _clone_keeps_layout(out):
+            return ("clone", out)  # one op: the common case of a whole buffer returned once
         return ("pool", out, key)
 
     def outputs(self, args: list) -> list:
@@ -282,6 +289,8 @@ class CUDAGraphRunner:
         for source in self.sources:
             if source[0] == "value":
                 result.append(source[1])
+            elif source[0] == "clone":
+                result.append(source[1].clone())
             elif source[0] == "input":
                 _, i, delta, like = source
                 storage = args[i].untyped_storage()
@@ -308,6 +317,13 @@ def _same_layout(x: Any, static: torch.Tensor) -> bool:
     if not isinstance(x, torch.Tensor) or x.dtype != static.dtype or x.device != static.device:
         return False
     return x.stride() == static.stride() and x.shape == static.shape or same_strides(static, x)
+
+
+def _clone_keeps_layout(t: torch.Tensor) -> bool:
+    """``t.clone()`` copies exactly ``t``'s storage, with its strides: ``t`` fills its storage
+    densely, without gaps or overlaps (``clone`` keeps the strides of such tensors only)."""
+    whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.itemsize
+    return whole and t.numel() > 0 and torch.empty_like(t).stride() == t.stride()
 
 
 def _static_input(x: Any, in_place: bool) -> Any:
