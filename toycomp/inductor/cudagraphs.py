@@ -220,12 +220,13 @@ class CUDAGraphRunner:
         except Exception as e:  # e.g. a CPU synchronisation inside the graph
             return self.skip(f"the capture failed: {type(e).__name__}: {e}", args)
         self.captures += 1
-        self.captured = captured
-        self.sources = [self.output_source(o) for o in captured]
-        del self.captured, captured
-        for i, (x, static) in enumerate(zip(args, self.static_inputs)):
-            if isinstance(x, torch.Tensor) and i not in self.in_place:
-                static.copy_(x)
+        self.sources = [self.output_source(o, captured) for o in captured]
+        del captured  # (the pool keeps the buffers; ``sources`` keeps views of them)
+        self.copy_inputs(args)  # the static inputs were made for these args: copies only
+        return self.replay(args)
+
+    def replay(self, args: list) -> list:
+        """Replay the graph on the static inputs (already filled) and hand out its outputs."""
         self.graph.replay()
         outputs = self.outputs(args)
         args.clear()
@@ -260,12 +261,9 @@ class CUDAGraphRunner:
             return self.skip("a non-tensor input changed since the capture", args)
         if action == "layout":  # not what the graph was compiled for: check_input raises
             return self.compiled.call_boxed(args)
-        self.graph.replay()
-        outputs = self.outputs(args)
-        args.clear()
-        return outputs
+        return self.replay(args)
 
-    def output_source(self, out: Any) -> tuple:
+    def output_source(self, out: Any, captured: list) -> tuple:
         """Where each later call's output comes from: a number, a view of an input (rebuilt
         on this call's input), or a buffer in the graph's pool (cloned out after each replay)."""
         if not isinstance(out, torch.Tensor):
@@ -277,7 +275,7 @@ class CUDAGraphRunner:
             ):
                 return ("input", i, out.data_ptr() - static.data_ptr(), out)
         alone = sum(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == key
-                    for o in self.captured)  # fmt: skip
+                    for o in captured)  # fmt: skip
         if alone == 1 and _clone_keeps_layout(out):
             return ("clone", out)  # one op: the common case of a whole buffer returned once
         return ("pool", out, key)
@@ -316,7 +314,7 @@ def _layout(x: Any) -> tuple:
 def _same_layout(x: Any, static: torch.Tensor) -> bool:
     if not isinstance(x, torch.Tensor) or x.dtype != static.dtype or x.device != static.device:
         return False
-    return x.stride() == static.stride() and x.shape == static.shape or same_strides(static, x)
+    return same_strides(static, x)
 
 
 def _clone_keeps_layout(t: torch.Tensor) -> bool:
