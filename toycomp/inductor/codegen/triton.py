@@ -98,6 +98,7 @@ class TritonKernelCodegen(KernelCodegen):
         variant = self.is_reduction and not self.blocks and not persistent
         self.name = f"{kernel.name}_looped" if variant else kernel.name
         self.int64_index = index_dtype(kernel, self.blocks, self.is_reduction)
+        self.load_masks: dict | None = None  # see codegen_loop and masked_loads.py
 
     # --- shapes and masks -----------------------------------------------------------------------
     def shape(self, with_r: bool) -> str:
@@ -125,8 +126,11 @@ class TritonKernelCodegen(KernelCodegen):
     # --- the backend methods --------------------------------------------------------------------
     def codegen_loop(self, loop: ir.Loop) -> None:
         # loops that share one scope share values too: their loads are masked by all their uses
-        loops = self.kernel.loops if self.persistent else [loop]
-        self.load_masks = load_conditions([stmt.value for lp in loops for stmt in lp.body])
+        if not self.persistent:
+            self.load_masks = load_conditions([stmt.value for stmt in loop.body])
+        elif self.load_masks is None:  # once for the kernel
+            roots = [stmt.value for lp in self.kernel.loops for stmt in lp.body]
+            self.load_masks = load_conditions(roots)
         super().codegen_loop(loop)
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
