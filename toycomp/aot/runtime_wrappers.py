@@ -115,7 +115,8 @@ class CompiledFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: see [Note: double backward]
             grads = list(CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents))
         else:  # the backward may free each saved value once dead: hand over our references
-            args, saved, tangents, tensors = saved + tangents, [], [], iter(())
+            args, saved, tangents = saved + tangents, [], []
+            del tensors  # (an iterator not run to its end still holds ctx.saved_tensors)
             clear_saved_tensors(ctx)  # (kept when retain_graph=True)
             boxed = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)
             grads = list(boxed(args))
