@@ -763,3 +763,52 @@ def set_grad_enabled_as_a_call_outlives_the_frame(x, off):
     torch.set_grad_enabled(not off)
     y = x * 2
     return y, y.requires_grad
+
+
+# ----- generators run lazily: side effects only for the items taken --------------------------
+
+TAKEN: list = []
+
+
+def _log_and_yield(x):
+    TAKEN.append("start")
+    yield x * 2
+    TAKEN.append("middle")
+    yield x + 1
+    TAKEN.append("end")
+
+
+@case(three(3), state=lambda: list(TAKEN), reset=TAKEN.clear)
+def generator_taken_one_item_at_a_time(x):
+    g = _log_and_yield(x)
+    first = next(g)
+    TAKEN.append("between")
+    return first + sum(v for v in g)
+
+
+@case(three(3), state=lambda: list(TAKEN), reset=TAKEN.clear)
+def any_and_all_stop_early(x):
+    some = any(TAKEN.append(i) or i > 0 for i in range(4))
+    every = all(TAKEN.append(-i) or i < 1 for i in range(4))
+    shapes = all(d > 0 for d in x.shape)
+    return x * some + every + shapes
+
+
+@case(three(3), state=lambda: list(TAKEN), reset=TAKEN.clear)
+def zip_and_map_take_items_lazily(x):
+    out = x
+    for i, v in zip(range(2), (TAKEN.append(k) or x * k for k in range(5))):
+        out = out + v * i
+    squares = map(lambda v: TAKEN.append(v) or x * v, [1, 2])
+    TAKEN.append("map made")
+    return out, list(squares)
+
+
+@case(lambda: [(t(2, 5, 8, seed=i, grad=True),) for i in range(3)], grad=True)
+def multihead_attention_module(x):
+    # MultiheadAttention.forward reads x.is_nested and tests all(... for ... in tensor_args)
+    return ATTENTION(x, x, x, need_weights=False)[0]
+
+
+torch.manual_seed(0)
+ATTENTION = nn.MultiheadAttention(8, 2, batch_first=True)

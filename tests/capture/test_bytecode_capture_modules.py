@@ -134,3 +134,23 @@ def test_break_inside_helper_captures_the_helper_as_its_own_frame():
     assert "__compile_frame(__callee)" in report.transformed_code[0]
     assert "def __transformed_helper(y):" in frames
     assert torch.allclose(report.out, f(torch.ones(2)))
+
+
+def test_multihead_attention_is_one_graph():
+    # nn.MultiheadAttention.forward reads ``query.is_nested`` and asks ``all(... for x in
+    # tensor_args)``: both are answered while tracing, so a transformer layer is not broken up
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    report = explain(lambda x: attention(x, x, x, need_weights=False)[0], x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+
+
+def test_a_generator_that_outlives_the_trace_runs_eagerly_and_says_why():
+    def f(x):
+        return (x * i for i in range(3))
+    x = torch.randn(3)
+    report = explain(f, x)
+    assert "generator" in str(report)
+    assert [v.tolist() for v in compile_frame(f, lambda gm, ex: gm)(x)] == \
+        [v.tolist() for v in f(x)]

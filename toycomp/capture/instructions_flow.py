@@ -16,7 +16,7 @@ from __future__ import annotations
 from toycomp.capture.instructions import HANDLERS, PY, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.functions import NestedUserFunctionVariable
-from toycomp.capture.variables.lists import ListIteratorVariable
+from toycomp.capture.variables.lists import as_iterator
 from toycomp.capture.variables.torch import WithExitFunctionVariable
 
 
@@ -148,9 +148,7 @@ def jump_or_pop(tx, inst):
 
 @handles("GET_ITER")
 def get_iter(tx, inst):
-    obj = tx.pop()
-    tx.push(obj if isinstance(obj, ListIteratorVariable)
-            else ListIteratorVariable(obj.unpack_var_sequence(tx)))
+    tx.push(as_iterator(tx, tx.pop()))
 
 
 @handles("FOR_ITER")
@@ -193,7 +191,7 @@ def pop_block(tx, inst):
     tx.blocks.pop()
 
 
-# ----- generators (a generator expression is run to its end when it is called) -------------
+# ----- generators (run lazily, to the next yield as each item is taken) ----------------------
 
 @handles("RETURN_GENERATOR")
 def return_generator(tx, inst):
@@ -202,9 +200,10 @@ def return_generator(tx, inst):
 
 @handles("YIELD_VALUE")
 def yield_value(tx, inst):
-    if tx.generated is None:
+    """Pause the generator's frame (see [Note: generators run lazily] in variables/lists.py)."""
+    if not tx.is_generator:
         raise Unsupported("yield outside a generator")
-    tx.generated.append(tx.pop())
+    tx.yielded = tx.pop()
     tx.push(ConstantVariable(None))  # the value sent back in
 
 

@@ -51,7 +51,7 @@ from toycomp.capture.variables.base import (
     Unsupported,
     VariableTracker,
 )
-from toycomp.capture.variables.lists import ListIteratorVariable
+from toycomp.capture.variables.lists import LazyIterator
 from toycomp.capture.variables.objects import SuperVariable
 
 MAX_INLINE_DEPTH = 32
@@ -64,7 +64,8 @@ class InstructionTranslatorBase:
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or (
                 parent is None and code.co_flags & inspect.CO_GENERATOR):
             raise Unsupported(f"{code.co_name} is a generator or coroutine")
-        self.generated = [] if code.co_flags & inspect.CO_GENERATOR else None
+        self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
+        self.yielded: VariableTracker | None = None  # a generator's value at its last yield
         self.code = code
         self.f_globals = f_globals
         self.symbolic_locals = dict(symbolic_locals)
@@ -140,6 +141,14 @@ class InstructionTranslatorBase:
         while self.returned is None:
             self.step()
 
+    def resume(self) -> VariableTracker | None:
+        """A generator's frame: run to its next ``yield`` and give the value; None once it has
+        returned (see [Note: generators run lazily] in variables/lists.py)."""
+        self.yielded = None
+        while self.returned is None and self.yielded is None:
+            self.step()
+        return self.yielded
+
     def do_return(self, value: VariableTracker) -> None:
         self.returned = value
 
@@ -193,9 +202,9 @@ class InstructionTranslatorBase:
             raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls ({name})")
         child = InstructionTranslatorBase(code, f_globals, bound, closure, self.output,
                                           fn_source, parent=self)
+        if child.is_generator:  # nothing runs until an item is taken
+            return LazyIterator(child.resume, f"the generator {name}")
         child.run()
-        if child.generated is not None:  # a generator, run to its end (see YIELD_VALUE)
-            return ListIteratorVariable(child.generated)
         return child.returned
 
     def make_super(self, *args) -> SuperVariable:

@@ -24,9 +24,11 @@ from toycomp.capture.variables.base import ConstantVariable, Unsupported, Variab
 from toycomp.capture.variables.lists import (
     BaseListVariable,
     DictVariable,
+    LazyIterator,
     ListIteratorVariable,
     ListVariable,
     TupleVariable,
+    as_iterator,
 )
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
@@ -126,9 +128,7 @@ def _isinstance(tx, obj, classinfo):
 
 
 def _iter(tx, obj):
-    if isinstance(obj, ListIteratorVariable):
-        return obj
-    return ListIteratorVariable(obj.unpack_var_sequence(tx))
+    return as_iterator(tx, obj)
 
 
 def _next(tx, it, *default):
@@ -141,19 +141,40 @@ def _next(tx, it, *default):
 
 
 def _enumerate(tx, seq, start=ConstantVariable(0)):
-    first = start.as_python_constant()
-    return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
-                                 for i, v in enumerate(seq.unpack_var_sequence(tx))])
+    return _lazy_zip(tx, "enumerate", [_count(start.as_python_constant()), as_iterator(tx, seq)],
+                     lambda row: TupleVariable(row), lazy=isinstance(seq, LazyIterator))
 
 
 def _zip(tx, *seqs):
-    columns = [s.unpack_var_sequence(tx) for s in seqs]
-    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+    iterators = [as_iterator(tx, s) for s in seqs]
+    lazy = any(isinstance(it, LazyIterator) for it in iterators)
+    return _lazy_zip(tx, "zip", iterators, lambda row: TupleVariable(row), lazy)
 
 
 def _map(tx, fn, *seqs):
-    columns = [s.unpack_var_sequence(tx) for s in seqs]
-    return ListIteratorVariable([fn.call_function(tx, list(row), {}) for row in zip(*columns)])
+    """Always lazy: ``fn`` runs as each item is taken, as in Python."""
+    iterators = [as_iterator(tx, s) for s in seqs]
+    return _lazy_zip(tx, "map", iterators, lambda row: fn.call_function(tx, row, {}), lazy=True)
+
+
+def _lazy_zip(tx, what, iterators, make, lazy: bool) -> ListIteratorVariable:
+    """An iterator of ``make(row)``, a row taking one item from each iterator in turn and
+    stopping at the first exhausted one (as zip does); made up front unless ``lazy``."""
+    def produce():
+        row = []
+        for it in iterators:
+            item = it.next_item()
+            if item is None:
+                return None
+            row.append(item)
+        return make(row)
+    iterator = LazyIterator(produce, what)
+    return iterator if lazy else ListIteratorVariable(iterator.unpack_var_sequence(tx))
+
+
+def _count(start: int) -> ListIteratorVariable:
+    counter = iter(range(start, 2**62))
+    return LazyIterator(lambda: ConstantVariable(next(counter)), "a counter")
 
 
 def _sequence(kind):
@@ -186,6 +207,22 @@ def _minmax(fn):
         if len(args) == 1 and not args[0].is_python_constant():
             args = args[0].unpack_var_sequence(tx)
         return fold(fn, args, kwargs)
+    return rule
+
+
+def _all_any(fn):
+    """``all``/``any`` of an iterable: each item's truth in order, stopping where Python would
+    (a tensor item is a data-dependent jump: its truth() raises Unsupported)."""
+    stop_at = fn is any  # any() stops at the first true item, all() at the first false one
+
+    def rule(tx, seq):
+        if seq.is_python_constant():
+            return fold(fn, [seq], {})
+        iterator = as_iterator(tx, seq)
+        while (item := iterator.next_item()) is not None:
+            if item.truth(tx) == stop_at:
+                return ConstantVariable(stop_at)
+        return ConstantVariable(not stop_at)
     return rule
 
 
@@ -263,7 +300,7 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict, sum: _sum, min: _minmax(min), max: _minmax(max), getattr: _getattr,
+    dict: _dict, sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min), max: _minmax(max), getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,
     operator.contains: _contains, super: _super, operator.eq: _eq(operator.eq),

@@ -246,6 +246,48 @@ class ListIteratorVariable(VariableTracker):
         return "iter((" + "".join(p + ", " for p in parts) + "))"
 
 
+# [Note: generators run lazily]
+# Python runs a generator's body only as its items are taken: ``any(log.append(i) or i > 0 for
+# i in range(3))`` appends 0 and 1, then stops. Running the generator to its end when it is
+# created would append 2 as well, a silently wrong side effect. So a generator is a
+# ``LazyIterator`` whose ``produce`` runs the generator's frame to its next ``yield``
+# (InstructionTranslatorBase.resume); ``map`` (always) and ``zip``/``enumerate`` over a lazy
+# iterator are lazy too, so the items are made in the order Python makes them. A lazy iterator
+# cannot be rebuilt as Python after the graph (its frame is half-run): one that outlives the
+# traced code is Unsupported, and the instruction that needs it runs for real.
+class LazyIterator(ListIteratorVariable):
+    """An iterator whose next item is made when it is asked for (see [Note: generators run
+    lazily]): ``produce()`` returns the next item, or None when the iterator is exhausted."""
+
+    def __init__(self, produce, what: str):
+        super().__init__([])
+        self.produce = produce
+        self.what = what
+        self.exhausted = False
+
+    def next_item(self) -> VariableTracker | None:
+        item = None if self.exhausted else self.produce()
+        self.exhausted = item is None
+        return item
+
+    def unpack_var_sequence(self, tx):
+        items = []
+        while (item := self.next_item()) is not None:
+            items.append(item)
+        return items
+
+    def reconstruct(self, codegen):
+        raise Unsupported(f"{self.what} used after the traced code (returned, or alive at a "
+                          "graph break)")
+
+
+def as_iterator(tx, var: VariableTracker) -> ListIteratorVariable:
+    """``iter(var)``: an iterator stays itself (it may be lazy); anything else is unpacked."""
+    if isinstance(var, ListIteratorVariable):
+        return var
+    return ListIteratorVariable(var.unpack_var_sequence(tx))
+
+
 def unpack(tx, var: VariableTracker) -> list[VariableTracker]:
     """The items of anything iterable (``for``, ``*args``, ``list(x)``, unpacking)."""
     return var.unpack_var_sequence(tx)

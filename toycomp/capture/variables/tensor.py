@@ -32,7 +32,8 @@ METADATA_METHODS = {"size", "dim", "ndimension", "numel", "stride", "is_contiguo
                     "element_size", "nelement", "is_floating_point", "is_complex",
                     "get_device", "__len__"}
 METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_leaf",
-                  "layout", "is_sparse", "is_quantized", "is_meta"}
+                  "layout", "is_sparse", "is_quantized", "is_meta", "is_nested", "is_cpu",
+                  "is_mps", "is_xpu", "is_mkldnn"}
 GRAPH_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}  # attributes that compute a tensor
 # Methods that read data into Python: each is a graph break (the reason names it).
 DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
