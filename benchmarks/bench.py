@@ -7,6 +7,7 @@
     python benchmarks/bench.py --models         # torchvision training steps (needs torchvision)
     python benchmarks/bench.py --compile-time   # compile time of 40- to 200-op pointwise chains
     python benchmarks/bench.py --mode reduce-overhead  # both compilers replay CUDA graphs
+    python benchmarks/bench.py --no-autotune    # toycomp's fixed Triton configs: TOYCOMP_AUTOTUNE=0
 
 Rows (benchmarks/workloads.py): issue 9's workloads at its sizes on CUDA (sin²+cos² on 16M
 floats, bias + GELU, softmax and layer_norm on 8192 x 4096, forward and forward + backward, an
@@ -55,6 +56,7 @@ import timing  # noqa: E402
 from workloads import ROWS, Case, tensor_bytes  # noqa: E402
 
 import toycomp  # noqa: E402
+from toycomp.inductor import autotune  # noqa: E402
 
 COMPILERS = ("eager", "torch.compile", "toycomp")
 RTOL, ATOL, NORM_TOL = 1e-4, 1e-5, 1e-4
@@ -240,6 +242,7 @@ def environment(device: str) -> dict:
         "python": platform.python_version(),
         "toycomp_commit": os.environ.get("TOYCOMP_COMMIT") or git_commit(),
         "threads": torch.get_num_threads(),
+        "toycomp_autotune": device == "cuda" and autotune.enabled(),
     }
 
 
@@ -268,8 +271,10 @@ def run(device: str, quick: bool, budget_s: float, only, compilers, save: Callab
     """Every row on ``device``; ``save(results)`` after each row (a partial run is kept)."""
     env = environment(device)
     backend = "Triton" if device == "cuda" else "C++"
-    print(f"{env['device_name']}; toycomp {backend} backend, commit {env['toycomp_commit']}; "
-          f"torch {env['torch']}, triton {env['triton']}, Python {env['python']}")  # fmt: skip
+    tuned = ", autotuned" if env["toycomp_autotune"] else ""
+    print(f"{env['device_name']}; toycomp {backend} backend{tuned}, commit "
+          f"{env['toycomp_commit']}; torch {env['torch']}, triton {env['triton']}, "
+          f"Python {env['python']}")  # fmt: skip
     if device == "cpu":  # other processes make CPU timings noisy: say how busy the machine was
         print(f"{torch.get_num_threads()} threads; load average at the start: "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -308,6 +313,8 @@ def parse_args() -> argparse.Namespace:
                         help="--models: keep PyTorch's TF32 settings (default: TF32 off)")
     parser.add_argument("--mode", choices=["default", "reduce-overhead"], default=None,
                         help="passed to torch.compile and toycomp.compile (CUDA graphs)")
+    parser.add_argument("--no-autotune", action="store_true",
+                        help="toycomp launches its fixed Triton configs (TOYCOMP_AUTOTUNE=0)")
     parser.add_argument("--timeout", type=float, default=500.0,
                         help="--models: seconds all compilers' processes may run together")
     return parser.parse_args()
@@ -317,6 +324,8 @@ def main() -> None:
     args = parse_args()
     global MODE
     MODE = args.mode
+    if args.no_autotune:  # (read when kernels load; the --models processes inherit it)
+        os.environ["TOYCOMP_AUTOTUNE"] = "0"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     def save(results: dict) -> None:

@@ -14,15 +14,15 @@ Triton 3.6 on the GPU machine and 3.9 in CI):
   ``.packed_metadata``), called directly once ``JITFunction.run`` has compiled it (see
   [Note: lean launches]).
 
-``toycomp.inductor.codegen.triton`` uses only ``interpreted_function``,
-``interpreting_device_calls`` and ``LeanLauncher``; a Triton upgrade is fixed here.
+``toycomp.inductor.codegen.triton`` uses only ``InterpretedKernel`` (CPU tensors) and
+``LeanLauncher`` (CUDA); a Triton upgrade is fixed here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -76,6 +76,25 @@ def _language_namespaces() -> list[Any]:
     # (not tl.standard: the interpreter only adds names to it, which its cached rewrites need)
     objs = [tl, tl.core, tl.math, tl.tensor, tl.dtype]
     return objs + [getattr(tl.core, n) for n in ("tensor_descriptor_base",) if hasattr(tl.core, n)]
+
+
+class InterpretedKernel:
+    """``kernel[grid](*args, **meta)`` for CPU tensors, run by Triton's NumPy interpreter (see
+    [Note: Triton's interpreter without TRITON_INTERPRET])."""
+
+    def __init__(self, jit_fn: Any) -> None:
+        self.fn = interpreted_function(jit_fn)
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            import numpy as np
+
+            kwargs.pop("num_warps", None)
+            # tl.where evaluates both branches: NumPy's warnings about the unused one are noise.
+            with interpreting_device_calls(), np.errstate(all="ignore"):
+                self.fn[grid](*args, **kwargs)
+
+        return launch
 
 
 # [Note: lean launches]

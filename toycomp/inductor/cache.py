@@ -15,6 +15,7 @@ What the cache holds, per user, in ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/to
     cpp/<key>.json    its manifest: SHA-256 of the source and of the library (written last)
     cpp/<key>.lock    held while one thread or process builds <key>; the others wait
     triton/triton_<key>.py
+    autotune/<key>.json   the launch config autotuning chose (data, checked before use)
 
 The key hashes all that changes the binary: source, compiler path and ``--version``, flags,
 and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
@@ -351,3 +352,18 @@ def load_python_module(source: str, prefix: str) -> ModuleType:
     loader.exec_module(module)
     _MODULES[entry] = module
     return module
+
+
+# --- small JSON records (autotuning choices) -----------------------------------------------------
+def load_record(kind: str, key: str) -> object | None:
+    """The JSON value in ``<cache>/<kind>/<key>.json`` if the file is ours (not writable by
+    others) and parses, else None. The caller still checks what it holds: a record is data."""
+    try:
+        return json.loads(_read_own_file(_entry_dir(kind) / f"{key}.json"))
+    except (OSError, ValueError):
+        return None
+
+
+def store_record(kind: str, key: str, value: object) -> None:
+    """Write ``value`` as ``<cache>/<kind>/<key>.json``, atomically (see ``_build_dir``)."""
+    write_atomic(_build_dir(kind) / f"{key}.json", json.dumps(value, indent=1) + "\n")

@@ -48,6 +48,7 @@ class GeneratedKernel:
     origins: tuple[str, ...]
     call: str = ""  # the line(s) of the Python wrapper that launch it
     variants: tuple[str, ...] = ()  # other kernels of the same source the call may launch
+    configs: tuple[dict, ...] = ()  # Triton: launch configs CUDA may time (the call's first)
 
     def __repr__(self) -> str:
         return f"GeneratedKernel({self.name}, {self.backend}, origins={list(self.origins)})"

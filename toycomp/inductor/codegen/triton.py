@@ -29,9 +29,10 @@ that ``toycomp.explain`` keeps)::
 Rules (see the Notes): every load and store is masked, a load that only one branch of a ``where``
 needs by that branch's condition too (codegen/masked_loads.py); fp16/bf16 are upcast to fp32 on load;
 only ``tl.*`` math (Triton's CPU interpreter cannot run ``libdevice``); block sizes come from
-``block_sizes`` in triton_heuristics.py (no autotuning). On CPU tensors the kernel runs in
-Triton's interpreter. With dynamic shapes the sizes are kernel arguments, the grid comes from
-them at each call (see [Note: Triton with dynamic shapes] in triton_heuristics.py).
+``block_sizes`` in triton_heuristics.py, and on CUDA the fastest of a few candidates is
+launched instead (autotune.py). On CPU tensors the kernel runs in Triton's interpreter. With
+dynamic shapes the sizes are kernel arguments, the grid comes from them at each call (see
+[Note: Triton with dynamic shapes] in triton_heuristics.py).
 
 NB: in PyTorch this lives in torch/_inductor/codegen/triton.py (TritonKernel, TritonOverrides,
 persistent vs looped reductions), torch/_inductor/runtime/triton_heuristics.py (block sizes,
@@ -42,18 +43,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Any
 
 import sympy
 import torch
 
 import toycomp.prims as prims
-from toycomp._triton_compat import (
-    LeanLauncher,
-    interpreted_function,
-    interpreting_device_calls,
-)
+from toycomp._triton_compat import InterpretedKernel, LeanLauncher
 from toycomp.inductor import cache, indexing, ir
+from toycomp.inductor.autotune import autotuned
 from toycomp.inductor.split_reduction import ReductionHint
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
@@ -68,6 +66,7 @@ from toycomp.inductor.codegen.masked_loads import load_conditions
 from toycomp.inductor.codegen.triton_heuristics import (
     PERSISTENT_MAX_RNUMEL,
     block_sizes,
+    candidate_configs,
     index_dtype,
     index_dtype_arg,
     kernel_hint,
@@ -393,7 +392,9 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
         grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
     call = f"{kernel.name}[{grid}]({args}, {kwargs})"
-    return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call)
+    # what CUDA may launch instead: see [Note: autotuning candidates] in triton_heuristics.py
+    configs = tuple(candidate_configs(kernel, dict(meta), cg.int64_index))
+    return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call, configs=configs)
 
 
 def load(generated: GeneratedKernel, device: torch.device, name: str | None = None) -> Any:
@@ -405,27 +406,8 @@ def load(generated: GeneratedKernel, device: torch.device, name: str | None = No
         raise RuntimeError("backend='triton' needs the triton package (pip install triton)") from e
     module = cache.load_python_module(generated.source, "triton")
     kernel = getattr(module, name or generated.name)
-    if device.type == "cuda":  # launched without Triton's per-launch Python ([Note: lean launches])
-        return LeanLauncher(kernel)
+    if device.type == "cuda":  # lean launches of the fastest config: [Note: lean launches],
+        return autotuned(LeanLauncher(kernel), kernel, generated)  # [Note: autotuning]
     if device.type == "cpu":
         return InterpretedKernel(kernel)
     raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")
-
-
-class InterpretedKernel:
-    """``kernel[grid](*args, **meta)`` for CPU tensors, run by Triton's NumPy interpreter (see
-    [Note: Triton's interpreter without TRITON_INTERPRET] in toycomp/_triton_compat.py)."""
-
-    def __init__(self, jit_fn: Any) -> None:
-        self.fn = interpreted_function(jit_fn)
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
-        def launch(*args: Any, **kwargs: Any) -> None:
-            import numpy as np
-
-            kwargs.pop("num_warps", None)
-            # tl.where evaluates both branches: NumPy's warnings about the unused one are noise.
-            with interpreting_device_calls(), np.errstate(all="ignore"):
-                self.fn[grid](*args, **kwargs)
-
-        return launch

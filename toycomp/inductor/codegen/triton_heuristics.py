@@ -16,6 +16,8 @@ symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64`
     {'XBLOCK': 1, 'RBLOCK': 1024, 'num_warps': 2}
     >>> reduction_blocks(4096, 128, outer=True)  # a column sum's partials: a wide, short tile
     {'XBLOCK': 64, 'RBLOCK': 8, 'num_warps': 4}
+    >>> candidate_configs(kernel)  # what CUDA autotunes among: 1000 floats, not worth timing
+    [{'XBLOCK': 1024, 'num_warps': 4}]
 
 NB: in PyTorch this lives in torch/_inductor/runtime/triton_heuristics.py (block sizes,
 autotuning configs, the grid) and torch/_inductor/codegen/simd.py (``index_dtype``,
@@ -34,7 +36,8 @@ from toycomp.inductor.codegen.common import IndexPrinter
 from toycomp.inductor.split_reduction import OUTER_XBLOCK, ReductionHint, reduction_hint
 
 # [Note: Triton block sizes]
-# No autotuning (it needs a GPU driver, and it makes generated code depend on timings):
+# One fixed config per kernel, the one generated code names and the interpreter runs (on CUDA
+# autotuning may launch another candidate instead: see [Note: autotuning candidates]):
 # * pointwise: XBLOCK = 1024 (fewer for small numel) over a 1-D grid of cdiv(numel, XBLOCK);
 # * rnumel <= PERSISTENT_MAX_RNUMEL: a "persistent" reduction, the whole row in registers:
 #   RBLOCK = next_power_of_2(rnumel), XBLOCK rows per program so that XBLOCK * RBLOCK stays
@@ -117,6 +120,93 @@ def _reduction_meta(xblock: int, rblock: int, per_warp: int = 512) -> dict[str, 
         "RBLOCK": rblock,
         "num_warps": min(8, max(1, xblock * rblock // per_warp)),
     }
+
+
+# [Note: autotuning candidates]
+# On CUDA with static sizes, autotune.py times a few configs per kernel on its first launch and
+# keeps the fastest (see [Note: autotuning] there). These are the candidates, per kernel kind,
+# as Inductor's pointwise / persistent_reduction / reduction lists are; the first is always
+# block_sizes' fixed config, the only one the interpreter (and a symbolic size) ever uses:
+# * pointwise: XBLOCK 256 to 2048 with 256 elements per warp, and Inductor's (512, 8 warps);
+# * persistent reduction: the same RBLOCK (the whole row), fewer rows per program (XBLOCK / 2,
+#   / 4, 1) or half / twice the warps: a long row may prefer more threads on it;
+# * looped reduction: RBLOCK 512 to 2048 per step, with 1 to 8 warps;
+# * outer reduction: tiles as wide and short as today's [64, 8] or squarer: [32, 16], [64, 16].
+# A candidate never needs other source: it keeps the kernel persistent or looped as it was (a
+# reduction is persistent exactly when RBLOCK >= rnumel), clips XBLOCK and RBLOCK to the sizes,
+# gives each thread at least one element, and is dropped if its larger blocks would need 64-bit
+# indices where the fixed config has 32-bit ones. A kernel over fewer than AUTOTUNE_MIN_ELEMENTS
+# keeps its fixed config: its time is the launch's, and each candidate costs a Triton compile.
+POINTWISE_CANDIDATES = ((512, 2), (512, 8), (2048, 8), (256, 1))  # (XBLOCK, num_warps)
+LOOPED_CANDIDATES = ((2048, 4), (512, 1), (1024, 4), (2048, 8))  # (RBLOCK, num_warps)
+OUTER_CANDIDATES = ((32, 16, 4), (128, 4, 4), (64, 16, 8), (128, 8, 8))  # (X, R, warps)
+MAX_CANDIDATES = 6
+AUTOTUNE_MIN_ELEMENTS = 2**16
+
+
+def candidate_configs(
+    kernel: ir.Kernel, fixed: dict | None = None, int64: bool | list | None = None
+) -> list[dict[str, int]]:
+    """The launch configs autotuning times for ``kernel`` on CUDA, ``block_sizes(kernel)``
+    first; only that one when a size is symbolic, none for a symbolic rnumel (see [Note:
+    autotuning candidates]). ``fixed`` and ``int64``: ``block_sizes`` and ``index_dtype``
+    when the caller has them already."""
+    fixed = block_sizes(kernel) if fixed is None else fixed
+    sizes = (kernel.numel, kernel.rnumel)
+    if not fixed or kernel.size_symbols() or not all(map(indexing.is_static, sizes)):
+        return [fixed] if fixed else []
+    if kernel.numel * kernel.rnumel < AUTOTUNE_MIN_ELEMENTS:
+        return [fixed]
+    if "RBLOCK" not in fixed:
+        shapes = [(x, 1, w) for x, w in POINTWISE_CANDIDATES]
+    elif kernel_hint(kernel) == ReductionHint.OUTER:
+        shapes = list(OUTER_CANDIDATES)
+    elif fixed["RBLOCK"] >= kernel.rnumel:
+        shapes = _persistent_shapes(fixed)
+    else:
+        shapes = [(1, r, w) for r, w in LOOPED_CANDIDATES]
+    configs = [fixed]
+    for xblock, rblock, warps in shapes:
+        config = _clipped(kernel, fixed, xblock, rblock, warps)
+        if config not in configs and _same_kind(kernel, fixed, config):
+            configs.append(config)
+    return _index_width_kept(kernel, fixed, configs[:MAX_CANDIDATES], int64)
+
+
+def _persistent_shapes(fixed: dict[str, int]) -> list[tuple[int, int, int]]:
+    x, r, w = fixed["XBLOCK"], fixed["RBLOCK"], fixed["num_warps"]
+    fewer_rows = [(n, r, _reduction_meta(n, r)["num_warps"]) for n in (x // 2, x // 4, 1) if n]
+    return [(x, r, max(1, w // 2)), (x, r, min(16, w * 2)), *fewer_rows]
+
+
+def _clipped(kernel: ir.Kernel, fixed: dict, xblock: int, rblock: int, warps: int) -> dict:
+    """One candidate with its blocks no larger than the sizes need, as ``fixed``'s keys."""
+    xblock = min(xblock, next_power_of_2(kernel.numel))
+    rblock = min(rblock, next_power_of_2(kernel.rnumel))
+    warps = min(warps, max(1, xblock * rblock // 32))  # 32 threads a warp, >= 1 element each
+    values = {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
+    return {key: values[key] for key in fixed}
+
+
+def _same_kind(kernel: ir.Kernel, fixed: dict, config: dict) -> bool:
+    """Persistent (RBLOCK >= rnumel) exactly when ``fixed`` is: the source is one."""
+    if "RBLOCK" not in fixed:
+        return True
+    return (config["RBLOCK"] >= kernel.rnumel) == (fixed["RBLOCK"] >= kernel.rnumel)
+
+
+def _index_width_kept(kernel: ir.Kernel, fixed: dict, configs: list[dict], int64) -> list[dict]:
+    """``configs`` less those whose larger blocks would need 64-bit indices when ``fixed``
+    does not (indices only grow with the blocks, so one check with the largest decides)."""
+    is_reduction = "RBLOCK" in fixed
+    largest = {key: max(c[key] for c in configs) for key in fixed if key != "num_warps"}
+    if all(largest[key] <= fixed[key] for key in largest):
+        return configs
+    if index_dtype(kernel, fixed, is_reduction) if int64 is None else int64:
+        return configs
+    if not index_dtype(kernel, largest, is_reduction):
+        return configs
+    return [c for c in configs if all(c[k] <= fixed[k] for k in largest)]
 
 
 def index_dtype(kernel: ir.Kernel, blocks: dict, is_reduction: bool) -> bool | list:
