@@ -255,6 +255,12 @@ def test_a_config_that_fails_is_not_chosen():
     torch.testing.assert_close(out, a)
 
 
+def test_the_fixed_config_stays_unless_another_is_clearly_faster():
+    assert autotune.fastest([1.0, 0.99, 2.0]) == 0  # 1%: noise
+    assert autotune.fastest([1.0, 0.97, 0.95]) == 2
+    assert autotune.fastest([float("inf"), 3.0, 2.0]) == 2  # the fixed one failed
+
+
 def test_timing_runs_leave_written_buffers_as_eager_does():
     """The timed launches write copies: ``out += a`` happens once, as in eager."""
     tuner = accumulate_tuner(Timer(fastest=2, runs=4), disk=False)
