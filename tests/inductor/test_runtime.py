@@ -1,13 +1,17 @@
 """The run-time checks that the generated wrapper and the IR interpreter share (runtime.py)."""
 
+import operator
+
 import pytest
 import torch
 
 import toycomp
 import toycomp.prims as prims
+from toycomp.inductor.lowering import lower
 from toycomp.inductor.runtime import check_extern, check_input, resolve_extern, restride
 
 CPU = torch.device("cpu")
+aten = torch.ops.aten
 
 
 def test_check_input_ignores_strides_of_size_one_dims_only():
@@ -100,3 +104,26 @@ def test_expanded_output_is_an_expanded_view_of_fresh_storage(backend):
     assert torch.equal(out, want) and out.stride() == want.stride()
     out[0].add_(1)  # every row sees it, as in eager's expanded result; the input is untouched
     assert torch.equal(out, want + 1) and torch.equal(x, x_before)
+
+
+def test_an_attention_seed_is_checked_on_any_device():
+    # [Note: attention seeds]: the efficient-attention backward's seed and offset are 0-d
+    # tensors that its fake implementation puts on the GPU and the real one on the CPU
+    g = torch.fx.Graph()
+    names = ["grad", "q", "k", "v", "out", "lse", "seed", "offset"]
+    ph = {n: g.placeholder(n) for n in names}
+    backward = g.call_function(aten._scaled_dot_product_efficient_attention_backward.default, (
+        ph["grad"], ph["q"], ph["k"], ph["v"], None, ph["out"], ph["lse"], ph["seed"],
+        ph["offset"], 0.0, [True, True, True, False]))
+    g.output([g.call_function(operator.getitem, (backward, 0))])
+    qkv = [torch.empty(2, 2, 8, 16, device="meta") for _ in range(5)]
+    seeds = [torch.empty((), dtype=torch.long, device="meta") for _ in range(2)]
+    lowered = lower(torch.fx.GraphModule({}, g), [*qkv, torch.empty(2, 2, 32, device="meta"),
+                                                  *seeds])  # fmt: skip
+    assert [b.name for b in lowered.inputs if b.any_device] == ["seed", "offset"]
+    seed = torch.tensor(7)
+    check_input(seed, (), (), torch.int64, None, "seed")  # any device
+    with pytest.raises(ValueError, match="seed"):
+        check_input(seed, (), (), torch.int64, torch.device("meta"), "seed")
+    with pytest.raises(ValueError, match="seed"):
+        check_input(seed, (), (), torch.int32, None, "seed")

@@ -115,7 +115,8 @@ def _bind_inputs(graph: ir.LoweredGraph | ir.ScheduledGraph, inputs: list) -> _E
                 raise ValueError(f"input {spec.name}: compiled for {spec.expr}, got {t}")
             continue
         size, stride = _sizes(spec.size, env), _sizes(spec.stride, env)
-        check_input(t, size, stride, spec.dtype, torch.device(device), spec.name)
+        where = None if spec.any_device else spec.device or torch.device(device)
+        check_input(t, size, stride, spec.dtype, where, spec.name)
     env.buffers = {spec.name: t for spec, t in zip(specs, inputs)}
     buffers = env.buffers
     for c in constants:

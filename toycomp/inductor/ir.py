@@ -74,6 +74,7 @@ class InputBuffer:
     stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device | None = None  # where it lives when not on the graph's device
+    any_device: bool = False  # an attention kernel's RNG seed: see [Note: attention seeds]
 
 
 @dataclass(frozen=True)

@@ -105,17 +105,20 @@ def _may_overlap(t: torch.Tensor) -> bool:
 
 
 def check_input(
-    t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, device: torch.device, name: str
+    t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype,
+    device: torch.device | None, name: str
 ) -> None:
     """Kernels index inputs with the strides they were compiled for: anything else is an error
-    (a size-0/1 dim's stride is never used, so it may differ)."""
+    (a size-0/1 dim's stride is never used, so it may differ). ``device`` None: any device
+    (see [Note: attention seeds] in lowering.py)."""
     # the common case first, cheaply: a training step checks a few hundred inputs per call
     if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:
         if t.shape == size and t.device == device:
             return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"input {name}: expected a tensor, got {type(t).__name__}")
-    same_device = t.device.type == device.type and device.index in (None, t.device.index)
+    same_device = device is None or (
+        t.device.type == device.type and device.index in (None, t.device.index))
     if t.dtype != dtype or not same_device or not same_strides((size, stride), t):
         got = f"{tuple(t.shape)}, stride {t.stride()}, {t.dtype} on {t.device}"
         want = f"{tuple(size)}, stride {tuple(stride)}, {dtype} on {device}"

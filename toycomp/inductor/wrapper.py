@@ -242,6 +242,7 @@ class WrapperCodegen:
                 layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
                 here = b.device in (None, self.graph.device)
                 where = "device" if here else self._render(b.device)
+                where = "None" if b.any_device else where
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
             allocs = {a.name: a for a in self.graph.allocations}
             keep = {b.name for b in self.graph.inputs} | self.constants
