@@ -812,3 +812,13 @@ def multihead_attention_module(x):
 
 torch.manual_seed(0)
 ATTENTION = nn.MultiheadAttention(8, 2, batch_first=True)
+
+
+@case(lambda: [(t(2, 5, 8, seed=i),) for i in range(3)])
+def multihead_attention_inference_takes_the_composite_path(x):
+    # without grad, MultiheadAttention asks _is_make_fx_tracing() before its fused kernel
+    with torch.no_grad():
+        return ATTENTION_EVAL(x, x, x, need_weights=False)[0]
+
+
+ATTENTION_EVAL = copy.deepcopy(ATTENTION).eval()

@@ -154,3 +154,14 @@ def test_a_generator_that_outlives_the_trace_runs_eagerly_and_says_why():
     assert "generator" in str(report)
     assert [v.tolist() for v in compile_frame(f, lambda gm, ex: gm)(x)] == \
         [v.tolist() for v in f(x)]
+
+
+def test_tracing_state_questions_have_dynamos_answers():
+    from torch.nn.modules.activation import _is_make_fx_tracing
+
+    def f(x):
+        asked = (torch.jit.is_scripting(), torch.compiler.is_compiling(), _is_make_fx_tracing())
+        return x * 2, asked
+    report = explain(f, torch.randn(3))
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    assert compile_frame(f, lambda gm, ex: gm)(torch.randn(3))[1] == (False, True, True)

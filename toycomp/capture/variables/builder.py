@@ -45,7 +45,7 @@ from toycomp.capture.variables.objects import (
     UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
-from toycomp.capture.variables.torch import TorchVariable
+from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
@@ -146,7 +146,7 @@ class VariableBuilder:
                 return TorchVariable(value, source)
             g and g.id_match(source, value)
             return UserDefinedClassVariable(value, source)
-        if is_torch_function(value):
+        if is_torch_function(value) or any(value is f for f in TRACING_STATE):
             g and g.id_match(source, value)
             return TorchVariable(value, source)
         if getattr(value, "__module__", None) in ("builtins", "math", "_operator", "operator") \

@@ -41,6 +41,13 @@ UNSUPPORTED = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.sav
                torch.nn.Parameter, torch.Tensor, torch.Generator, torch.get_rng_state,
                torch.set_rng_state}
 AUTOCAST = {torch.autocast, torch.amp.autocast}
+# Questions about who is tracing, with a fixed answer while toycomp traces (Dynamo:
+# ``tracing_state_functions``). nn.MultiheadAttention asks ``_is_make_fx_tracing()`` to leave
+# its fused inference kernel for the composite path, which is made of ops the graph can hold.
+TRACING_STATE = {torch.jit.is_scripting: False, torch.jit.is_tracing: False,
+                 torch.compiler.is_compiling: True, torch.compiler.is_exporting: False,
+                 torch.fx._symbolic_trace.is_fx_tracing: False,
+                 torch.nn.modules.activation._is_make_fx_tracing: True}
 
 
 class TorchVariable(ValueVariable):
@@ -53,6 +60,8 @@ class TorchVariable(ValueVariable):
         fn = self.value
         if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
+        if any(fn is f for f in TRACING_STATE):
+            return ConstantVariable(TRACING_STATE[fn])
         if fn is torch.is_tensor:
             return ConstantVariable(isinstance(args[0], TensorVariable))
         if fn in CONSTANT_FUNCTIONS:
