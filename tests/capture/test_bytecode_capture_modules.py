@@ -165,3 +165,44 @@ def test_tracing_state_questions_have_dynamos_answers():
     report = explain(f, torch.randn(3))
     assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
     assert compile_frame(f, lambda gm, ex: gm)(torch.randn(3))[1] == (False, True, True)
+
+
+class _CountingModule(torch.nn.Module):
+    reads = 0
+
+    def __getattr__(self, name):
+        _CountingModule.reads += 1
+        return super().__getattr__(name)
+
+
+class _Block(_CountingModule):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.scale = torch.nn.Linear(4, 4), 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+class _Net(_CountingModule):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(_Block(), _Block())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_guards_read_each_module_attribute_once():
+    # [Note: guards name shared prefixes]: .body is read once, not once per line under it
+    net, x = _Net(), torch.randn(2, 4)
+    compiled = compile_frame(net.forward, lambda gm, ex: gm)
+    compiled(x)
+    check = compiled.entries[0].check
+    _CountingModule.reads = 0
+    assert check({"self": net, "x": x}, {})
+    assert _CountingModule.reads == 3  # body, and each block's lin
+    net.body[1].scale = 3.0
+    assert not check({"self": net, "x": x}, {})
+    assert check.failing_guard({"self": net, "x": x}, {}) == \
+        "L['self'].body._modules['1'].scale == 2.0"

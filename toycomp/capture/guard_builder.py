@@ -175,10 +175,71 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ptr != 0 and ptr == b.untyped_storage().data_ptr() and a.device == b.device
 
 
+# [Note: guards name shared prefixes]
+# A module's guards repeat long paths: ``type(L['self'].encoder.layers._modules['encoder_layer_3'
+# ].ln_1) is LayerNorm``, then its ``eps``, its weight... and each ``.encoder`` is a call to
+# nn.Module.__getattr__. A vision transformer has 1,700 such lines, so walking every path from
+# ``L['self']`` again costs more than all the checks themselves. So a path that starts two or
+# more lines is named where it is first read, ``(m3 := L['self'].encoder.layers)``, and read
+# through its name afterwards (``m3._modules['encoder_layer_3']``), as Dynamo's GuardManager
+# tree reads each attribute once. Names are only made in lines whose every part is evaluated
+# (no ``and``/``or``/``if`` inside), so a later line never reads a name that was not set.
+_PATH = re.compile(r"\b[LG]\[(?:'[^'\\]*'|-?\d+)\](?:\.[A-Za-z_]\w*|\[(?:'[^'\\]*'|-?\d+)\])*")
+_LINK = re.compile(r"\.[A-Za-z_]\w*|\[(?:'[^'\\]*'|-?\d+)\]")
+
+
+def _paths(condition: str) -> list[tuple[re.Match, list[str]]]:
+    """Each path in ``condition`` with its links (a method's name, before ``(``, is not one)."""
+    found = []
+    for m in _PATH.finditer(condition):
+        links = _LINK.findall(m.group()[m.group().index("]") + 1:])
+        if condition[m.end():m.end() + 1] == "(" and links:
+            links = links[:-1]  # L['x'].stride() reads the method, not a value to share
+        found.append((m, links))
+    return found
+
+
+def name_shared_prefixes(conditions: list[str], taken) -> tuple[list[str], dict[str, str]]:
+    """``conditions`` reading each path that starts two or more of them through a name set at
+    its first read (see [Note: guards name shared prefixes]); and name -> the path's text."""
+    uses: dict[str, int] = {}
+    for cond in conditions:
+        for m, links in _paths(cond):
+            root = m.group()[:m.group().index("]") + 1]
+            for i in range(1, len(links) + 1):
+                key = root + "".join(links[:i])
+                uses[key] = uses.get(key, 0) + 1
+    names: dict[str, str] = {}  # path -> its name
+    rewritten = []
+    for cond in conditions:
+        may_name = not re.search(r"\b(and|or|if)\b", cond)
+        out, end = [], 0
+        for m, links in _paths(cond):
+            text = key = m.group()[:m.group().index("]") + 1]
+            for link in links:
+                key, text = key + link, text + link
+                if key in names:
+                    text = names[key]
+                elif may_name and uses[key] >= 2:
+                    name = f"m{len(names)}"
+                    while name in taken:
+                        name += "_"
+                    names[key] = name
+                    text = f"({name} := {text})"
+            rest = m.group()[len(m.group()[:m.group().index("]") + 1]) + len("".join(links)):]
+            out += [cond[end:m.start()], text + rest]
+            end = m.end()
+        rewritten.append("".join(out) + cond[end:])
+    return rewritten, {name: key for key, name in names.items()}
+
+
 def compile_check(
     conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None
 ) -> Callable[[dict, dict], bool]:
-    body = "\n            and ".join(conditions) or "True"
+    named = dict(named or {})
+    shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G"})
+    named.update(prefixes)
+    body = "\n            and ".join(shared) or "True"
     source = (
         "def check(L, G):\n"
         "    try:\n"
@@ -191,21 +252,24 @@ def compile_check(
     check = scope["check"]
     check.source = source
     check.conditions = list(conditions)
-    check.failing_guard = lambda L, G: first_failing(conditions, env, L, G, named or {})
+    check.failing_guard = lambda L, G: first_failing(shared, env, L, G, named, conditions)
     return check
 
 
 def first_failing(
-    conditions: list[str], env: dict, L: dict, G: dict, named: dict[str, str] | None = None
+    conditions: list[str], env: dict, L: dict, G: dict, named: dict[str, str] | None = None,
+    texts: list[str] | None = None,
 ) -> str | None:
-    """The text of the first condition that does not hold for ``L``, ``G`` (None: all hold)."""
+    """The text of the first condition that does not hold for ``L``, ``G`` (None: all hold);
+    ``texts``: the conditions as written, before their paths were named."""
     scope = {"L": L, "G": G}  # shared: a condition may name a value for the next (t0 := ...)
-    for cond in conditions:
+    for i, cond in enumerate(conditions):
         try:
             ok = eval(cond, dict(env), scope)  # noqa: S307 (our own guard text)
         except Exception:
             ok = False
         if not ok:  # named with the sources' own text: t0.shape -> G['m'].weight.shape
+            cond = texts[i] if texts else cond
             for name, text in (named or {}).items():
                 cond = re.sub(rf"\b{name}\b(?! :=)", lambda _: text, cond)
             return cond
