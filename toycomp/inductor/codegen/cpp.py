@@ -5,30 +5,31 @@ through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output ele
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
 loop per ``ir.Loop`` that runs over the reduced elements, or, for a reduction over columns, a
 loop over tiles of outputs with ``rindex`` outside (cpp_layout.py: which; cpp_reduction.py: how);
-loops are ``omp simd`` and float ``sin``/``exp``/... call glibc's vector math, one
-implementation for every element of every kernel (see [Note: vectorised libm]). For
-``sin(x)**2 + cos(x)**2`` on 4M floats (the scheduled kernel that ``toycomp.explain`` keeps)::
+loops are ``omp simd`` and float ``exp``/``log``/... call glibc's vector math, one
+implementation for every element of every kernel (see [Note: vectorised libm]); float ``sin``
+and ``cos`` are toycomp's own, computed together by one call where a kernel needs both (see
+[Note: one sincos for sin and cos] in libmvec.py). For ``sin(x)**2 + cos(x)**2`` on 4M floats
+(the scheduled kernel that ``toycomp.explain`` keeps)::
 
     >>> import torch, toycomp
     >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
     >>> kernel = toycomp.explain(f, torch.empty(4194304)).graph("forward").scheduled.steps[0]
     >>> print(generate(kernel).source.removeprefix(PREAMBLE).strip())
     // kernel_0 (FX origins: sin, mul, cos, mul_1, add)
-    #if defined(TOYCOMP_SIMD_cosf) && defined(TOYCOMP_SAME_LIBM_1)
-    TOYCOMP_SAME_LIBM_1(cosf)
+    #if defined(TOYCOMP_SIMD_sincosf) && defined(TOYCOMP_SINCOSF)
+    TOYCOMP_SINCOSF(sincosf)
     #else
-    inline float toycomp_cosf(float a) { return cosf(a); }
+    inline void toycomp_sincosf(float a, float* s, float* c) { *s = sinf(a); *c = cosf(a); }
     #endif
-    ...
     extern "C" void kernel_0(const float* in_ptr0, float* out_ptr0)
     {
         #pragma omp parallel for simd
         for (int64_t xindex = 0; xindex < 4194304; xindex++)
         {
             float tmp0 = in_ptr0[xindex];
-            float tmp1 = toycomp_sinf(tmp0);
+            float tmp1, tmp3;
+            toycomp_sincosf(tmp0, &tmp1, &tmp3);
             float tmp2 = tmp1 * tmp1;
-            float tmp3 = toycomp_cosf(tmp0);
             float tmp4 = tmp3 * tmp3;
             float tmp5 = tmp2 + tmp4;
             out_ptr0[xindex] = tmp5;
@@ -117,6 +118,8 @@ PARALLEL_MIN_ELEMENTS = 16384
 # to compile or load, `load` compiles it again with scalar calls and warns: that kernel's values
 # may then differ in the last bit from the others'.
 # Only float (fp32, and fp16/bf16 computed in float) uses it: double keeps std::sin, scalar.
+# Float sin and cos are toycomp's own vector code instead, built the same way (one
+# implementation, SIMD clones): see [Note: one sincos for sin and cos] in libmvec.py.
 # The C++ side (the `TOYCOMP_SAME_LIBM_1` macro) is in cpp_prefix.py.
 # NB: Inductor does the same with its own vector types (at::vec::Vectorized, Sleef) in
 # torch/_inductor/codegen/cpp.py (CppVecKernel); recent versions also run a loop's tail through
@@ -129,8 +132,8 @@ PARALLEL_MIN_ELEMENTS = 16384
 # not. PREAMBLE turns contraction off (`fp-contract=off`): every op rounds once, in every kernel,
 # as eager PyTorch does, where each op is its own kernel.
 VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
-    "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "sin": ("sinf", 1),
-    "cos": ("cosf", 1), "tanh": ("tanhf", 1), "erf": ("erff", 1), "pow": ("powf", 2),
+    "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "tanh": ("tanhf", 1),
+    "erf": ("erff", 1), "pow": ("powf", 2),
 }  # fmt: skip
 
 
@@ -151,13 +154,20 @@ class CppKernelCodegen(KernelCodegen):
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
-        """float ``sin``/``exp``/... call ``toycomp_sinf``/``toycomp_expf``: one implementation
+        """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
         for every element of every kernel (see [Note: vectorised libm])."""
-        if expr.name in VECTOR_MATH and compute_dtype(expr.dtype) == torch.float32:
-            fn, arity = VECTOR_MATH[expr.name]
-            self.vector_math[fn] = arity
-            return f"toycomp_{fn}({', '.join(args)})"
+        if compute_dtype(expr.dtype) == torch.float32:
+            if expr.name in VECTOR_MATH:
+                fn, arity = VECTOR_MATH[expr.name]
+                self.vector_math[fn] = arity
+                return f"toycomp_{fn}({', '.join(args)})"
+            if expr.name in libmvec.SIN_COS:  # declared by codegen_kernel, when used
+                return f"toycomp_{libmvec.SIN_COS[expr.name]}({args[0]})"
         return super().op(expr, args)
+
+    def codegen_loop(self, loop: ir.Loop) -> None:
+        super().codegen_loop(loop)
+        libmvec.fuse_sin_cos(self.compute)  # see [Note: one sincos for sin and cos]
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         code = f"{self.args[buffer]}[{self.print_index(index)}]"
@@ -225,6 +235,9 @@ class CppKernelCodegen(KernelCodegen):
         code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
         for fn, arity in sorted(self.vector_math.items()):
             code.writelines(_declare_vector_math(fn, arity))
+        called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", "".join(functions))
+        for fn in sorted(set(called)):
+            code.writelines(libmvec.declare_sin_cos(fn))
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
         return PREAMBLE + "\n" + code.getvalue() + "".join(functions)

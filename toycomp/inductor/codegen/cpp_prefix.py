@@ -2,12 +2,16 @@
 
 Input -> output: nothing -> C++ text (``PREAMBLE``) that ``cpp.py`` puts before each kernel: the
 includes (``<algorithm>`` for the column layout's ``std::min``), NaN-propagating ``max``/``min``,
-bfloat16 conversions, ``fp-contract=off`` (see [Note: one rounding per op] in cpp.py), and the
-``TOYCOMP_SAME_LIBM_1``/``_2`` macros through which a kernel calls float ``sinf``/``expf``/...
-(see [Note: vectorised libm] in cpp.py). A kernel that calls ``sinf`` writes
-``TOYCOMP_SAME_LIBM_1(sinf)`` after it and calls ``toycomp_sinf``::
+bfloat16 conversions, ``fp-contract=off`` (see [Note: one rounding per op] in cpp.py), the
+``TOYCOMP_SAME_LIBM_1``/``_2`` macros through which a kernel calls float ``expf``/``logf``/...
+(see [Note: vectorised libm] in cpp.py), and toycomp's own vector sin and cos (``TOYCOMP_SINCOSF``,
+see [Note: one sincos for sin and cos] in libmvec.py). A kernel that calls ``expf`` writes
+``TOYCOMP_SAME_LIBM_1(expf)`` after it and calls ``toycomp_expf``; one that computes the sine
+and the cosine of a value writes ``TOYCOMP_SINCOSF(sincosf)`` and calls ``toycomp_sincosf``::
 
     >>> "TOYCOMP_SAME_LIBM_1(fn)" in PREAMBLE and "fp-contract=off" in PREAMBLE
+    True
+    >>> "TOYCOMP_SINCOSF(fn)" in PREAMBLE
     True
 
 NB: in PyTorch this lives in torch/_inductor/codegen/cpp_prefix.h (included by every C++ kernel).
@@ -49,14 +53,17 @@ inline toycomp_vec toycomp_load(const float* p, int n) {
 inline void toycomp_store(float* p, toycomp_vec v, int n) {
     std::memcpy(p, &v, sizeof(float) * (n < TOYCOMP_LANES ? n : TOYCOMP_LANES));
 }
-// toycomp_sinf: GCC calls it on one float, and its SIMD clones _ZGV<isa>N<n>v_toycomp_sinf on
-// n floats; all of them compute through toycomp_sinf_lanes, TOYCOMP_LANES floats at a time.
+// toycomp_expf: GCC calls it on one float, and its SIMD clones _ZGV<isa>N<n>v_toycomp_expf on
+// n floats; all of them compute through toycomp_expf_lanes, TOYCOMP_LANES floats at a time.
 #define TOYCOMP_SAME_LIBM_1(fn)                                                               \
     extern "C" toycomp_vec TOYCOMP_LIBMVEC(v, fn)(toycomp_vec);                               \
     inline void toycomp_##fn##_lanes(float* out, int n, const float* a) {                     \
         for (int k = 0; k < n; k += TOYCOMP_LANES)                                            \
             toycomp_store(out + k, TOYCOMP_LIBMVEC(v, fn)(toycomp_load(a + k, n - k)), n - k); \
     }                                                                                         \
+    TOYCOMP_VECTOR_FN_1(fn)
+// The scalar toycomp_<fn> and its clones, given toycomp_<fn>_lanes.
+#define TOYCOMP_VECTOR_FN_1(fn)                                                               \
     extern "C" float toycomp_##fn(float) __attribute__((__simd__("notinbranch")));            \
     TOYCOMP_HIDDEN float toycomp_##fn##_scalar(float a) __asm__("toycomp_" #fn);              \
     float toycomp_##fn##_scalar(float a) {                                                    \
@@ -97,6 +104,103 @@ inline void toycomp_store(float* p, toycomp_vec v, int n) {
 #endif
 """
 
+# toycomp's own float sin and cos: see [Note: one sincos for sin and cos] in libmvec.py. Like
+# SAME_LIBM, every lane of every clone and the scalar function run the same code, so a value's
+# sine has the same bits alone or next to its cosine, vectorised or not.
+SINCOSF = r"""#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TOYCOMP_SINCOS_MAX 8192.0f  // larger |x| (and inf): glibc's sinf and cosf
+inline float toycomp_flip_sign(float v, uint32_t flip) {  // flip: 0 or 2
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u ^= flip << 30;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+// sin x (S) and/or cos x (C), |x| <= TOYCOMP_SINCOS_MAX: x = j*pi/2 + r with |r| <= pi/4 (j the
+// nearest integer, by the 1.5*2^23 shifter; r = x - j*pi/2 in three fma, pi/2 in three parts),
+// then Cephes' polynomials for sin r and cos r, and the quadrant j mod 4 picks and signs them.
+template <bool S, bool C> inline void toycomp_sincosf_1(float x, float* s, float* c) {
+    float k = __builtin_fmaf(x, 0x1.45f306p-1f, 0x1.8p23f);  // 1.5*2^23 + j
+    uint32_t q;
+    std::memcpy(&q, &k, 4);  // its low bits: j mod 4
+    float j = k - 0x1.8p23f;
+    float r = __builtin_fmaf(j, -0x1.921fb4p0f, x);  // three parts below pi/2: j = +0 gives
+    r = __builtin_fmaf(j, -0x1.4442d0p-24f, r);        // -0 products, and -0 + -0 = -0, so
+    r = __builtin_fmaf(j, -0x1.84698ap-48f, r);        // that r = x when x = -0.0
+    float r2 = r * r;
+    float ps = __builtin_fmaf(__builtin_fmaf(-1.9515295891e-4f, r2, 8.3321608736e-3f), r2,
+                              -1.6666654611e-1f);
+    float sin_r = __builtin_copysignf(__builtin_fmaf(r * r2, ps, r), r);  // sin(-0.0) = -0.0
+    float pc = __builtin_fmaf(__builtin_fmaf(2.443315711809948e-5f, r2, -1.388731625493765e-3f),
+                              r2, 4.166664568298827e-2f);
+    float cos_r = __builtin_fmaf(r2 * r2, pc, __builtin_fmaf(-0.5f, r2, 1.0f));
+    // j mod 4 = 0, 1, 2, 3: sin x = sin r, cos r, -sin r, -cos r; cos x = cos r, -sin r, ...
+    if constexpr (S) *s = toycomp_flip_sign(q & 1 ? cos_r : sin_r, q & 2);
+    if constexpr (C) *c = toycomp_flip_sign(q & 1 ? sin_r : cos_r, (q + 1) & 2);
+}
+// Whether any of the n floats at a is beyond TOYCOMP_SINCOS_MAX (one vector compare).
+inline bool toycomp_sincos_big(const float* a, int n) {
+#if defined(__AVX512F__)
+    if (n == 16) {
+        __m512 v = _mm512_abs_ps(_mm512_loadu_ps(a));
+        return _mm512_cmp_ps_mask(v, _mm512_set1_ps(TOYCOMP_SINCOS_MAX), _CMP_GT_OQ) != 0;
+    }
+#endif
+#if defined(__AVX__)
+    if (n == 8) {
+        __m256 v = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(a));
+        return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(TOYCOMP_SINCOS_MAX), _CMP_GT_OQ));
+    }
+#endif
+    bool big = false;
+    for (int k = 0; k < n; k++)
+        big |= std::fabs(a[k]) > TOYCOMP_SINCOS_MAX;
+    return big;
+}
+template <bool S, bool C> inline void toycomp_sincosf_lanes(float* s, float* c, int n,
+                                                            const float* a) {
+    _Pragma("omp simd")  // (one vector when n is a clone's width)
+    for (int k = 0; k < n; k++)
+        toycomp_sincosf_1<S, C>(a[k], s + k, c + k);
+    if (__builtin_expect(toycomp_sincos_big(a, n), 0))
+        for (int k = 0; k < n; k++)
+            if (std::fabs(a[k]) > TOYCOMP_SINCOS_MAX) {
+                if constexpr (S) s[k] = sinf(a[k]);
+                if constexpr (C) c[k] = cosf(a[k]);
+            }
+}
+// TOYCOMP_SINCOSF(sinf), (cosf): toycomp_sinf / toycomp_cosf and their clones, as SAME_LIBM's;
+// TOYCOMP_SINCOSF(sincosf): toycomp_sincosf(x, &s, &c), whose clones GCC calls with a vector
+// of x and two pointers to n floats each (`linear`: _ZGV<isa>N<n>vl4l4_toycomp_sincosf).
+#define TOYCOMP_SINCOSF(fn) TOYCOMP_SINCOSF_##fn
+#define TOYCOMP_SINCOSF_sinf                                                                  \
+    inline void toycomp_sinf_lanes(float* out, int n, const float* a) {                       \
+        toycomp_sincosf_lanes<true, false>(out, nullptr, n, a);                               \
+    }                                                                                         \
+    TOYCOMP_VECTOR_FN_1(sinf)
+#define TOYCOMP_SINCOSF_cosf                                                                  \
+    inline void toycomp_cosf_lanes(float* out, int n, const float* a) {                       \
+        toycomp_sincosf_lanes<false, true>(nullptr, out, n, a);                               \
+    }                                                                                         \
+    TOYCOMP_VECTOR_FN_1(cosf)
+#define TOYCOMP_SINCOSF_sincosf                                                               \
+    _Pragma("omp declare simd notinbranch linear(s, c)")                                      \
+    extern "C" void toycomp_sincosf(float a, float* s, float* c);                             \
+    TOYCOMP_HIDDEN void toycomp_sincosf_scalar(float, float*, float*)                         \
+        __asm__("toycomp_sincosf");                                                           \
+    void toycomp_sincosf_scalar(float a, float* s, float* c) {                                \
+        toycomp_sincosf_lanes<true, true>(s, c, 1, &a);                                       \
+    }                                                                                         \
+    TOYCOMP_CLONES(TOYCOMP_CLONE_SINCOS, sincosf)
+#define TOYCOMP_CLONE_SINCOS(isa, n, fn)                                                      \
+    TOYCOMP_HIDDEN void _ZGV##isa##N##n##vl4l4_toycomp_sincosf(toycomp_v##n a, float* s,      \
+                                                              float* c) {                     \
+        toycomp_sincosf_lanes<true, true>(s, c, n, (const float*)&a);                         \
+    }
+#endif
+"""
+
 PREAMBLE = r"""#include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -118,4 +222,4 @@ inline uint16_t float_to_bf16(float f) {
     if (f != f) return 0x7fc0;
     return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
-""" + SAME_LIBM
+""" + SAME_LIBM + SINCOSF
