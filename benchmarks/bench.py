@@ -7,7 +7,7 @@
     python benchmarks/bench.py --models         # torchvision training steps (needs torchvision)
     python benchmarks/bench.py --compile-time   # compile time of 40- to 200-op pointwise chains
     python benchmarks/bench.py --mode reduce-overhead  # both compilers replay CUDA graphs
-    python benchmarks/bench.py --no-autotune    # toycomp's fixed Triton configs: TOYCOMP_AUTOTUNE=0
+    python benchmarks/bench.py --autotune       # toycomp autotunes its Triton configs on CUDA
 
 Rows (benchmarks/workloads.py): issue 9's workloads at its sizes on CUDA (sin²+cos² on 16M
 floats, bias + GELU, softmax and layer_norm on 8192 x 4096, forward and forward + backward, an
@@ -313,8 +313,8 @@ def parse_args() -> argparse.Namespace:
                         help="--models: keep PyTorch's TF32 settings (default: TF32 off)")
     parser.add_argument("--mode", choices=["default", "reduce-overhead"], default=None,
                         help="passed to torch.compile and toycomp.compile (CUDA graphs)")
-    parser.add_argument("--no-autotune", action="store_true",
-                        help="toycomp launches its fixed Triton configs (TOYCOMP_AUTOTUNE=0)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="toycomp autotunes its Triton configs (TOYCOMP_AUTOTUNE=1)")
     parser.add_argument("--timeout", type=float, default=500.0,
                         help="--models: seconds all compilers' processes may run together")
     return parser.parse_args()
@@ -324,8 +324,8 @@ def main() -> None:
     args = parse_args()
     global MODE
     MODE = args.mode
-    if args.no_autotune:  # (read when kernels load; the --models processes inherit it)
-        os.environ["TOYCOMP_AUTOTUNE"] = "0"
+    if args.autotune:  # (read when kernels load; the --models processes inherit it)
+        os.environ["TOYCOMP_AUTOTUNE"] = "1"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     def save(results: dict) -> None:

@@ -42,6 +42,7 @@ from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
+from toycomp.inductor import autotune
 from toycomp.inductor.cudagraphs import CUDAGraphMode, check_mode
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
@@ -159,6 +160,7 @@ class GraphCompiler:
     ) -> None:
         self.backend, self.partition, self.name = backend, partition, name
         self.cudagraphs = CUDAGraphMode(name) if mode == "reduce-overhead" else None
+        self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
         self.log: list[CompiledEntry] = []  # both, in compile order
@@ -170,9 +172,10 @@ class GraphCompiler:
             example_inputs = [fake_on_device(t, torch.device("cpu"))
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
-            aot, graphs = compile_stages_2_to_4(
-                gm, example_inputs, self.backend, self.partition, self.cudagraphs
-            )
+            with autotune.requested(self.autotune):
+                aot, graphs = compile_stages_2_to_4(
+                    gm, example_inputs, self.backend, self.partition, self.cudagraphs
+                )
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
             self.log.append(self.eager[-1])
@@ -271,7 +274,9 @@ def compile(  # noqa: A001 (torch.compile's name)
             mode. Sizes 0 and 1 are always specialised.
         mode: ``None`` or ``"default"``; ``"reduce-overhead"`` replays each compiled graph on
             CUDA as a CUDA graph after a warm-up call (toycomp/inductor/cudagraphs.py: static
-            shapes only; a graph it cannot apply to runs as compiled, with a warning).
+            shapes only; a graph it cannot apply to runs as compiled, with a warning);
+            ``"max-autotune"`` times a few launch configs of each Triton kernel on CUDA at its
+            first call and keeps the fastest (toycomp/inductor/autotune.py).
 
     Returns:
         A callable with the same results, gradients and Python side effects as ``fn``. A new

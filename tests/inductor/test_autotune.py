@@ -195,11 +195,27 @@ def test_autotuned_wraps_only_kernels_with_a_choice(monkeypatch):
     (g,) = graph.compiled.kernels
     jit_fn = getattr(cache.load_python_module(g.source, "triton"), g.name)
     launcher = object()
+    assert autotune.autotuned(launcher, jit_fn, g) is launcher  # not asked for
+    with autotune.requested(True):  # mode="max-autotune"
+        assert isinstance(autotune.autotuned(launcher, jit_fn, g), Autotuner)
+        one = type(g)(g.name, g.backend, g.source, g.origins, g.call, configs=g.configs[:1])
+        assert autotune.autotuned(launcher, jit_fn, one) is launcher
+        monkeypatch.setenv("TOYCOMP_AUTOTUNE", "0")
+        assert autotune.autotuned(launcher, jit_fn, g) is launcher
+    monkeypatch.setenv("TOYCOMP_AUTOTUNE", "1")
     assert isinstance(autotune.autotuned(launcher, jit_fn, g), Autotuner)
-    one = type(g)(g.name, g.backend, g.source, g.origins, g.call, configs=g.configs[:1])
-    assert autotune.autotuned(launcher, jit_fn, one) is launcher
-    monkeypatch.setenv("TOYCOMP_AUTOTUNE", "0")
-    assert autotune.autotuned(launcher, jit_fn, g) is launcher
+
+
+def test_max_autotune_mode_asks_for_autotuning(monkeypatch):
+    # kernels load (and are wrapped, on CUDA) while stage 4 compiles: record what it is told
+    import toycomp.pipeline as pipeline
+
+    seen, real = [], pipeline.compile_graph
+    monkeypatch.setattr(pipeline, "compile_graph",
+                        lambda *a: seen.append(autotune.enabled()) or real(*a))
+    for mode in (None, "max-autotune"):
+        toycomp.compile(lambda x: x.sin() * 2, mode=mode)(torch.randn(1000))
+    assert seen == [False, True] and not autotune.enabled()
 
 
 # --- choosing -----------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ Files, in reading order:
 * ``codegen/``: kernels -> source text (shared part, C++, Triton);
 * ``runtime.py``, ``wrapper.py``: the ``call(args)`` function and what it calls at run time;
 * ``cudagraphs.py``: ``mode="reduce-overhead"``: a compiled graph replayed as one CUDA graph;
-* ``autotune.py``: (Triton on CUDA) the fastest of a few launch configs per kernel, timed once;
+* ``autotune.py``: (Triton on CUDA, ``mode="max-autotune"``) the fastest of a few launch
+  configs per kernel, timed once;
 * ``cache.py``: compiled kernels on disk.
 
 NB: in PyTorch this lives in torch/_inductor: lowering.py (the ``lowerings`` table), graph.py

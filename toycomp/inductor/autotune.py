@@ -28,11 +28,13 @@ torch/_inductor/runtime/autotune_cache.py (the choice on disk); Triton's own aut
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -71,9 +73,10 @@ from toycomp.inductor import cache
 #   and CUDA (and several configs fail in the interpreter); every launch would go through its
 #   Python, losing [Note: lean launches]; it restores mutated arguments only when the decorator
 #   names them; and its cache is not toycomp's private one. It would save about 60 lines.
-# ``TOYCOMP_AUTOTUNE=0`` turns it off (each kernel launches its fixed config), as
-# ``TOYCOMP_VECTOR_MATH=0`` turns off libmvec. The cost, once per kernel, sizes and GPU: one
-# Triton compile per candidate (Triton caches those on disk too) and ~25 ms of timing each.
+# It runs when asked for ([Note: autotuning is asked for]); ``TOYCOMP_AUTOTUNE=0`` turns it off
+# (each kernel launches its fixed config), as ``TOYCOMP_VECTOR_MATH=0`` turns off libmvec. The
+# cost, once per kernel, sizes and GPU: one Triton compile per candidate (Triton caches those
+# on disk too) and ~25 ms of timing each.
 # What it found on the H100 for issue 9's softmax, layer_norm, MLP and column-sum rows: the
 # fixed configs were within 2% of the best candidate for all but 3 of 18 kernels (two outer
 # reductions, 5.8 -> 4.9 us and 20.7 -> 19.8 us, took [32, 16] tiles; a 32M-element pointwise
@@ -83,9 +86,29 @@ MIN_GAIN = 0.02  # another config must beat the fixed one by 2%
 _CHOSEN: dict[str, dict[str, int]] = {}  # key -> config: the choices of this process
 
 
+# [Note: autotuning is asked for]
+# Each candidate costs a Triton compile on the first call: ~0.3 s a kernel, so a model of 250
+# kernels took 3 minutes to start on the H100, and the measured rows moved within noise (above).
+# So, as torch.compile's ``mode="max-autotune"``, toycomp autotunes when asked: with
+# ``toycomp.compile(fn, mode="max-autotune")`` (the graphs compiled under ``requested(True)``)
+# or ``TOYCOMP_AUTOTUNE=1``; ``TOYCOMP_AUTOTUNE=0`` turns it off in every mode.
+_REQUESTED: contextvars.ContextVar[bool] = contextvars.ContextVar("autotune", default=False)
+
+
 def enabled() -> bool:
-    """Whether CUDA kernels are autotuned: unless ``TOYCOMP_AUTOTUNE=0``."""
-    return os.environ.get("TOYCOMP_AUTOTUNE", "1") != "0"
+    """Whether CUDA kernels loaded now are autotuned (see [Note: autotuning is asked for])."""
+    env = os.environ.get("TOYCOMP_AUTOTUNE")
+    return _REQUESTED.get() if env is None else env != "0"
+
+
+@contextlib.contextmanager
+def requested(on: bool) -> Iterator[None]:
+    """Kernels loaded inside are autotuned if ``on`` (and TOYCOMP_AUTOTUNE does not say)."""
+    token = _REQUESTED.set(on)
+    try:
+        yield
+    finally:
+        _REQUESTED.reset(token)
 
 
 def autotuned(launcher: Any, jit_fn: Any, generated: Any) -> Any:

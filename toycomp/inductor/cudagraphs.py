@@ -36,7 +36,7 @@ from toycomp.tensor_utils import same_strides
 
 __all__ = ["MODES", "CUDAGraphMode", "CUDAGraphRunner", "check_mode", "skip_reasons"]
 
-MODES = (None, "default", "reduce-overhead")
+MODES = (None, "default", "reduce-overhead", "max-autotune")
 
 # [Note: CUDA graphs]
 # A small training step is bound by the host: the GPU finishes each kernel before Python has
