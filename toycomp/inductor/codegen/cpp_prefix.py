@@ -108,7 +108,6 @@ inline void toycomp_store(float* p, toycomp_vec v, int n) {
 # SAME_LIBM, every lane of every clone and the scalar function run the same code, so a value's
 # sine has the same bits alone or next to its cosine, vectorised or not.
 SINCOSF = r"""#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #define TOYCOMP_SINCOS_MAX 8192.0f  // larger |x| (and inf): glibc's sinf and cosf
 inline float toycomp_flip_sign(float v, uint32_t flip) {  // flip: 0 or 2
     uint32_t u;
@@ -139,24 +138,30 @@ template <bool S, bool C> inline void toycomp_sincosf_1(float x, float* s, float
     if constexpr (S) *s = toycomp_flip_sign(q & 1 ? cos_r : sin_r, q & 2);
     if constexpr (C) *c = toycomp_flip_sign(q & 1 ? sin_r : cos_r, (q + 1) & 2);
 }
-// Whether any of the n floats at a is beyond TOYCOMP_SINCOS_MAX (one vector compare).
+// Whether any of the n floats at a is beyond TOYCOMP_SINCOS_MAX (or NaN), with one compare of
+// their bits for a clone's vector (GCC's builtins: <immintrin.h> costs 0.3 s a compile).
+typedef int32_t toycomp_v8i __attribute__((vector_size(32)));
+typedef int32_t toycomp_v16i __attribute__((vector_size(64)));
 inline bool toycomp_sincos_big(const float* a, int n) {
-#if defined(__AVX512F__)
+    const int32_t big = 0x46000000;  // the bits of 8192.0f
+#if defined(__AVX512F__) && !defined(__clang__)
     if (n == 16) {
-        __m512 v = _mm512_abs_ps(_mm512_loadu_ps(a));
-        return _mm512_cmp_ps_mask(v, _mm512_set1_ps(TOYCOMP_SINCOS_MAX), _CMP_GT_OQ) != 0;
+        toycomp_v16i bits;
+        std::memcpy(&bits, a, 64);
+        return __builtin_ia32_pcmpgtd512_mask(bits & 0x7fffffff, bits * 0 + big, 0xffff);
     }
 #endif
-#if defined(__AVX__)
+#if defined(__AVX__) && !defined(__clang__)
     if (n == 8) {
-        __m256 v = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(a));
-        return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(TOYCOMP_SINCOS_MAX), _CMP_GT_OQ));
+        toycomp_v8i bits;
+        std::memcpy(&bits, a, 32);
+        return __builtin_ia32_movmskps256((toycomp_v8)((bits & 0x7fffffff) > big));
     }
 #endif
-    bool big = false;
+    bool any = false;
     for (int k = 0; k < n; k++)
-        big |= std::fabs(a[k]) > TOYCOMP_SINCOS_MAX;
-    return big;
+        any |= std::fabs(a[k]) > TOYCOMP_SINCOS_MAX;
+    return any;
 }
 template <bool S, bool C> inline void toycomp_sincosf_lanes(float* s, float* c, int n,
                                                             const float* a) {
