@@ -5,8 +5,9 @@ and ``r``) -> a ``common.GeneratedKernel``: C++ source (an OpenMP loop nest, com
 ``cache.py`` and called through ``ctypes``) or a Python module with one ``@triton.jit`` kernel,
 plus the wrapper line that launches it. The body of ``sin(x)**2 + cos(x)**2`` in both::
 
-    float tmp1 = toycomp_sinf(tmp0);        tmp1 = tl.sin(tmp0)
-    float tmp2 = tmp1 * tmp1;               tmp2 = tmp1 * tmp1
+    float tmp1, tmp3;                       tmp1 = tl.sin(tmp0)
+    toycomp_sincosf(tmp0, &tmp1, &tmp3);    tmp2 = tmp1 * tmp1
+    float tmp2 = tmp1 * tmp1;               tmp3 = tl.cos(tmp0)
 
 (``cpp.py`` and ``triton.py`` print whole kernels in their docstrings, run as doctests.)
 
