@@ -206,3 +206,14 @@ def test_guards_read_each_module_attribute_once():
     assert not check({"self": net, "x": x}, {})
     assert check.failing_guard({"self": net, "x": x}, {}) == \
         "L['self'].body._modules['1'].scale == 2.0"
+
+
+def test_graph_inputs_read_each_module_attribute_once():
+    net, x = _Net(), torch.randn(2, 4)
+    compiled = compile_frame(net.forward, lambda gm, ex: gm)
+    want = net(x)
+    compiled(x)
+    _CountingModule.reads = 0
+    torch.testing.assert_close(compiled(x), want)
+    assert _CountingModule.reads == 6  # the guards', then the inputs': body and each lin
+    assert "__path0 = self.body" in compiled.entries[0].transformed.source

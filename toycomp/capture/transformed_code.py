@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from toycomp.capture.codegen import PyCodegen
 from toycomp.capture.resume_execution import ReenterWith, make_resume_function
+from toycomp.capture.sources import ChainedSource, Source
 from toycomp.capture.symbolic_convert import Break, Return
 from toycomp.capture.variables.base import NULL, Unsupported
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
@@ -124,8 +125,34 @@ def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], 
     compiled = compile_graph(gm, examples)
     name = f"__compiled_fn_{graph_index}"
     cg.env[name] = compiled
-    inputs = ", ".join(s.code() for s in output.input_sources())
-    return [f"{'__graph_out = ' if cg.outputs else ''}{name}({inputs})"], gm, examples
+    paths, inputs = read_inputs(output.input_sources())
+    return paths + [f"{'__graph_out = ' if cg.outputs else ''}{name}({inputs})"], gm, examples
+
+
+def read_inputs(sources: list[Source]) -> tuple[list[str], str]:
+    """Lines that read each path shared by two or more graph inputs once (``__path0 =
+    self.encoder.layers``), and the inputs' text through them: a model's parameters are read
+    as its guards read them (see [Note: guards name shared prefixes] in guard_builder.py)."""
+    uses: dict[Source, int] = {}
+    for source in sources:
+        base = getattr(source, "base", None)
+        while isinstance(base, ChainedSource):
+            uses[base] = uses.get(base, 0) + 1
+            base = base.base
+    names: dict[Source, str] = {}
+
+    def text(source: Source) -> str:
+        if source in names:
+            return names[source]
+        if isinstance(source, ChainedSource):
+            return text(source.base) + source.suffix()
+        return source.code()
+
+    lines = []
+    for path in sorted((p for p, n in uses.items() if n >= 2), key=lambda p: len(p.code())):
+        lines.append(f"__path{len(names)} = {text(path)}")  # shorter paths first: reused
+        names[path] = f"__path{len(names)}"
+    return lines, ", ".join(text(s) for s in sources)
 
 
 def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
