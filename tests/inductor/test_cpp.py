@@ -33,19 +33,24 @@ from toycomp.inductor.ir import (
 F32 = torch.float32
 
 
-def run_cpp(kernels, inputs: dict, outputs: dict) -> list[torch.Tensor]:
-    """Run C++ kernels on contiguous inputs; return the whole output buffers."""
+def compile_cpp(kernels, inputs: dict, outputs: dict, dtype=F32) -> wrapper.CompiledGraph:
+    """C++ kernels as a graph of contiguous inputs (shaped as ``inputs``) and outputs."""
     contiguous = lambda size: indexing.contiguous_strides(tuple(size))  # noqa: E731
     graph = ScheduledGraph(
         inputs=tuple(
             InputBuffer(n, tuple(t.shape), t.stride(), t.dtype) for n, t in inputs.items()
         ),
-        allocations=tuple(AllocatedBuffer(n, s, contiguous(s), F32) for n, s in outputs.items()),
+        allocations=tuple(AllocatedBuffer(n, s, contiguous(s), dtype) for n, s in outputs.items()),
         steps=tuple(kernels),
         outputs=tuple(TensorArg(n, s, contiguous(s)) for n, s in outputs.items()),
         device=torch.device("cpu"),
     )
-    return wrapper.compile_graph(graph, "cpp")(list(inputs.values()))
+    return wrapper.compile_graph(graph, "cpp")
+
+
+def run_cpp(kernels, inputs: dict, outputs: dict) -> list[torch.Tensor]:
+    """Run C++ kernels on contiguous inputs; return the whole output buffers."""
+    return compile_cpp(kernels, inputs, outputs)(list(inputs.values()))
 
 
 def values(n: int) -> torch.Tensor:

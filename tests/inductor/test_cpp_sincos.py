@@ -14,20 +14,17 @@ import re
 import pytest
 import torch
 
-from toycomp.inductor import cache, indexing, wrapper
+from tests.inductor.test_cpp import compile_cpp
+from toycomp.inductor import cache
 from toycomp.inductor.codegen import common, cpp, libmvec
 from toycomp.inductor.indexing import r, x
 from toycomp.inductor.ir import (
-    AllocatedBuffer,
     Constant,
-    InputBuffer,
     Kernel,
     Load,
     Loop,
     Op,
-    ScheduledGraph,
     Store,
-    TensorArg,
 )
 
 F32, F64 = torch.float32, torch.float64
@@ -39,17 +36,7 @@ needs_sincos = pytest.mark.skipif(
 
 
 def run_cpp(kernels, inputs: dict, outputs: dict, dtype=F32):
-    contiguous = lambda size: indexing.contiguous_strides(tuple(size))  # noqa: E731
-    graph = ScheduledGraph(
-        inputs=tuple(
-            InputBuffer(n, tuple(t.shape), t.stride(), t.dtype) for n, t in inputs.items()
-        ),
-        allocations=tuple(AllocatedBuffer(n, s, contiguous(s), dtype) for n, s in outputs.items()),
-        steps=tuple(kernels),
-        outputs=tuple(TensorArg(n, s, contiguous(s)) for n, s in outputs.items()),
-        device=torch.device("cpu"),
-    )
-    compiled = wrapper.compile_graph(graph, "cpp")
+    compiled = compile_cpp(kernels, inputs, outputs, dtype)
     return compiled, compiled(list(inputs.values()))
 
 
