@@ -107,7 +107,7 @@ def test_expanded_output_is_an_expanded_view_of_fresh_storage(backend):
 
 
 def test_an_attention_seed_is_checked_on_any_device():
-    # [Note: attention seeds]: the efficient-attention backward's seed and offset are 0-d
+    # [Note: extern seeds]: the efficient-attention backward's seed and offset are 0-d
     # tensors that its fake implementation puts on the GPU and the real one on the CPU
     g = torch.fx.Graph()
     names = ["grad", "q", "k", "v", "out", "lse", "seed", "offset"]

@@ -74,7 +74,7 @@ class InputBuffer:
     stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device | None = None  # where it lives when not on the graph's device
-    any_device: bool = False  # an attention kernel's RNG seed: see [Note: attention seeds]
+    any_device: bool = False  # a 0-d value only externs read: see [Note: extern seeds]
 
 
 @dataclass(frozen=True)

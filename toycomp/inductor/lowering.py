@@ -63,7 +63,7 @@ from toycomp.inductor.tensor_value import (
     strided_load,
     tree_size,
 )
-from toycomp.prims.decomp_table import EXTERN_OPS, SDPA_OPS
+from toycomp.prims.decomp_table import EXTERN_OPS
 from toycomp.tensor_utils import to_meta
 
 # [Note: when to realize]
@@ -161,19 +161,20 @@ class GraphLowering:
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
         elsewhere = tensor.device if tensor.device != self.device else None  # an extern's cpu seed
-        any_device = tensor.dim() == 0 and bool(node.users) and all(
-            u.op == "call_function" and u.target in SDPA_OPS for u in node.users)
+        any_device = tensor.dim() == 0 and bool(node.users) and all(  # [Note: extern seeds]
+            u.op == "call_function" and isinstance(u.target, OpOverload) for u in node.users)
         self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype, elsewhere,
                                           any_device))
         self.meta[node] = to_meta(tensor)
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
-    # [Note: attention seeds]
+    # [Note: extern seeds]
     # On CUDA, memory-efficient attention returns its RNG seed and offset, which its backward
     # takes, as 0-d CPU tensors, but its fake (meta) implementation says they live on the GPU:
     # a backward compiled from fake inputs would expect them there and reject the real ones.
-    # No kernel of ours reads them, only the attention backward, which takes them where the
-    # forward made them; so such an input is checked for its shape and dtype, on any device.
+    # Any op may do the same (a custom op's scalar on another device). No kernel of ours reads
+    # such a value, only extern ops (ATen or custom), which take it where the forward made it;
+    # so a 0-d input that only externs read is checked for its shape and dtype, on any device.
 
     # [Note: graph constants]
     # AOT puts tensors made from Python data (``torch.tensor([1., 2.])`` in the traced code)

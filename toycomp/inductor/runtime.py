@@ -110,7 +110,7 @@ def check_input(
 ) -> None:
     """Kernels index inputs with the strides they were compiled for: anything else is an error
     (a size-0/1 dim's stride is never used, so it may differ). ``device`` None: any device
-    (see [Note: attention seeds] in lowering.py)."""
+    (see [Note: extern seeds] in lowering.py)."""
     # the common case first, cheaply: a training step checks a few hundred inputs per call
     if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:
         if t.shape == size and t.device == device:
