@@ -188,14 +188,16 @@ _PATH = re.compile(r"\b[LG]\[(?:'[^'\\]*'|-?\d+)\](?:\.[A-Za-z_]\w*|\[(?:'[^'\\]
 _LINK = re.compile(r"\.[A-Za-z_]\w*|\[(?:'[^'\\]*'|-?\d+)\]")
 
 
-def _paths(condition: str) -> list[tuple[re.Match, list[str]]]:
-    """Each path in ``condition`` with its links (a method's name, before ``(``, is not one)."""
+def _paths(condition: str) -> list[tuple[re.Match, str, list[str], str]]:
+    """Each path in ``condition``: its match, root (``L['self']``), links, and what follows them
+    in the match (a method's name before ``(``, which reads a method, not a value to share)."""
     found = []
     for m in _PATH.finditer(condition):
-        links = _LINK.findall(m.group()[m.group().index("]") + 1:])
+        root = m.group()[: m.group().index("]") + 1]
+        links = _LINK.findall(m.group()[len(root):])
         if condition[m.end():m.end() + 1] == "(" and links:
-            links = links[:-1]  # L['x'].stride() reads the method, not a value to share
-        found.append((m, links))
+            links = links[:-1]
+        found.append((m, root, links, m.group()[len(root) + len("".join(links)):]))
     return found
 
 
@@ -204,8 +206,7 @@ def name_shared_prefixes(conditions: list[str], taken) -> tuple[list[str], dict[
     its first read (see [Note: guards name shared prefixes]); and name -> the path's text."""
     uses: dict[str, int] = {}
     for cond in conditions:
-        for m, links in _paths(cond):
-            root = m.group()[:m.group().index("]") + 1]
+        for _, root, links, _ in _paths(cond):
             for i in range(1, len(links) + 1):
                 key = root + "".join(links[:i])
                 uses[key] = uses.get(key, 0) + 1
@@ -214,8 +215,8 @@ def name_shared_prefixes(conditions: list[str], taken) -> tuple[list[str], dict[
     for cond in conditions:
         may_name = not re.search(r"\b(and|or|if)\b", cond)
         out, end = [], 0
-        for m, links in _paths(cond):
-            text = key = m.group()[:m.group().index("]") + 1]
+        for m, root, links, rest in _paths(cond):
+            text = key = root
             for link in links:
                 key, text = key + link, text + link
                 if key in names:
@@ -226,7 +227,6 @@ def name_shared_prefixes(conditions: list[str], taken) -> tuple[list[str], dict[
                         name += "_"
                     names[key] = name
                     text = f"({name} := {text})"
-            rest = m.group()[len(m.group()[:m.group().index("]") + 1]) + len("".join(links)):]
             out += [cond[end:m.start()], text + rest]
             end = m.end()
         rewritten.append("".join(out) + cond[end:])
