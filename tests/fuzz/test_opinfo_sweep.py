@@ -61,6 +61,7 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "alias": ["alias_copy"],
     "embedding_dense_backward": ["nn.functional.embedding"],
     "gelu_backward": ["nn.functional.gelu"],
+    "hardtanh_backward": ["nn.functional.hardtanh"],
     "max_pool2d_with_indices": ["nn.functional.max_pool2d"],
     "mse_loss_backward": ["nn.functional.mse_loss"],
     "native_layer_norm": ["nn.functional.layer_norm"],

@@ -67,7 +67,7 @@ GRAD_OPINFOS = {
     "gelu_backward": "nn.functional.gelu", "nll_loss_backward": "nn.functional.nll_loss",
     "_log_softmax_backward_data": "log_softmax", "_softmax_backward_data": "softmax",
     "sigmoid_backward": "sigmoid", "tanh_backward": "tanh",
-    "threshold_backward": "nn.functional.relu",
+    "threshold_backward": "nn.functional.relu", "hardtanh_backward": "nn.functional.hardtanh",
     "native_layer_norm_backward": "nn.functional.layer_norm",
     "mse_loss_backward": "nn.functional.mse_loss",
     "native_batch_norm_backward": "nn.functional.batch_norm",
@@ -306,6 +306,17 @@ def test_cat_of_equal_sizes_decomposes_and_unequal_falls_back():
     assert fallbacks(dgm) == ["aten.cat.default"]  # only the cat of unequal sizes
     for got, want in zip(dgm(a, b, c), fn(a, b, c), strict=True):
         assert torch.equal(got, want)
+
+
+def test_hardtanh_backward_at_its_bounds_and_nan():
+    # OpInfo's random samples never land on a bound; ReLU6 (MobileNet) needs both exactly.
+    # (long enough for ATen's vectorised loop: its scalar tail lets a NaN's gradient pass)
+    x = torch.tensor([-1.0, 0.0, 0.5, 6.0, 7.0, float("nan"), -0.0, 5.9]).repeat(8)
+    grad = torch.arange(1.0, 65.0)
+    fn = lambda g, x: aten.hardtanh_backward(g, x, 0.0, 6.0)  # noqa: E731
+    dgm = decompose(make_fx(fn)(grad, x), [grad, x])
+    assert fallbacks(dgm) == []
+    assert torch.equal(dgm(grad, x), fn(grad, x))
 
 
 # --- fallbacks, identity-like and in-place ops ----------------------------------------------------

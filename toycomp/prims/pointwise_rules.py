@@ -239,11 +239,28 @@ def relu(a: Any) -> Any:
 
 @register(aten.threshold_backward.default)
 def threshold_backward(grad: Any, a: Any, threshold: Any) -> Any:
-    mask = elementwise(prims.le, a, threshold, kind=KIND.ALWAYS_BOOL)
+    return _zero_where(grad, a, elementwise(prims.le, a, threshold, kind=KIND.ALWAYS_BOOL))
+
+
+@register(aten.hardtanh_backward.default)
+def hardtanh_backward(grad: Any, a: Any, min_val: Any, max_val: Any) -> Any:
+    # The gradient passes only strictly between the bounds (ReLU6's backward in MobileNet).
+    # ATen's kernels disagree on a NaN input: the CPU's vectorised loop computes
+    # (min < x) & (x < max), so NaN gets 0; its scalar loop and CUDA's kernel test
+    # x <= min || x >= max, so NaN passes. We follow the vectorised loop, which eager runs on
+    # all but the tail of a CPU tensor: NaN gets 0.
+    inside = logical_and(gt(a, min_val), lt(a, max_val))
+    return _zero_where(grad, a, prims.logical_not(inside))
+
+
+def _zero_where(grad: Any, a: Any, *masks: Any) -> Any:
+    """``grad`` (broadcast with ``a``, in their common dtype) with 0 wherever a mask is set."""
     computation, _ = elementwise_dtypes(grad, a, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(grad.shape, a.shape)
-    grad = broadcast_to(convert(grad, computation), shape)
-    return prims.where(broadcast_to(mask, shape), 0, grad)
+    out = broadcast_to(convert(grad, computation), shape)
+    for mask in masks:
+        out = prims.where(broadcast_to(mask, shape), 0, out)
+    return out
 
 
 @register(aten.sigmoid.default)
