@@ -405,7 +405,7 @@ def test_an_unsafe_cache_directory_is_refused(tmp_path):
 def test_autotuned_kernels_on_cuda_match_eager(case):
     fn, size = CASES[case]
     x = torch.randn(size, device="cuda")
-    compiled = toycomp.compile(fn, backend="triton")
+    compiled = toycomp.compile(fn, backend="triton", mode="max-autotune")
     for _ in range(2):
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-5)
     assert autotune._CHOSEN  # something was timed and chosen
@@ -425,7 +425,7 @@ def test_autotuned_training_step_on_cuda_matches_eager():
     x, y = torch.randn(512, 256, device="cuda"), torch.randint(0, 64, (512,), device="cuda")
     want = step(x, y).detach()
     want_grads = [p.grad.clone() for p in model.parameters()]
-    compiled = toycomp.compile(step, backend="triton")
+    compiled = toycomp.compile(step, backend="triton", mode="max-autotune")
     for _ in range(2):
         model.zero_grad()
         torch.testing.assert_close(compiled(x, y), want, rtol=1e-4, atol=1e-5)
