@@ -108,8 +108,11 @@ class InterpretedKernel:
 # (which compiles and launches), later ones with the same specialization, computed by us as
 # Triton computes it (dtype and 16-byte alignment of tensors; for ints == 1, % 16 == 0 and
 # 32-bit range; the constexprs), call `CompiledKernel.run` with the arguments in signature
-# order. Launch hooks (a profiler such as Proton adds them to Triton's empty default chain) send
-# every launch through Triton.
+# order. Tensors are passed as their addresses: given a tensor, Triton's launcher calls its
+# data_ptr() and asks the CUDA driver whether the pointer is a device pointer, for every tensor
+# of every launch; our wrapper has already checked every input's device (check_input), and
+# allocates the rest on it. Launch hooks (a profiler such as Proton adds them to Triton's empty
+# default chain) send every launch through Triton.
 class LeanLauncher:
     """``kernel[grid](*args, **meta)`` on CUDA, for a ``JITFunction`` ``kernel``: the compiled
     kernel is called directly once Triton has compiled it for these argument kinds."""
@@ -128,7 +131,17 @@ class LeanLauncher:
 
     def launch(self, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         device = self.driver.get_current_device()
-        key = (device, *map(_specialization, args), *meta.items())
+        key, values = [device], []  # values: what the compiled kernel receives
+        for a in args:
+            if isinstance(a, torch.Tensor):  # its address, read once (see the Note)
+                address = a.data_ptr()
+                key.append((a.dtype, address % 16 == 0))  # = _specialization(a)
+                values.append(address)
+            else:
+                key.append(_specialization(a))
+                values.append(a)
+        key.extend(meta.items())
+        key = tuple(key)
         known = self.launches.get(key)
         if known is None or _active(self.knobs.launch_enter_hook):
             kernel = self.fn[grid](*args, **meta)  # Triton compiles (once) and launches
@@ -139,7 +152,7 @@ class LeanLauncher:
         run, function, metadata, extra = known
         x, y, z = (*grid, 1, 1)[:3]
         stream = self.driver.get_current_stream(device)
-        run(x, y, z, stream, function, metadata, None, None, None, *args, *extra)
+        run(x, y, z, stream, function, metadata, None, None, None, *values, *extra)
 
 
 def _active(hook: Any) -> bool:
