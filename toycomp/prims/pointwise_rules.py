@@ -253,14 +253,12 @@ def hardtanh_backward(grad: Any, a: Any, min_val: Any, max_val: Any) -> Any:
     return _zero_where(grad, a, prims.logical_not(inside))
 
 
-def _zero_where(grad: Any, a: Any, *masks: Any) -> Any:
-    """``grad`` (broadcast with ``a``, in their common dtype) with 0 wherever a mask is set."""
+def _zero_where(grad: Any, a: Any, mask: Any) -> Any:
+    """``grad`` (broadcast with ``a``, in their common dtype) with 0 wherever ``mask`` is set."""
     computation, _ = elementwise_dtypes(grad, a, kind=KIND.NO_OPMATH)
     shape = broadcast_shapes(grad.shape, a.shape)
-    out = broadcast_to(convert(grad, computation), shape)
-    for mask in masks:
-        out = prims.where(broadcast_to(mask, shape), 0, out)
-    return out
+    grad = broadcast_to(convert(grad, computation), shape)
+    return prims.where(broadcast_to(mask, shape), 0, grad)
 
 
 @register(aten.sigmoid.default)
