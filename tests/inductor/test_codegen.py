@@ -110,6 +110,32 @@ def test_softmax(backend, rows, cols):
         assert ("for roffset in range" in src) == (cols > triton.PERSISTENT_MAX_RNUMEL)
 
 
+def test_streamed_loads_are_evicted_first():
+    """[Note: eviction policy]: a reduction's load along r that no later loop repeats."""
+    def loads(kernel):
+        return [line.strip() for line in triton.generate(kernel).source.splitlines()
+                if "tl.load(" in line]  # fmt: skip
+
+    row_sum = Kernel("kernel_0", 8, 5000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
+                     Load("arg0", r + 5000 * x, F32), F32),)),), (("arg0", F32),), ("sum",))
+    (load,) = loads(row_sum)
+    assert "eviction_policy='evict_first'" in load, load
+    # a looped softmax reads its row in each of its three loops: only the last read streams
+    first, second, last = loads(softmax_kernel(3, 5000))
+    assert "evict" not in first and "evict" not in second, (first, second)
+    assert "eviction_policy='evict_first'" in last, last
+    (pointwise,) = loads(sincos_kernel(1000))
+    assert "evict" not in pointwise
+    persistent = loads(softmax_kernel(3, 1000))  # a row in registers: nothing to stream
+    assert persistent and not any("evict" in line for line in persistent), persistent
+    # a weight read by every row (its index has no x) is kept, its rows streamed
+    scaled = Op("mul", (Load("arg0", r + 5000 * x, F32), Load("arg1", r, F32)), F32)
+    row_dot = Kernel("kernel_2", 8, 5000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
+                     scaled, F32),)),), (("arg0", F32), ("arg1", F32)), ("mul", "sum"))
+    rows, weight = loads(row_dot)
+    assert "evict_first" in rows and "evict" not in weight, (rows, weight)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", [ReductionType.SUM, ReductionType.MAX])
 def test_reduce_to_scalar(backend, kind):
