@@ -15,7 +15,7 @@ Triton 3.6 on the GPU machine and 3.9 in CI):
   [Note: lean launches]).
 
 ``toycomp.inductor.codegen.triton`` uses only ``InterpretedKernel`` (CPU tensors) and
-``LeanLauncher`` (CUDA); a Triton upgrade is fixed here.
+``LeanLauncher`` (CUDA), the CUDA wrapper ``raw_stream``; a Triton upgrade is fixed here.
 """
 
 from __future__ import annotations
@@ -104,44 +104,60 @@ class InterpretedKernel:
 # kernel up and asks it for launch metadata: tens of microseconds of Python per launch, and a
 # training step launches hundreds of kernels (notebook 05's GPT step left the GPU idle 3.4 ms
 # a step, Inductor's 1.6 ms). Inductor generates a launcher per compiled kernel that calls its
-# binary directly. So do we: the first launch with a new specialization goes through Triton
-# (which compiles and launches), later ones with the same specialization, computed by us as
-# Triton computes it (dtype and 16-byte alignment of tensors; for ints == 1, % 16 == 0 and
-# 32-bit range; the constexprs), call `CompiledKernel.run` with the arguments in signature
-# order. Tensors are passed as their addresses: given a tensor, Triton's launcher calls its
-# data_ptr() and asks the CUDA driver whether the pointer is a device pointer, for every tensor
-# of every launch; our wrapper has already checked every input's device (check_input), and
-# allocates the rest on it. Launch hooks (a profiler such as Proton adds them to Triton's empty
-# default chain) send every launch through Triton.
+# binary directly. So do we: the first launch of a kind of arguments goes through Triton
+# (which compiles and launches), later ones call `CompiledKernel.run` with the arguments in
+# signature order. The kind of a tensor is what Triton specializes it on (dtype and 16-byte
+# alignment); an int is keyed by its value, which decides its specialization (== 1, % 16 == 0,
+# 32-bit range) and is cheaper to key on than those tests; the constexprs go in by name.
+# The wrapper calls `kernel.run(stream, grid, *args, **meta)`: it has entered the kernel's
+# device (its device guard) and read the current stream once per call, as Inductor's wrapper
+# does (`get_raw_stream`), so a launch asks CUDA for neither. Tensors are passed as their
+# addresses: given a tensor, Triton's launcher calls its data_ptr() and asks the CUDA driver
+# whether the pointer is a device pointer, for every tensor of every launch; our wrapper has
+# already checked every input's device (check_input), and allocates the rest on it. Launch
+# hooks (a profiler such as Proton adds them to Triton's empty default chain) send every
+# launch through Triton.
 class LeanLauncher:
     """``kernel[grid](*args, **meta)`` on CUDA, for a ``JITFunction`` ``kernel``: the compiled
-    kernel is called directly once Triton has compiled it for these argument kinds."""
+    kernel is called directly once Triton has compiled it for these argument kinds. A launcher
+    launches on one device: ``device``, or the current one when it was made."""
 
-    def __init__(self, jit_fn: Any) -> None:
+    def __init__(self, jit_fn: Any, device: torch.device | None = None) -> None:
         from triton import knobs
         from triton.runtime import driver
 
         self.fn = jit_fn
         self.knobs = knobs.runtime
         self.driver = driver.active
-        self.launches: dict[tuple, tuple] = {}  # specialization -> (run, function, meta, extra)
+        index = None if device is None else device.index
+        self.device = torch.cuda.current_device() if index is None else index
+        self.launches: dict[tuple, tuple] = {}  # argument kinds -> (run, function, meta, extra)
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
-        return functools.partial(self.launch, grid)
+        """Triton's way to launch: on the current stream of the launcher's device."""
+        def launch(*args: Any, **meta: Any) -> None:
+            with torch.cuda.device(self.device):
+                stream = self.driver.get_current_stream(self.device)
+                self.run(stream, grid, *args, **meta)
 
-    def launch(self, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
-        device = self.driver.get_current_device()
-        key, values = [device], []  # values: what the compiled kernel receives
+        return launch
+
+    def run(self, stream: int, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+        """Launch on ``stream``, the current stream of the launcher's device, which is the
+        current device (the wrapper's device guard; see the Note)."""
+        key, values = [], []  # values: what the compiled kernel receives
         for a in args:
-            if isinstance(a, torch.Tensor):  # its address, read once (see the Note)
+            if type(a) is int:  # = _specialization(a), as the next case
+                key.append(a)
+                values.append(a)
+            elif isinstance(a, torch.Tensor):  # its address, read once (see the Note)
                 address = a.data_ptr()
                 key.append((a.dtype, address % 16 == 0))  # = _specialization(a)
                 values.append(address)
             else:
                 key.append(_specialization(a))
                 values.append(a)
-        key.extend(meta.items())
-        key = tuple(key)
+        key = (*key, *meta.items())
         known = self.launches.get(key)
         if known is None or _active(self.knobs.launch_enter_hook):
             kernel = self.fn[grid](*args, **meta)  # Triton compiles (once) and launches
@@ -151,7 +167,6 @@ class LeanLauncher:
             return
         run, function, metadata, extra = known
         x, y, z = (*grid, 1, 1)[:3]
-        stream = self.driver.get_current_stream(device)
         run(x, y, z, stream, function, metadata, None, None, None, *values, *extra)
 
 
@@ -161,9 +176,18 @@ def _active(hook: Any) -> bool:
 
 
 def _specialization(arg: Any) -> Any:
-    """What Triton compiles a kernel argument's kind into (see [Note: lean launches])."""
+    """What a launch is keyed on for one argument: the kind Triton compiles it into, or finer
+    (an int's value; see [Note: lean launches]). ``LeanLauncher.run`` computes it inline."""
     if type(arg) is int:
-        return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31, arg < 2**63)
+        return arg
     if isinstance(arg, torch.Tensor):
         return (arg.dtype, arg.data_ptr() % 16 == 0)
     return type(arg)
+
+
+def raw_stream(device_index: int) -> int:
+    """The current CUDA stream of a device, as the handle ``LeanLauncher.run`` takes (Inductor's
+    ``get_raw_stream``)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream(device_index)

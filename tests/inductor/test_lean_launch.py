@@ -106,3 +106,31 @@ def test_compiled_training_step_with_lean_launches_matches_eager():
         torch.testing.assert_close(got, expected)
         for g, w in zip((p.grad for p in model.parameters()), want):
             torch.testing.assert_close(g, w)
+
+
+def test_cuda_wrapper_guards_its_device_and_reads_the_stream_once():
+    """The CUDA wrapper's source (generated without a GPU): inputs checked first, then every
+    allocation and launch inside `with torch.cuda.device(1):`, on the stream read once."""
+    from tests.inductor.test_codegen import contiguous, softmax_kernel
+    from toycomp.inductor import ir, wrapper
+    from toycomp.inductor.codegen import triton
+
+    kernel = softmax_kernel(8, 1000)
+    graph = ir.ScheduledGraph(
+        inputs=(ir.InputBuffer("arg0", (8, 1000), (1000, 1), torch.float32),),
+        allocations=(ir.AllocatedBuffer("buf2", (8, 1000), contiguous((8, 1000)), torch.float32),),
+        steps=(kernel,),
+        outputs=(ir.TensorArg("buf2", (8, 1000), (1000, 1)),),
+        device=torch.device("cuda", 1),
+    )
+    source = wrapper.WrapperCodegen(graph, [triton.generate(kernel, lean=True)]).generate()
+    lines = [line.strip() for line in source.splitlines()]
+    guard = lines.index("with torch.cuda.device(1):")
+    check = "check_input(arg0, (8, 1000), (1000, 1), torch.float32, device, 'arg0')"
+    assert lines.index(check) < guard
+    assert lines[guard + 1] == "stream0 = get_raw_stream(1)"
+    (launch,) = [line for line in lines if "kernel_1" in line]
+    assert launch.startswith("kernel_1.run(stream0, (") and lines.index(launch) > guard + 1
+    body = source.split("with torch.cuda.device(1):\n")[1]
+    assert all(line.startswith("        ") for line in body.splitlines()), body  # all inside
+    compile(source, "<wrapper>", "exec")

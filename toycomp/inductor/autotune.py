@@ -154,16 +154,24 @@ class Autotuner:
         return functools.partial(self.launch, grid)
 
     def launch(self, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+        grid, meta = self.configured(grid, args, meta)
+        self.launcher[grid](*args, **meta)
+
+    def run(self, stream: int, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+        """The CUDA wrapper's launch (``LeanLauncher.run``): the chosen config on ``stream``."""
+        grid, meta = self.configured(grid, args, meta)
+        self.launcher.run(stream, grid, *args, **meta)
+
+    def configured(self, grid: tuple[int, ...], args: Sequence[Any], meta: dict) -> tuple:
+        """``(grid, meta)`` of the config chosen for these sizes, choosing it the first time."""
         sizes = tuple(a for a in args if type(a) is int)  # (static: the same at every call)
         choice = self.chosen.get(sizes)
         if choice is None:
             if _capturing(args):  # no timing inside a CUDA graph capture: the fixed config
-                self.launcher[grid](*args, **meta)
-                return
+                return grid, meta
             config = self.choose(args, meta)
             choice = self.chosen[sizes] = (self.grid(config, args), {**meta, **config})
-        grid, meta = choice
-        self.launcher[grid](*args, **meta)
+        return choice
 
     def grid(self, config: dict[str, int], args: Sequence[Any]) -> tuple[int]:
         return (-(-args[self.xnumel] // config["XBLOCK"]),)

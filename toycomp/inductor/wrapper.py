@@ -44,7 +44,13 @@ disk) before the first call. Inputs are checked against the sizes and strides th
 generated for, so a mismatch is an error, never a silently wrong index. With dynamic shapes the
 wrapper first reads the size symbols from the inputs (``s0 = a.size(0)``), then checks,
 allocates and launches with them: ``check_input(a, (s0, 16), (16, 1), ...)``,
-``empty_strided((s0, 4), (4, 1), ...)``, ``kernel_0(..., s0)`` (see [Note: sizes at call time]).
+``empty_strided((s0, 4), (4, 1), ...)``, ``kernel_0(..., s0)`` (see [Note: sizes at call time] in
+wrapper_sizes.py).
+
+On CUDA the steps run inside ``with torch.cuda.device(0):`` (kernels launch on the graph's
+device whichever device is current), the stream is read once, ``stream0 = get_raw_stream(0)``,
+and each Triton kernel is launched ``kernel_0.run(stream0, grid, ...)``, as Inductor's wrapper
+does (see [Note: lean launches] in _triton_compat.py).
 
 NB: in PyTorch this lives in torch/_inductor/codegen/wrapper.py (PythonWrapperCodegen:
 ``call(args)``, ``empty_strided``, ``reinterpret_tensor``, ``assert_size_stride``) and
@@ -63,8 +69,11 @@ import sympy
 
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
-from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer, IndexPrinter
+from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
 from toycomp.inductor.memory_planning import last_uses, plan_memory
+from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
+from toycomp._torch_compat import empty_strided_cuda
+from toycomp._triton_compat import raw_stream
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
     alignment,
@@ -140,9 +149,13 @@ def compile_graph(
     """
     device = torch.device(scheduled.device)
     _check_backend(backend, device)
+    if device.type == "cuda" and device.index is None:  # the device the wrapper enters
+        device = torch.device("cuda", torch.cuda.current_device())
     kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
-    generate = cpp.generate if backend == "cpp" else triton.generate
-    generated = [generate(k) for k in kernels]
+    if backend == "cpp":
+        generated = [cpp.generate(k) for k in kernels]
+    else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
+        generated = [triton.generate(k, lean=device.type == "cuda") for k in kernels]
     source = WrapperCodegen(scheduled, generated, memory_planning).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
@@ -211,7 +224,7 @@ class WrapperCodegen:
                 self.layouts[step.name] = (tuple(step.size), tuple(step.stride))
                 for o in step.outputs:
                     self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
-        taken = set(_namespace(torch.device("cpu"))) | set(self.calls)
+        taken = set(_namespace(torch.device("cuda"))) | set(self.calls) | {"stream0"}
         taken |= {v for g in generated for v in g.variants}
         sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
         for name in [*self.layouts, *sizes]:
@@ -233,7 +246,7 @@ class WrapperCodegen:
                 code.writeline("args.clear()")
             for symbol, source in self.symbols.items():  # dynamic shapes: the sizes of this call
                 code.writeline(f"{symbol} = {source}")
-            used = _scalars_used(self.graph)
+            used = scalars_used(self.graph)
             for scalar in self.graph.scalars:  # floats made from them: f0 = 2.0 / (s0 - 1)
                 if scalar.symbol in used and scalar.symbol not in self.symbols:
                     names = {s: str(s) for s in scalar.expr.free_symbols}
@@ -244,28 +257,40 @@ class WrapperCodegen:
                 where = "device" if here else self._render(b.device)
                 where = "None" if b.any_device else where
                 code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
-            allocs = {a.name: a for a in self.graph.allocations}
-            keep = {b.name for b in self.graph.inputs} | self.constants
-            if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
-                keep -= {b.name for b in self.tensor_inputs}
-            last = last_uses(self.graph, keep)
-            on_cuda = torch.device(self.graph.device).type == "cuda"  # no in place there
-            self.plan = plan_memory(self.graph, last, self.memory_planning, in_place=not on_cuda)
-            for i, step in enumerate(self.graph.steps):
-                for line in self.plan.before[i]:  # [Note: memory planning]
-                    allocs.pop(line.name, None)
-                    code.writeline(line.codegen(render_tuple))
-                code.writelines(self._step_line(step).split("\n"))
-                if isinstance(step, ir.ExternKernel):
-                    code.writelines(_check_extern_lines(step))
-                if self.plan.after[i] is not None:
-                    code.writeline(self.plan.after[i].codegen())
-            for name, a in allocs.items():  # written by no step (e.g. empty outputs)
-                code.writeline(_empty(a))
-            strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
-            outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
-            code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
+            if torch.device(self.graph.device).type != "cuda":
+                self._write_steps(code)
+                return code.getvalue()
+            index = torch.device(self.graph.device).index  # (compile_graph gives one)
+            index = "torch.cuda.current_device()" if index is None else index
+            code.writeline(f"with torch.cuda.device({index}):")  # [Note: lean launches]
+            with code.indent():
+                code.writeline(f"stream0 = get_raw_stream({index})")
+                self._write_steps(code)
         return code.getvalue()
+
+    def _write_steps(self, code: IndentedBuffer) -> None:
+        """The steps, each with its allocations and frees, then the ``return``."""
+        allocs = {a.name: a for a in self.graph.allocations}
+        keep = {b.name for b in self.graph.inputs} | self.constants
+        if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
+            keep -= {b.name for b in self.tensor_inputs}
+        last = last_uses(self.graph, keep)
+        on_cuda = torch.device(self.graph.device).type == "cuda"  # no in place there
+        self.plan = plan_memory(self.graph, last, self.memory_planning, in_place=not on_cuda)
+        for i, step in enumerate(self.graph.steps):
+            for line in self.plan.before[i]:  # [Note: memory planning]
+                allocs.pop(line.name, None)
+                code.writeline(line.codegen(render_tuple))
+            code.writelines(self._step_line(step).split("\n"))
+            if isinstance(step, ir.ExternKernel):
+                code.writelines(_check_extern_lines(step))
+            if self.plan.after[i] is not None:
+                code.writeline(self.plan.after[i].codegen())
+        for name, a in allocs.items():  # written by no step (e.g. empty outputs)
+            code.writeline(_empty(a))
+        strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
+        outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
+        code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
 
     def _step_line(self, step: ir.Kernel | ir.ExternKernel) -> str:
         if isinstance(step, ir.Kernel):
@@ -338,68 +363,6 @@ def _empty(a: ir.AllocatedBuffer) -> str:
     return f"{a.name} = empty_strided({layout})"
 
 
-# --- dynamic shapes: sizes in the wrapper -------------------------------------------------
-# [Note: sizes at call time]
-# With dynamic shapes the wrapper is the one place that learns the sizes: it reads each size
-# symbol from the first input that has it as a size, a stride or a value (``s0 =
-# primals_3.size(0)``, or ``s0 = primals_1`` for a SymInt input), then every check, allocation,
-# view and kernel call computes with ``s0``. A symbol that appears twice (two dims that share
-# it) is read once and checked by ``check_input`` on the other: a call that breaks the relation
-# is an error, never a wrong index (the caller's shape guards normally recompile first).
-def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
-    """Each size symbol of ``inputs`` -> Python source reading it from the call's arguments."""
-    sources: dict[sympy.Symbol, str] = {}
-    for b in inputs:
-        if isinstance(b, ir.SizeInput) and isinstance(b.expr, sympy.Symbol):
-            sources.setdefault(b.expr, b.name)
-    for what in ("size", "stride"):
-        for b in inputs:
-            for dim, value in enumerate(getattr(b, what, ())):
-                if isinstance(value, sympy.Symbol):
-                    sources.setdefault(value, f"{b.name}.{what}({dim})")
-    needed = indexing.size_symbols(*(_symbolic_parts(b) for b in inputs))
-    missing = [s for s in needed if s not in sources]
-    if missing:
-        raise NotImplementedError(f"toycomp wrapper: no input gives the size {missing[0]} alone")
-    return dict(sorted(sources.items(), key=lambda item: (item[0].name[0], int(item[0].name[1:]))))
-
-
-def _scalars_used(graph: ir.ScheduledGraph) -> set[sympy.Symbol]:
-    """The symbols that kernels, extern calls or outputs of ``graph`` read."""
-    parts: list = [o for o in graph.outputs if not isinstance(o, ir.TensorArg)]
-    for step in graph.steps:
-        if isinstance(step, ir.Kernel):
-            parts += step.size_symbols()
-        else:
-            parts += [step.size, step.stride, *_flat_args((step.args, step.kwargs))]
-    return set(indexing.size_symbols(*[p for p in parts if p is not None]))
-
-
-def _flat_args(value) -> list:
-    if isinstance(value, ir.TensorArg):
-        return [value.size, value.stride, value.offset]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flat_args(v)]
-    return [value] if isinstance(value, sympy.Basic) else []
-
-
-def _symbolic_parts(b) -> tuple:
-    return (b.expr,) if isinstance(b, ir.SizeInput) else (*b.size, *b.stride)
-
-
-def render_size(value) -> str:
-    """A size as Python source: ``8``, ``s0``, ``4*s0``."""
-    return str(value) if indexing.is_static(value) else IndexPrinter().doprint(value)
-
-
-def render_tuple(values) -> str:
-    """A tuple of sizes as Python source: ``(8, 16)``, ``(s0,)``, ``(4*s0, 3)``."""
-    if all(indexing.is_static(v) for v in values):
-        return repr(tuple(int(v) for v in values))
-    items = [render_size(v) for v in values]
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
-
-
 # --- what the generated wrapper sees (the functions it calls are in runtime.py) ----------
 def extern_name(name: str) -> str:
     """How the wrapper source calls an extern: ``aten.mm.default`` or ``eager_sin`` (a prim's
@@ -410,7 +373,7 @@ def extern_name(name: str) -> str:
 
 
 def _namespace(device: torch.device) -> dict[str, Any]:
-    return {
+    namespace = {
         "torch": torch,
         "aten": torch.ops.aten,
         "device": device,
@@ -423,3 +386,6 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "reduction_blocks": triton.reduction_blocks,
         "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
     }
+    if device.type == "cuda":  # inside the wrapper's device guard (see generate)
+        namespace.update(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream)
+    return namespace

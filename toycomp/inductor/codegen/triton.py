@@ -385,8 +385,9 @@ def _int_sizes(kernel: ir.Kernel) -> list:
 
 
 # --- compile and launch -----------------------------------------------------------------------
-def generate(kernel: ir.Kernel) -> GeneratedKernel:
-    """Triton source for ``kernel`` plus the wrapper line that launches it."""
+def generate(kernel: ir.Kernel, lean: bool = False) -> GeneratedKernel:
+    """Triton source for ``kernel`` plus the wrapper line that launches it: Triton's
+    ``kernel[grid](args)``, or with ``lean`` (CUDA) ``kernel.run(stream0, grid, args)``."""
     symbolic_rnumel = not indexing.is_static(kernel.rnumel)
     cg = TritonKernelCodegen(kernel, persistent=True if symbolic_rnumel else None)
     source = cg.codegen_kernel()
@@ -406,7 +407,7 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
         pick = f"({name} if {rnumel} <= {limit} else {looped.name})"
         outer = ", outer=True" if outer else ""
         call = f"{blocks} = reduction_blocks({numel}, {rnumel}{outer})\n"
-        call += f"{pick}[(cdiv({numel}, {blocks}['XBLOCK']),)]({args}, **{blocks})"
+        call += launch(pick, f"(cdiv({numel}, {blocks}['XBLOCK']),)", f"{args}, **{blocks}", lean)
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
         )
@@ -415,10 +416,15 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
     else:
         grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
-    call = f"{kernel.name}[{grid}]({args}, {kwargs})"
+    call = launch(kernel.name, grid, f"{args}, {kwargs}", lean)
     # what CUDA may launch instead: see [Note: autotuning candidates] in triton_heuristics.py
     configs = tuple(candidate_configs(kernel, dict(meta), cg.int64_index))
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call, configs=configs)
+
+
+def launch(kernel: str, grid: str, args: str, lean: bool) -> str:
+    """The wrapper's launch of ``kernel``: see [Note: lean launches] in _triton_compat.py."""
+    return f"{kernel}.run(stream0, {grid}, {args})" if lean else f"{kernel}[{grid}]({args})"
 
 
 def load(generated: GeneratedKernel, device: torch.device, name: str | None = None) -> Any:
@@ -431,7 +437,7 @@ def load(generated: GeneratedKernel, device: torch.device, name: str | None = No
     module = cache.load_python_module(generated.source, "triton")
     kernel = getattr(module, name or generated.name)
     if device.type == "cuda":  # lean launches of the fastest config: [Note: lean launches],
-        return autotuned(LeanLauncher(kernel), kernel, generated)  # [Note: autotuning]
+        return autotuned(LeanLauncher(kernel, device), kernel, generated)  # [Note: autotuning]
     if device.type == "cpu":
         return InterpretedKernel(kernel)
     raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")
