@@ -134,3 +134,25 @@ def test_cuda_wrapper_guards_its_device_and_reads_the_stream_once():
     body = source.split("with torch.cuda.device(1):\n")[1]
     assert all(line.startswith("        ") for line in body.splitlines()), body  # all inside
     compile(source, "<wrapper>", "exec")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_graph_on_another_device_launches_there():
+    """The wrapper's device guard: tensors on cuda:1 while cuda:0 is current (kernels used to
+    launch on the current device)."""
+    def fn(x, w):
+        return torch.softmax(x @ w, -1).sum(0) * 2
+
+    compiled = toycomp.compile(fn, backend="triton")
+    for device in ("cuda:1", "cuda:0", "cuda:1"):
+        torch.manual_seed(0)
+        x = torch.randn(64, 128, device=device, requires_grad=True)
+        w = torch.randn(128, 256, device=device)
+        with torch.cuda.device(0):
+            got = compiled(x, w)
+            (grad,) = torch.autograd.grad(got.sum(), x)
+        expected = fn(x, w)
+        (want,) = torch.autograd.grad(expected.sum(), x)
+        assert got.device == x.device and grad.device == x.device
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(grad, want)
