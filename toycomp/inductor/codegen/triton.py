@@ -72,10 +72,12 @@ from toycomp.inductor.codegen.triton_heuristics import (
     kernel_hint,
     python_size,
     reduction_blocks,  # noqa: F401  (the wrapper's namespace takes it from here)
+    streamed,
 )
 from toycomp.inductor.codegen.triton_helpers import (
     HELPERS,
     TRITON_OPS,
+    final_reduction,
     triton_convert,
     triton_narrow,
     triton_type,
@@ -144,29 +146,12 @@ class TritonKernelCodegen(KernelCodegen):
         other = ""
         if "rmask" in mask or terms:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
-        if self.streamed(buffer, index):  # [Note: eviction policy]
+        looped, again = self.in_r_loop and not self.persistent, buffer in self.loaded_later
+        if streamed(index, looped, again):  # [Note: eviction policy] in triton_heuristics.py
             other += ", eviction_policy='evict_first'"
         load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
         code = triton_widen(load, self.dtypes[buffer])
         return self.cse.generate(section, code, self.dtypes[buffer])
-
-    # [Note: eviction policy]
-    # A reduction streams its input through the GPU's L2 cache: each element read once, along
-    # the reduced range. Marking such loads `evict_first` tells the cache to drop these lines
-    # first, keeping room for what is read again (a weight every row reads, the partial sums
-    # of a split reduction, a buffer the next loop of this kernel re-reads). Inductor marks the
-    # loads of looped reductions the same way (TritonKernel.load). Measured on an H100 with
-    # the L2 cleared between calls (triton.testing.do_bench), the 4096 x 4096 column sum took
-    # 33 us instead of 37 us (Inductor 35 us). Not in persistent reductions: there a row sits
-    # in registers, and marking layer_norm's second read of its row made it 6% slower (99 us
-    # against 93 us). Triton's interpreter ignores the hint.
-    def streamed(self, buffer: str, index: sympy.Expr) -> bool:
-        """Whether this load reads each element of ``buffer`` once: in the loop over r of a
-        looped reduction, at an index that moves with both r and x (not a weight ``w[r]``
-        that every row reads), and not loaded again by a later loop of the kernel."""
-        moves = {indexing.x, indexing.r} <= sympy.sympify(index).free_symbols
-        looped = self.in_r_loop and not self.persistent
-        return looped and moves and buffer not in self.loaded_later
 
     def where_mask(self, terms: list[list[tuple[ir.Expr, bool]]]) -> str:
         """``(c0 & ~c1) | c2``: the where-conditions under which a load is selected."""
@@ -199,7 +184,7 @@ class TritonKernelCodegen(KernelCodegen):
             masked = self.cse.generate(
                 self.compute, f"tl.where(rmask & xmask, {value}, {identity})", dtype
             )
-            self.stores.writelines(_final_reduction(acc, masked, kind, dtype))
+            self.stores.writelines(final_reduction(acc, masked, kind, dtype))
             return
         partial = f"{acc}_acc"
         init = f"tl.full([XBLOCK, RBLOCK], {identity}, {triton_type(dtype)})"
@@ -211,7 +196,7 @@ class TritonKernelCodegen(KernelCodegen):
             better = ">" if kind == ir.ReductionType.MAX else "<"
             take = f"rmask & xmask & (({value} {better} {partial}) | ({value} != {value}))"
             self.stores.writeline(f"{partial} = tl.where({take}, {value}, {partial})")
-        self.suffix.writelines(_final_reduction(acc, partial, kind, dtype))
+        self.suffix.writelines(final_reduction(acc, partial, kind, dtype))
 
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
         if isinstance(value, bool) or dtype == torch.bool:
@@ -365,18 +350,6 @@ def _describe(stmt: ir.Store | ir.Reduce) -> str:
     if isinstance(stmt, ir.Store):
         return f"store {stmt.buffer}"
     return f"{stmt.reduction_type.value} -> {stmt.name}"
-
-
-def _final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtype) -> list[str]:
-    """``acc = reduce(t, axis=1)`` as an [XBLOCK, 1] column; max/min propagate NaN like torch."""
-    fn = {ir.ReductionType.SUM: "tl.sum", ir.ReductionType.MAX: "tl.max"}.get(kind, "tl.min")
-    lines = [f"{acc} = {fn}({t}, 1)[:, None]"]
-    if kind != ir.ReductionType.SUM and dtype.is_floating_point:
-        lines += [
-            f"{acc}_nan = tl.max(({t} != {t}).to(tl.int8), 1)[:, None]  # NaN wins, as in torch",
-            f'{acc} = tl.where({acc}_nan != 0, float("nan"), {acc})',
-        ]
-    return lines
 
 
 def _int_sizes(kernel: ir.Kernel) -> list:

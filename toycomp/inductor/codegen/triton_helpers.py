@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from toycomp.inductor import ir
 from toycomp.inductor.codegen.common import LOW_PRECISION, infix_rules
 
 TRITON_TYPES = {
@@ -150,3 +151,15 @@ def _pow(a, b):
     return tl.where((b == 0) | (a == 1), 1.0, out)
 ''',
 }
+
+
+def final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtype) -> list[str]:
+    """``acc = reduce(t, axis=1)`` as an [XBLOCK, 1] column; max/min propagate NaN like torch."""
+    fn = {ir.ReductionType.SUM: "tl.sum", ir.ReductionType.MAX: "tl.max"}.get(kind, "tl.min")
+    lines = [f"{acc} = {fn}({t}, 1)[:, None]"]
+    if kind != ir.ReductionType.SUM and dtype.is_floating_point:
+        lines += [
+            f"{acc}_nan = tl.max(({t} != {t}).to(tl.int8), 1)[:, None]  # NaN wins, as in torch",
+            f'{acc} = tl.where({acc}_nan != 0, float("nan"), {acc})',
+        ]
+    return lines

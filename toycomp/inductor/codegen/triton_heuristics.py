@@ -286,3 +286,21 @@ def index_dtype_arg(largest: list) -> str:
 def python_size(size) -> str:
     """A size as the wrapper's Python source: ``1000``, ``4*s0``."""
     return str(size) if indexing.is_static(size) else IndexPrinter().doprint(size)
+
+
+# [Note: eviction policy]
+# A reduction streams its input through the GPU's L2 cache: each element read once, along the
+# reduced range. Marking such loads `evict_first` tells the cache to drop these lines first,
+# keeping room for what is read again (a weight every row reads, the partial sums of a split
+# reduction, a buffer the next loop of the kernel re-reads). Inductor marks the loads of
+# looped reductions the same way (TritonKernel.load). Measured on an H100 with the L2 cleared
+# between calls (triton.testing.do_bench), the 4096 x 4096 column sum took 33 us instead of
+# 37 us (Inductor 35 us). Not in persistent reductions: there a row sits in registers, and
+# marking layer_norm's second read of its row made it 6% slower (99 us against 93 us).
+# Triton's interpreter ignores the hint.
+def streamed(index: sympy.Expr, looped_r: bool, loaded_again: bool) -> bool:
+    """Whether a load reads each element once: in the loop over r of a looped reduction
+    (``looped_r``), at an index that moves with both r and x (not a weight ``w[r]`` that
+    every row reads), and not ``loaded_again`` by a later loop of the kernel."""
+    moves = {indexing.x, indexing.r} <= sympy.sympify(index).free_symbols
+    return looped_r and moves and not loaded_again
