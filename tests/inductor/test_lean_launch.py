@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import toycomp
-from toycomp._triton_compat import LeanLauncher, _specialization
+from toycomp._triton_compat import LeanLauncher, _specialization, fast_launch
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -32,6 +32,35 @@ def test_equal_specializations_are_equal_for_triton():
     for a, b in itertools.combinations(args, 2):
         if _specialization(a) == _specialization(b):
             assert triton_specialization(a) == triton_specialization(b), (a, b)
+
+
+def test_fast_launch_takes_exactly_the_calls_of_its_kind():
+    """[Note: fast launches]: the generated check accepts a call iff the keyed path's key
+    (``_specialization`` of each argument, and the constexprs) is the one it was made for,
+    and passes tensors as their addresses, in order."""
+    def key(args, meta):
+        return (*map(_specialization, args), *meta.items())
+
+    launched = []
+    t = torch.zeros(64)
+    made_for = ((t, t[1:], 1000, 2.5), {"XBLOCK": 64})
+    fast = fast_launch(*made_for, (lambda *a: launched.append(a), "fn", "md", (64,)), bool)
+    choices = [[t, t[4:], t[1:], t.double(), 1000], [t[1:], t[2:], t, t.int()[1:]],
+               [1000, 999, 1000.0, True, t], [2.5, 1.0, 2, None]]  # fmt: skip
+    seen = set()
+    for args in itertools.product(*choices):
+        for meta in ({"XBLOCK": 64}, {"XBLOCK": 32}):
+            took = fast(5, (2,), args, meta)
+            assert took == (key(args, meta) == key(*made_for)), (args, meta)
+            seen.add(took)
+            if took:
+                addresses = [a.data_ptr() for a in args[:2]]
+                assert launched[-1] == (2, 1, 1, 5, "fn", "md", None, None, None,
+                                        *addresses, args[2], args[3], 64)  # fmt: skip
+    assert seen == {True, False}
+    assert not fast(5, (2,), made_for[0][:3], made_for[1])  # fewer arguments
+    hooked = fast_launch(*made_for, (lambda *a: None, "fn", "md", (64,)), lambda: True)
+    assert not hooked(5, (2,), *made_for)  # a launch hook: every launch through Triton
 
 
 def add_kernel():
