@@ -230,7 +230,7 @@ def fast_launch(args: tuple, meta: dict, known: tuple, hooked: Callable[[], bool
         "def fast(stream, grid, args, meta):",
         f"    if len(args) != {len(args)} or meta != META or hooked():",
         "        return False",
-        f"    {names or '_'} = args" if args else "    pass",
+        f"    {names}= args" if args else "    pass",
         f"    if not ({' and '.join(checks) or 'True'}):",
         "        return False",
         *reads,
