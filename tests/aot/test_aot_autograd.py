@@ -1143,3 +1143,31 @@ def test_aot_on_fake_inputs_records_the_real_trace(fn):
     for a, b in zip(fake(x1, w), real(x2, w)):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(x1, x2)
+
+
+def test_inputs_keep_their_traced_layout_after_the_fast_check():
+    """AOTOutput hands the compiled forward its inputs with the traced strides; after a call
+    whose inputs needed no copy, a C++ check lets the same layouts through as they are
+    ([Note: inputs checked once] in inductor/wrapper.py): other strides must still be copied."""
+    seen = []
+
+    def fw_compiler(gm, example_inputs):
+        def run(args):
+            seen.append([a.stride() for a in args])
+            return gm(*args)
+        return run
+
+    def fn(a, b):
+        return (a * b).sin()
+
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3)
+    plain = lambda gm, example_inputs: (lambda args: gm(*args))  # noqa: E731
+    compiled = aot.aot_function(fn, [a, b], fw_compiler=fw_compiler, bw_compiler=plain)
+    for _ in range(2):
+        check_against_eager(fn, [a, b], compiled=compiled)
+    for other in (b.t().contiguous().t(), torch.randn(4, 6)[:, ::2]):
+        check_against_eager(fn, [a, other], compiled=compiled)
+        check_against_eager(fn, [a, b], compiled=compiled)
+    assert seen and all(strides == [(3, 1), (3, 1)] for strides in seen)
+    with pytest.raises(RuntimeError, match="expected a torch.float32 tensor of shape"):
+        compiled(a, torch.randn(4, 4))

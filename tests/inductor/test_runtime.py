@@ -127,3 +127,84 @@ def test_an_attention_seed_is_checked_on_any_device():
         check_input(seed, (), (), torch.int64, torch.device("meta"), "seed")
     with pytest.raises(ValueError, match="seed"):
         check_input(seed, (), (), torch.int32, None, "seed")
+
+
+# --- [Note: inputs checked once]: one C++ check of many inputs, check_input when it fails ------
+def _perturbations(t: torch.Tensor) -> dict:
+    """Tensors like ``t`` in all but one of what the fast check must see."""
+    return {
+        "other strides": t.t().contiguous().t(),
+        "other dtype": t.double(),
+        "other shape": torch.randn(t.shape[0], t.shape[1] + 1),
+        "requires grad": t.clone().requires_grad_(),
+        "a parameter": torch.nn.Parameter(t.clone(), requires_grad=False),
+        "a view with gaps": torch.randn(t.shape[0], 2 * t.shape[1])[:, ::2],
+    }
+
+
+@pytest.mark.parametrize("what", list(_perturbations(torch.randn(3, 4))))
+def test_layouts_seen_is_false_for_any_other_layout(what):
+    from toycomp._torch_compat import LayoutsSeen
+
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    seen = LayoutsSeen()
+    assert not seen.check(a, b)  # nothing remembered yet
+    seen.remember(a, b)
+    assert seen.check(torch.randn(3, 4), torch.randn(3, 4))  # other tensors, same layouts
+    assert not seen.check(a, _perturbations(b)[what])
+    assert not seen.check(a) and not seen.check(a, b, b)  # another number of tensors
+    seen.remember(a, a, b)  # a tensor given twice: the same tensor must be there again
+    assert seen.check(b, b, a) and not seen.check(a, torch.randn(3, 4), b)
+
+
+def _many_inputs(shapes: list[tuple]):
+    """A graph of one input per shape (more than wrapper.FEW_INPUTS): the inputs' sum times the
+    first, compiled for the C++ backend; the graph, example inputs and the eager function."""
+    from toycomp.inductor import wrapper
+    from toycomp.inductor.scheduler import schedule
+    from toycomp.prims.decompositions import decompose
+
+    assert len(shapes) > wrapper.FEW_INPUTS
+
+    def f(*xs):
+        total = xs[0]
+        for x in xs[1:]:
+            total = aten.add.Tensor(total, x)
+        return (aten.mul.Tensor(total, xs[0]),)
+
+    graph = torch.fx.Graph()
+    xs = [graph.placeholder(f"x{i}") for i in range(len(shapes))]
+    total = xs[0]
+    for x in xs[1:]:
+        total = graph.call_function(aten.add.Tensor, (total, x))
+    graph.output((graph.call_function(aten.mul.Tensor, (total, xs[0])),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    examples = [torch.randn(s) for s in shapes]
+    return wrapper.compile_graph(schedule(lower(decompose(gm, examples), examples)), "cpp"), f
+
+
+def test_a_wrapper_with_many_inputs_checks_each_when_the_fast_check_fails():
+    compiled, f = _many_inputs([(3, 4)] * 6)
+    assert "if not inputs_seen.check(" in compiled.wrapper_source
+    xs = [torch.randn(3, 4) for _ in range(6)]
+    for _ in range(2):  # the second call takes the fast check
+        torch.testing.assert_close(compiled(xs)[0], f(*xs)[0])
+    ys = [torch.randn(3, 4) for _ in xs]
+    torch.testing.assert_close(compiled(ys)[0], f(*ys)[0])
+    for what, other in _perturbations(xs[3]).items():
+        call = [*xs[:3], other, *xs[4:]]
+        if what in ("requires grad", "a parameter"):  # check_input accepts these: still right
+            torch.testing.assert_close(compiled(call)[0], f(*[c.detach() for c in call])[0])
+            continue
+        with pytest.raises(ValueError, match="input x3: compiled for"):
+            compiled(call)
+        torch.testing.assert_close(compiled(xs)[0], f(*xs)[0])  # the fast check again
+    torch.testing.assert_close(compiled([xs[0]] * 6)[0], f(*[xs[0]] * 6)[0])  # one tensor, 6x
+
+
+def test_the_fast_check_keeps_check_inputs_leniency_for_size_one_dims():
+    compiled, f = _many_inputs([(1, 4)] * 5)
+    rows = [torch.randn(4, 1).t() for _ in range(5)]  # size (1, 4), stride (1, 1)
+    torch.testing.assert_close(compiled(rows)[0], f(*rows)[0])
+    xs = [torch.randn(1, 4) for _ in range(5)]  # stride (4, 1) again
+    torch.testing.assert_close(compiled(xs)[0], f(*xs)[0])

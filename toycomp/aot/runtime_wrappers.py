@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import clear_saved_tensors
+from toycomp._torch_compat import LayoutsSeen, clear_saved_tensors
 from toycomp.aot.functional_utils import copy_like, storage_key
 from toycomp.symbolic_shapes import SymbolicInputs, symbolic_inputs
 from toycomp.tensor_utils import same_strides
@@ -180,6 +180,7 @@ class AOTOutput:
     compiled_backward: Callable[[list], Sequence] | None
     offset_sensitive: list[int] = dataclasses.field(default_factory=list)  # as_strided(input)
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
+    _layouts_seen: LayoutsSeen = dataclasses.field(default_factory=LayoutsSeen, compare=False)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = self._with_layouts(args)
@@ -286,15 +287,23 @@ class AOTOutput:
         return symbolic_inputs(self._placeholder_vals)
 
     def _with_layouts(self, args: Sequence) -> list:
-        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes])."""
+        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes]);
+        as they are when one C++ call finds them laid out as the last call's, which needed no
+        copy (see [Note: inputs checked once] in inductor/wrapper.py)."""
+        if self._layouts_seen.check(*args):
+            return list(args)
         sym = self._symbolic_inputs
         if sym is None:  # (a size input whose symbol a guard made a constant: as it is)
-            return [_with_layout(a, m.shape, m.stride(), m.dtype)
-                    if isinstance(m, torch.Tensor) else a
-                    for a, m in zip(args, self._placeholder_vals)]  # fmt: skip
-        layouts = sym.layouts(args)
-        return [a if layout is None else _with_layout(a, *layout, m.dtype)
-                for a, m, layout in zip(args, self._placeholder_vals, layouts)]  # fmt: skip
+            inputs = [_with_layout(a, m.shape, m.stride(), m.dtype)
+                      if isinstance(m, torch.Tensor) else a
+                      for a, m in zip(args, self._placeholder_vals)]  # fmt: skip
+        else:
+            layouts = sym.layouts(args)
+            inputs = [a if layout is None else _with_layout(a, *layout, m.dtype)
+                      for a, m, layout in zip(args, self._placeholder_vals, layouts)]  # fmt: skip
+        if all(isinstance(a, torch.Tensor) and a is b for a, b in zip(args, inputs)):
+            self._layouts_seen.remember(*args)
+        return inputs
 
     def _concrete(self, meta: torch.Tensor, args: Sequence) -> tuple[tuple, tuple]:
         """(shape, strides) of a traced value in the call with inputs ``args``."""

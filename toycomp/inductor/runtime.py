@@ -104,6 +104,20 @@ def _may_overlap(t: torch.Tensor) -> bool:
     return False
 
 
+# [Note: inputs checked once]
+# Kernels index inputs with the sizes and strides they were compiled for, so the wrapper checks
+# every input on every call (check_input; Inductor's assert_size_stride). In Python that costs
+# about 1.5 us an input, and a training step's two wrappers take hundreds (a MobileNet-v2 step
+# checks 717). So a wrapper with more than FEW_INPUTS tensor inputs first asks one C++ call
+# (Dynamo's TensorGuards, through _torch_compat.LayoutsSeen) whether they have exactly the
+# layouts of the last inputs that passed; only when they do not does it run check_input on
+# each (which raises on a real mismatch) and remember them. That call is stricter than
+# check_input (equal strides in size-1 dims too, the same requires_grad and tensor class), so
+# it can send a call the slow way, never let through one that check_input would refuse. The
+# AOT runtime's _with_layouts checks its inputs the same way before it copies any.
+FEW_INPUTS = 4
+
+
 def check_input(
     t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype,
     device: torch.device | None, name: str

@@ -72,10 +72,11 @@ from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
 from toycomp.inductor.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
-from toycomp._torch_compat import empty_strided_cuda
+from toycomp._torch_compat import LayoutsSeen, empty_strided_cuda
 from toycomp._triton_compat import raw_stream
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
+    FEW_INPUTS,
     alignment,
     cdiv,
     check_extern,
@@ -251,12 +252,7 @@ class WrapperCodegen:
                 if scalar.symbol in used and scalar.symbol not in self.symbols:
                     names = {s: str(s) for s in scalar.expr.free_symbols}
                     code.writeline(f"{scalar.symbol} = {to_text(scalar.expr, names)}")
-            for b in self.tensor_inputs:
-                layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
-                here = b.device in (None, self.graph.device)
-                where = "device" if here else self._render(b.device)
-                where = "None" if b.any_device else where
-                code.writeline(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
+            self._write_input_checks(code)
             if torch.device(self.graph.device).type != "cuda":
                 self._write_steps(code)
                 return code.getvalue()
@@ -267,6 +263,25 @@ class WrapperCodegen:
                 code.writeline(f"stream0 = get_raw_stream({index})")
                 self._write_steps(code)
         return code.getvalue()
+
+    def _write_input_checks(self, code: IndentedBuffer) -> None:
+        """One ``check_input`` per tensor input; with many, only when one C++ check finds them
+        unlike the last inputs that passed ([Note: inputs checked once] in runtime.py)."""
+        lines = []
+        for b in self.tensor_inputs:
+            layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
+            here = b.device in (None, self.graph.device)
+            where = "device" if here else self._render(b.device)
+            where = "None" if b.any_device else where
+            lines.append(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
+        if len(lines) <= FEW_INPUTS:
+            code.writelines(lines)
+            return
+        names = ", ".join(b.name for b in self.tensor_inputs)
+        code.writeline(f"if not inputs_seen.check({names}):")
+        with code.indent():
+            code.writelines(lines)
+            code.writeline(f"inputs_seen.remember({names})")
 
     def _write_steps(self, code: IndentedBuffer) -> None:
         """The steps, each with its allocations and frees, then the ``return``."""
@@ -382,6 +397,7 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "restride": restride,
         "check_input": check_input,
         "check_extern": check_extern,
+        "inputs_seen": LayoutsSeen(),  # one per wrapper (see _write_input_checks)
         "cdiv": cdiv,
         "reduction_blocks": triton.reduction_blocks,
         "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
