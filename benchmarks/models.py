@@ -1,9 +1,9 @@
 """torchvision models, one training step each: checked against eager, and timed.
 
-    python benchmarks/bench.py --models             # speed-ups over eager, one process a compiler
+    python benchmarks/bench.py --models             # speed-ups over eager, one process a model
     python benchmarks/models.py                     # toycomp vs eager in train mode (a check)
     python benchmarks/models.py --models resnet50 --batch 32 --float64
-    python benchmarks/models.py --time inductor --out r.jsonl   # one compiler's timed run
+    python benchmarks/models.py --time resnet50 --out r.jsonl   # one model's timed run
 
 A step is forward, cross-entropy, backward, from random weights (fixed seed) and a random batch
 of 224 x 224 images. Both modes need torchvision (installed on the GPU machine; not a toycomp
@@ -14,12 +14,16 @@ batch 32 in eval mode (BatchNorm uses its running statistics and Dropout is off,
 compiler computes exactly eager's function), compiled three ways: TorchInductor
 (``torch.compile(model)``), toycomp behind Dynamo (``torch.compile(model, backend=
 toycomp_backend)``, what ``backend="toycomp"`` names once toycomp is installed) and
-``toycomp.compile(model)``; the loss runs eagerly after the compiled model. Each compiler runs
-in its own process, which times eager too: a speed-up is eager's step time over the compiler's,
-both per-call wall times (benchmarks/timing.py) from that process. Before it is timed, the
-compiled step's loss, every parameter gradient and buffer are checked against a float64 run
-of eager (see [Note: checking against eager's rounding]; a model that differs is reported, not
-timed). TF32 is off for convolutions and matmuls unless ``--tf32`` leaves PyTorch's defaults
+``toycomp.compile(model)``; the loss runs eagerly after the compiled model. Each model runs
+in its own process, which checks each compiler's step, then times eager's and the compiled
+steps taking turns, in five rounds (``timing.per_call_seconds_in_turns``): a training step
+of a few hundred launches is bound by the host, whose speed on a lent machine drifts by
+20-30% over minutes, and steps timed one after another would meet different hosts. A
+speed-up is eager's per-call time over the compiler's, and the table gives each compiler's
+step time over Inductor's, all medians over the rounds of that process. Before it is timed,
+the compiled step's loss, every parameter gradient and buffer are checked against a float64
+run of eager (see [Note: checking against eager's rounding]; a model that differs is reported,
+not timed). TF32 is off for convolutions and matmuls unless ``--tf32`` leaves PyTorch's defaults
 (TF32 convolutions), so that by default every program computes in full fp32.
 
 **Checked (``models.py``).** toycomp only, in train mode (BatchNorm updates its running stats):
@@ -36,6 +40,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,14 +160,6 @@ def compile_model(model: torch.nn.Module, compiler: str) -> Callable:
     return toycomp.compile(model)
 
 
-def step_timings(step: Callable, device: str, budget_s: float) -> dict:
-    return {
-        "call_s": timing.per_call_seconds(step, device, budget_s),
-        "device_s": timing.device_seconds(step, device, budget_s),
-        "peak_bytes": timing.peak_memory_bytes(step, device),
-    }
-
-
 def float64_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     """``train_step`` on a float64 copy of ``model`` and ``x``: the reference for the check."""
     model64 = copy.deepcopy(model).double()
@@ -170,59 +167,79 @@ def float64_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     return loss, {name: t.detach().clone() for name, t in tensors.items()}
 
 
-def time_model(name: str, compiler: str, batch: int, device: str, budget_s: float) -> dict:
-    """Eager and ``compiler`` on one model: check the compiled step, then time both."""
+def checked_step(model, compiler: str, x, y, want, want64, device: str) -> tuple[dict, Callable]:
+    """``compiler``'s step on ``model``: its first call's time and the check's verdict, and the
+    step to time (None when it failed)."""
+    result = {"compiler": compiler}
+    try:
+        compiled = compile_model(model, compiler)
+        start = time.perf_counter()
+        got = train_step(model, compiled, x, y)
+        timing.synchronize(device)
+        result["first_call_s"] = time.perf_counter() - start
+    except Exception as e:  # reported in the table
+        first_line = (str(e).splitlines() or [""])[0][:200]
+        return result | {"status": "error", "message": f"{type(e).__name__}: {first_line}"}, None
+    problem = rounding_mismatch(got, want, want64)
+    if problem:
+        return result | {"status": "FAILED", "message": problem}, None
+    return result | {"status": "ok"}, lambda: lean_step(model, compiled, x, y)
+
+
+def time_model(name: str, compilers: list[str], batch: int, device: str, budget_s: float):
+    """Eager and each of ``compilers`` on one model, in this process: check each compiled
+    step against eager, then time them all, taking turns (``per_call_seconds_in_turns``)."""
     model, (x, y) = build(name, device), batch_of(batch, device)
     want64 = float64_step(model, x, y)
     want = train_step(model, model, x, y)
-    result = {"model": name, "compiler": compiler, "batch": batch}
-    result["eager"] = step_timings(lambda: lean_step(model, model, x, y), device, budget_s)
-    compiled = compile_model(model, compiler)
-    start = time.perf_counter()
-    got = train_step(model, compiled, x, y)
-    timing.synchronize(device)
-    result["first_call_s"] = time.perf_counter() - start
-    problem = rounding_mismatch(got, want, want64)
-    del want64
-    if problem:
-        return result | {"status": "FAILED", "message": problem}
-    step = step_timings(lambda: lean_step(model, compiled, x, y), device, budget_s)
-    return result | {"status": "ok", "compiled": step}
+    results, steps = [], {"eager": lambda: lean_step(model, model, x, y)}
+    for compiler in compilers:
+        result, step = checked_step(model, compiler, x, y, want, want64, device)
+        results.append({"model": name, "batch": batch} | result)
+        if step is not None:
+            steps[compiler] = step
+        print(f"  {name}, {compiler}: {result['status']}", file=sys.stderr, flush=True)
+    del want64, want
+    calls = timing.per_call_seconds_in_turns(steps, device, budget_s * len(steps))
+    measured = {
+        c: {"call_s": statistics.median(calls[c]), "call_s_rounds": calls[c],
+            "device_s": timing.device_seconds(step, device, budget_s / 2),
+            "peak_bytes": timing.peak_memory_bytes(step, device)}
+        for c, step in steps.items()
+    }  # fmt: skip
+    return [r | {"eager": measured["eager"], "compiled": measured[r["compiler"]]}
+            if r["status"] == "ok" else r for r in results]  # fmt: skip
 
 
-def time_all(compiler: str, out: str, batch: int, device: str, budget_s: float, tf32: bool):
-    """Every model through ``compiler``, one JSON line each appended to ``out`` as it ends."""
+def time_one(name: str, out: str, batch: int, device: str, budget_s: float, tf32: bool):
+    """``models.py --time NAME``: every compiler on one model, a JSON line each into ``out``."""
     if not tf32:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    for name in MODELS:
-        try:
-            result = time_model(name, compiler, batch, device, budget_s)
-        except Exception as e:  # reported in the table
-            first_line = (str(e).splitlines() or [""])[0][:200]
-            result = {"model": name, "compiler": compiler, "status": "error",
-                      "message": f"{type(e).__name__}: {first_line}"}  # fmt: skip
-        with open(out, "a") as f:
-            f.write(json.dumps(result) + "\n")
-        print(f"  {compiler} {name}: {result['status']}", file=sys.stderr, flush=True)
-        torch._dynamo.reset()
-        torch.cuda.empty_cache() if device == "cuda" else None
+    try:
+        results = time_model(name, list(COMPILERS), batch, device, budget_s)
+    except Exception as e:  # reported in the table
+        first_line = (str(e).splitlines() or [""])[0][:200]
+        results = [{"model": name, "compiler": c, "status": "error",
+                    "message": f"{type(e).__name__}: {first_line}"} for c in COMPILERS]  # fmt: skip
+    with open(out, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in results)
 
 
 def run_models(device: str, quick: bool = False, timeout_s: float = 500.0, tf32=False) -> dict:
-    """``bench.py --models``: each compiler in its own process, then one table.
+    """``bench.py --models``: each model in its own process, then one table.
 
-    The processes share ``timeout_s``: each may run for what is left, less 100 s for each one
-    after it (a process stopped at its limit keeps the models it finished)."""
+    The processes share ``timeout_s``: each may run for what is left, less 60 s for each one
+    after it (a process stopped at its limit reports its model as timed out)."""
     if not have_torchvision():
         print("--models: torchvision is not installed here; skipped (it is on the GPU machine)")
         return {"skipped": "torchvision not installed"}
     batch, budget = (2, 0.2) if quick else (32, 1.0)
     results, deadline = [], time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory() as tmp:
-        for i, compiler in enumerate(COMPILERS):
-            out = os.path.join(tmp, f"{compiler}.jsonl")
-            limit = deadline - time.monotonic() - 100 * (len(COMPILERS) - 1 - i)
-            cmd = [compiler, "--out", out, "--batch", str(batch), "--device", device,
+        for i, name in enumerate(MODELS):
+            out = os.path.join(tmp, f"{name}.jsonl")
+            limit = deadline - time.monotonic() - 60 * (len(MODELS) - 1 - i)
+            cmd = [name, "--out", out, "--batch", str(batch), "--device", device,
                    "--budget", str(budget)] + (["--tf32"] if tf32 else [])  # fmt: skip
             results += run_child(cmd, out, max(limit, 30))
     print_models(results, device, tf32)
@@ -230,21 +247,18 @@ def run_models(device: str, quick: bool = False, timeout_s: float = 500.0, tf32=
 
 
 def run_child(args: list[str], out: str, timeout_s: float) -> list[dict]:
-    """``models.py --time COMPILER ...`` in a fresh process; the models it finished in time."""
-    compiler = args[0]
+    """``models.py --time MODEL ...`` in a fresh process; its results, if it finished in time."""
+    name = args[0]
     try:
         cmd = [sys.executable, os.path.abspath(__file__), "--time", *args]
         subprocess.run(cmd, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        print(f"  {compiler}: stopped after {timeout_s:.0f}s", file=sys.stderr)
+        print(f"  {name}: stopped after {timeout_s:.0f}s", file=sys.stderr)
     done = []
     if os.path.exists(out):
         with open(out) as f:
             done = [json.loads(line) for line in f if line.strip()]
-    names = {r["model"] for r in done}
-    missing = [{"model": m, "compiler": compiler, "status": "timeout"} for m in MODELS
-               if m not in names]  # fmt: skip
-    return done + missing
+    return done or [{"model": name, "compiler": c, "status": "timeout"} for c in COMPILERS]
 
 
 def speedup(result: dict | None) -> str:
@@ -253,28 +267,41 @@ def speedup(result: dict | None) -> str:
     return f"{result['eager']['call_s'] / result['compiled']['call_s']:.2f}x"
 
 
+def against_inductor(by: dict, model: str, compiler: str) -> str:
+    """``compiler``'s step time over Inductor's, both measured in one process."""
+    ours, theirs = by.get((model, compiler)), by.get((model, "inductor"))
+    if not all(r and r.get("status") == "ok" for r in (ours, theirs)):
+        return "-"
+    return f"{ours['compiled']['call_s'] / theirs['compiled']['call_s']:.2f}"
+
+
 def print_models(results: list[dict], device: str, tf32: bool) -> None:
     by = {(r["model"], r["compiler"]): r for r in results}
+    ours = [c for c in COMPILERS if c != "inductor"]
     print(f"\ntraining step speed-up over eager ({device}, per-call time, "
-          f"TF32 {'as PyTorch sets it' if tf32 else 'off'}; each compiler in its own process)")
-    print(f"{'model':<20}{'eager step':>11}" + "".join(f"{c:>17}" for c in COMPILERS))
+          f"TF32 {'as PyTorch sets it' if tf32 else 'off'}; a model's steps take turns in one "
+          "process), and step time over Inductor's")  # fmt: skip
+    print(f"{'model':<20}{'eager step':>11}" + "".join(f"{c:>17}" for c in COMPILERS)
+          + "".join(f"{c + ' / inductor':>27}" for c in ours))  # fmt: skip
     for m in MODELS:
         eager = next((r["eager"]["call_s"] for c in COMPILERS
                       if "eager" in (r := by.get((m, c)) or {})), None)  # fmt: skip
         eager_ms = "-" if eager is None else f"{eager * 1e3:.1f}ms"
         print(f"{m:<20}{eager_ms:>11}" + "".join(f"{speedup(by.get((m, c))):>17}"
-                                                for c in COMPILERS))  # fmt: skip
+                                                for c in COMPILERS)  # fmt: skip
+              + "".join(f"{against_inductor(by, m, c):>27}" for c in ours))
     print(f"\n{'model, compiler':<36}{'step':>9}{'device':>9}{'first call':>11}{'peak MB':>9}"
-          f"{'eager MB':>9}")  # fmt: skip
+          f"{'eager MB':>9}  step in each round (ms)")  # fmt: skip
     for r in results:
         label = f"{r['model']}, {r['compiler']}"
         if r.get("status") != "ok":
             print(f"{label:<36} {r['status']}: {r.get('message', '')}")
             continue
         c, e = r["compiled"], r["eager"]
+        rounds = " ".join(f"{t * 1e3:.1f}" for t in c.get("call_s_rounds", []))
         print(f"{label:<36}{c['call_s'] * 1e3:>7.1f}ms{c['device_s'] * 1e3:>7.1f}ms"
               f"{r['first_call_s']:>10.1f}s{c['peak_bytes'] / 1e6:>9.0f}"
-              f"{e['peak_bytes'] / 1e6:>9.0f}")  # fmt: skip
+              f"{e['peak_bytes'] / 1e6:>9.0f}  {rounds}")  # fmt: skip
 
 
 # --- checked: toycomp in train mode against eager -------------------------------------------------
@@ -302,13 +329,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--float64", action="store_true", help="check in double precision")
-    parser.add_argument("--time", choices=COMPILERS, help="time this compiler (bench.py --models)")
-    parser.add_argument("--out", help="--time: append one JSON line per model here")
+    parser.add_argument("--time", choices=MODELS, help="time every compiler on this model "
+                        "(bench.py --models)")  # fmt: skip
+    parser.add_argument("--out", help="--time: append one JSON line per compiler here")
     parser.add_argument("--budget", type=float, default=1.0, help="--time: seconds a timing")
     parser.add_argument("--tf32", action="store_true", help="--time: leave PyTorch's TF32 settings")
     args = parser.parse_args()
     if args.time:
-        time_all(args.time, args.out, args.batch, args.device, args.budget, args.tf32)
+        time_one(args.time, args.out, args.batch, args.device, args.budget, args.tf32)
         return
     # TF32 rounds convolution inputs to 10-bit mantissas; two correct programs that pick
     # different cuDNN algorithms then differ by far more than fp32 rounding. Compare in fp32.

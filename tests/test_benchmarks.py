@@ -82,3 +82,46 @@ def test_models_check_tells_rounding_from_a_wrong_result():
     assert models.rounding_mismatch(eager, eager, want64) is None
     assert models.rounding_mismatch(rounding, eager, want64) is None
     assert "bias" in models.rounding_mismatch(wrong, eager, want64)
+
+
+def test_compared_steps_take_turns(monkeypatch):
+    import timing
+
+    order = []
+    monkeypatch.setattr(timing, "per_call_seconds",
+                        lambda step, device, budget: order.append(step()) or 1.0)  # fmt: skip
+    steps = {name: (lambda name=name: name) for name in ("eager", "a", "b")}
+    seconds = timing.per_call_seconds_in_turns(steps, "cpu", 1.0, rounds=4)
+    assert seconds == {name: [1.0] * 4 for name in steps}
+    assert order == ["eager", "a", "b", "a", "b", "eager", "b", "eager", "a", "eager", "a", "b"]
+
+
+def test_a_models_steps_are_checked_then_timed_in_one_process(monkeypatch):
+    """``models.time_model`` without torchvision: a small convolutional net stands in."""
+    import models
+
+    def build(name, device, dtype=torch.float32, train=False):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=16), torch.nn.ReLU(),
+                                  torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                  torch.nn.Linear(4, 1000))  # fmt: skip
+        return net.to(device, dtype).train(train)
+
+    compile_model = models.compile_model
+
+    def compile_or_break(model, compiler):
+        if compiler == "broken":
+            raise NotImplementedError("no lowering for aten.frobnicate")
+        if compiler == "wrong":  # 1% off: more than rounding
+            return lambda x: model(x) * 1.01
+        return compile_model(model, compiler)
+
+    monkeypatch.setattr(models, "build", build)
+    monkeypatch.setattr(models, "compile_model", compile_or_break)
+    results = models.time_model("net", ["toycomp", "broken", "wrong"], 2, "cpu", 0.05)
+    by = {r["compiler"]: r for r in results}
+    assert by["toycomp"]["status"] == "ok" and len(by["toycomp"]["compiled"]["call_s_rounds"]) == 5
+    assert by["toycomp"]["eager"]["call_s"] > 0
+    assert by["broken"] == {"model": "net", "batch": 2, "compiler": "broken", "status": "error",
+                            "message": "NotImplementedError: no lowering for aten.frobnicate"}
+    assert by["wrong"]["status"] == "FAILED"
