@@ -448,3 +448,31 @@ def test_grad_mode_switched_by_a_call_stays_switched_after_the_frame():
             assert not out.requires_grad and not torch.is_grad_enabled(), cf
     finally:
         torch.set_grad_enabled(True)
+
+
+@pytest.mark.parametrize("call", ["positional", "default", "keyword", "mixed", "star"])
+def test_arguments_bind_as_in_eager_however_they_are_passed(call):
+    """Calls that pass every parameter by position skip inspect's binding: every other way of
+    passing them must still bind (and guard) as eager does."""
+    def f(x, n=2, *rest, scale=1.0):
+        return x * n * scale + sum(rest)
+
+    def g(x, n=2):
+        return x * n
+
+    x = torch.randn(3)
+    calls, entries = {  # the calls, and how many bindings (so cache entries) they make
+        "positional": ([(g, (x, 3), {}), (g, (x, 4), {})], 2),
+        "default": ([(g, (x,), {}), (g, (x, 2), {}), (g, (x,), {})], 1),
+        "keyword": ([(g, (), {"x": x, "n": 5}), (g, (x,), {"n": 6}), (g, (x, 6), {})], 2),
+        "mixed": ([(f, (x, 3), {"scale": 2.0}), (f, (x,), {}), (f, (x, 4, 1.0, 2.0), {})], 3),
+        "star": ([(f, (x, 3, 1.0), {}), (f, (x, 3, 1.0, 5.0), {}), (f, (x, 3), {})], 3),
+    }[call]
+    compiled = {fn: compile_frame(fn, backend) for fn in (f, g)}
+    for fn, args, kwargs in calls * 2:
+        torch.testing.assert_close(compiled[fn](*args, **kwargs), fn(*args, **kwargs))
+    assert sum(len(c.entries) for c in compiled.values()) == entries
+    with pytest.raises(TypeError):
+        compiled[g](x, 1, 2)
+    with pytest.raises(TypeError):
+        compiled[g](x, n=1, m=2)
