@@ -166,3 +166,67 @@ def test_amax_gradient_over_transcendentals_cpp(case, shape):
 @pytest.mark.parametrize("case", ["exp.amax", "exp.amin", "exp.amax+sin", "fma.amax"])
 def test_amax_gradient_over_transcendentals_triton(case):
     check_values_and_grads(CASES[case], (16, 4), "triton")
+
+
+# --- [Note: pointwise kernels over planes] ------------------------------------------------------
+def _pointwise_kernel(fn, *args):
+    from toycomp.inductor.codegen import cpp
+
+    steps = toycomp.explain(fn, *args).graph("forward").scheduled.steps
+    return [cpp.generate(k).source.removeprefix(cpp.PREAMBLE) for k in steps
+            if isinstance(k, Kernel)]  # fmt: skip
+
+
+def test_a_per_channel_broadcast_runs_over_planes():
+    def bn_relu6(x, mean, var, w, b):
+        return torch.nn.functional.batch_norm(x, mean, var, w, b, False).clamp(0, 6)
+
+    x, stats = torch.randn(2, 8, 6, 6), [torch.rand(8) + 0.5 for _ in range(4)]
+    (source,) = _pointwise_kernel(bn_relu6, x, *stats)
+    assert "for (int64_t x1 = 0; x1 < 36; x1++)" in source and "xindex" not in source
+    assert "in_ptr1[x0 - 8*((x0) / (8))]" in source  # per channel: no x1, hoistable
+    torch.testing.assert_close(toycomp.compile(bn_relu6)(x, *stats), bn_relu6(x, *stats))
+
+
+def test_a_kernel_without_a_common_plane_keeps_one_flat_loop():
+    def f(a, b):  # reads b at x // 4 - 12*(x // 48): planes of 4, less than a vector
+        return a * b
+
+    (source,) = _pointwise_kernel(f, torch.randn(4, 12, 4), torch.randn(12, 1))
+    assert "xindex" in source and "x1" not in source
+
+    def g(a, b, c):  # x // 8 (b per row) and x // 12 (c's rows of 12): a plane of 4 at most
+        return a + b + c.expand(8, 12).reshape(12, 8)
+
+    args = torch.randn(12, 8), torch.randn(12, 1), torch.randn(1, 12)
+    (source,) = _pointwise_kernel(g, *args)
+    assert "xindex" in source and "x1" not in source
+    torch.testing.assert_close(toycomp.compile(g)(*args), g(*args))
+
+
+@pytest.mark.parametrize("shape, dims", [
+    ((3, 16, 10), (1,)), ((3, 16, 10), (0, 2)), ((2, 3, 8, 9), (1, 3)), ((5, 64), (0,)),
+    ((4, 1, 32), (2,)), ((2, 16, 3, 16), (0, 2)),
+])  # fmt: skip
+def test_broadcasts_over_planes_match_eager(shape, dims):
+    """A tensor plus one broadcast along ``dims``, times a third that is transposed."""
+    small = [1 if d in dims else n for d, n in enumerate(shape)]
+
+    def f(a, b, c):
+        return (a + b).relu() * c.transpose(0, -1).contiguous().transpose(0, -1)
+
+    a, b, c = torch.randn(shape), torch.randn(small), torch.randn(shape)
+    torch.testing.assert_close(toycomp.compile(f)(a, b, c), f(a, b, c))
+
+
+@pytest.mark.parametrize("plane, numel", [(12, 96), (16, 256), (36, 288)])
+def test_plane_index_is_the_same_element(plane, numel):
+    from toycomp.inductor.codegen.cpp_layout import plane_index
+
+    FloorDiv = indexing.FloorDiv
+    index = 3 * x + FloorDiv(x, plane) - 2 * FloorDiv(x, 2 * plane) + 7 * FloorDiv(x, numel // 2)
+    split = plane_index(index, plane)
+    x0, x1 = sorted(split.free_symbols, key=str)
+    for value in range(numel):
+        got = split.subs({x0: value // plane, x1: value % plane})
+        assert got == index.subs(x, value), value

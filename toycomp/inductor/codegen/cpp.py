@@ -152,6 +152,7 @@ class CppKernelCodegen(KernelCodegen):
         self.column = cpp_layout.use_column_layout(kernel)
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
+        self.plane: int | None = None  # see [Note: pointwise kernels over planes]
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
@@ -205,6 +206,11 @@ class CppKernelCodegen(KernelCodegen):
         if int(value) == torch.iinfo(dtype).min:
             return f"std::numeric_limits<{cpp_type(dtype)}>::min()"
         return f"{cpp_type(dtype)}({int(value)})"
+
+    def print_index(self, index: sympy.Expr) -> str:
+        if self.plane is not None:  # x = plane*x0 + x1 ([Note: pointwise kernels over planes])
+            index = cpp_layout.plane_index(sympy.sympify(index), self.plane)
+        return super().print_index(index)
 
     def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
         return self.cse.generate(self.compute, self.print_index(index), dtype)
@@ -261,6 +267,8 @@ class CppKernelCodegen(KernelCodegen):
     def codegen_row_body(self, parallel: str | None) -> IndentedBuffer:
         """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
         k, body = self.kernel, IndentedBuffer()
+        numel = self.print_index(k.numel)  # (before self.plane changes how x prints)
+        self.plane = cpp_layout.pointwise_plane(k)
         parallel_r = None
         if indexing.known_equal(k.numel, 1):
             parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
@@ -284,14 +292,22 @@ class CppKernelCodegen(KernelCodegen):
         # A pointwise kernel's x loop is its only loop: vectorise it too.
         independent = cpp_layout.independent_iterations
         simd = all(not loop.over_r and independent(loop) for loop in k.loops)
+        if self.plane is not None:  # planes on the cores, each plane's elements vectorised
+            inner = IndentedBuffer()
+            if simd:
+                inner.writeline("#pragma omp simd")
+            inner.writeline(f"for (int64_t x1 = 0; x1 < {self.plane}; x1++)")
+            inner.splice(_block(body))
+            if parallel is not None:
+                code.writeline(f"#pragma omp parallel for{parallel}")
+            code.writeline(f"for (int64_t x0 = 0; x0 < {k.numel // self.plane}; x0++)")
+            code.splice(_block(inner))
+            return code
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
             code.writeline(f"#pragma omp {pragma}{parallel or ''}")
-        code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
-        code.writeline("{")
-        with code.indent():
-            code.splice(body)
-        code.writeline("}")
+        code.writeline(f"for (int64_t xindex = 0; xindex < {numel}; xindex++)")
+        code.splice(_block(body))
         return code
 
     def parallel_if(self, elements, minimum: int) -> str | None:
@@ -312,6 +328,16 @@ class CppKernelCodegen(KernelCodegen):
             ctype = "double" if indexing.is_scalar_symbol(symbol) else "int64_t"
             params.append(f"const {ctype} {symbol}")
         return ", ".join(params)
+
+
+def _block(body: IndentedBuffer) -> IndentedBuffer:
+    """``body`` in braces, indented: a loop's body."""
+    code = IndentedBuffer()
+    code.writeline("{")
+    with code.indent():
+        code.splice(body)
+    code.writeline("}")
+    return code
 
 
 def _ctype(arg: str) -> type:

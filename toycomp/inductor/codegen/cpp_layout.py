@@ -22,6 +22,7 @@ tiling and vectorisation of the loop nest, chosen from the strides of the loads 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 
@@ -175,3 +176,51 @@ def independent_iterations(loop: ir.Loop) -> bool:
     return True
 
 
+
+
+# [Note: pointwise kernels over planes]
+# A pointwise kernel is one flat loop over x. When it broadcasts a per-channel value over the
+# planes of an (N, C, H, W) tensor (a BatchNorm, a bias), that value is read at ``x // (H*W)
+# - C*(x // (C*H*W))``: two 64-bit divisions and a gather for every element, every vector lane
+# a different address, and the per-channel arithmetic (BatchNorm's 1/sqrt(var + eps)) redone
+# for each element; a MobileNet-v2 BatchNorm + ReLU6 ran 5x slower than eager's. When every
+# division of x in the kernel's indices is by a multiple of one extent P (here H*W), the loop
+# splits into ``for x0 < numel/P: for x1 < P`` with ``x = P*x0 + x1``: each ``x // d`` becomes
+# ``x0 // (d/P)``, which the inner loop does not change, so the compiler reads those values
+# (and computes what depends only on them) once per plane, and the inner loop runs over
+# contiguous memory, vectorised. Inductor's C++ backend tiles its loop nests the same way.
+PLANE_MIN = 8  # a plane smaller than a vector is not worth a loop of its own
+
+
+def pointwise_plane(kernel: ir.Kernel) -> int | None:
+    """The extent P of the inner loop that [Note: pointwise kernels over planes] splits a
+    pointwise kernel's x loop into, or None to keep one flat loop."""
+    if any(loop.over_r for loop in kernel.loops) or not isinstance(kernel.numel, int):
+        return None
+    indices = [s.index for loop in kernel.loops for s in loop.body]
+    values = [s.value for loop in kernel.loops for s in loop.body]
+    indices += [e.index for e in ir.walk(*values) if isinstance(e, (ir.Load, ir.IndexValue))]
+    divisors = set()
+    for index in indices:
+        for f in index.atoms(sympy.Function):
+            if indexing.x not in f.free_symbols:
+                continue
+            if not isinstance(f, indexing.FloorDiv) or f.args[0] != indexing.x:
+                return None  # x inside anything but ``x // d``: keep the flat loop
+            if not f.args[1].is_Integer:
+                return None
+            divisors.add(int(f.args[1]))
+    plane = math.gcd(*divisors) if divisors else 0
+    if plane < PLANE_MIN or kernel.numel % plane or kernel.numel // plane < 2:
+        return None
+    return plane
+
+
+def plane_index(index: sympy.Expr, plane: int) -> sympy.Expr:
+    """``index`` over ``x0`` (the plane) and ``x1`` (within it), where ``x = plane*x0 + x1``."""
+    x0, x1 = sympy.symbols("x0 x1", integer=True, nonnegative=True)
+    index = index.replace(
+        lambda e: isinstance(e, indexing.FloorDiv) and e.args[0] == indexing.x,
+        lambda e: indexing.FloorDiv(x0, e.args[1] // plane),
+    )
+    return sympy.expand(index.subs(indexing.x, plane * x0 + x1))
