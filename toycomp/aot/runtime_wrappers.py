@@ -289,7 +289,7 @@ class AOTOutput:
     def _with_layouts(self, args: Sequence) -> list:
         """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes]);
         as they are when one C++ call finds them laid out as the last call's, which needed no
-        copy (see [Note: inputs checked once] in inductor/wrapper.py)."""
+        copy (see [Note: inputs checked once] in inductor/runtime.py)."""
         if self._layouts_seen.check(*args):
             return list(args)
         sym = self._symbolic_inputs

@@ -267,7 +267,6 @@ class CppKernelCodegen(KernelCodegen):
     def codegen_row_body(self, parallel: str | None) -> IndentedBuffer:
         """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
         k, body = self.kernel, IndentedBuffer()
-        numel = self.print_index(k.numel)  # (before self.plane changes how x prints)
         self.plane = cpp_layout.pointwise_plane(k)
         parallel_r = None
         if indexing.known_equal(k.numel, 1):
@@ -306,7 +305,7 @@ class CppKernelCodegen(KernelCodegen):
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
             code.writeline(f"#pragma omp {pragma}{parallel or ''}")
-        code.writeline(f"for (int64_t xindex = 0; xindex < {numel}; xindex++)")
+        code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
         code.splice(_block(body))
         return code
 

@@ -176,8 +176,6 @@ def independent_iterations(loop: ir.Loop) -> bool:
     return True
 
 
-
-
 # [Note: pointwise kernels over planes]
 # A pointwise kernel is one flat loop over x. When it broadcasts a per-channel value over the
 # planes of an (N, C, H, W) tensor (a BatchNorm, a bias), that value is read at ``x // (H*W)
