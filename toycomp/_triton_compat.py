@@ -166,15 +166,33 @@ class LeanLauncher:
             kernel = self.fn[grid](*args, **meta)  # Triton compiles (once) and launches
             later = self.fn.arg_names[len(args) :]  # the constexprs given by name, in order
             extra = tuple(meta[name] for name in later)
-            self.launches[key] = (kernel.run, kernel.function, kernel.packed_metadata, extra)
+            remember(self.launches, key, (kernel.run, kernel.function, kernel.packed_metadata,
+                                          extra))  # fmt: skip
             return
         run, function, metadata, extra = known
         x, y, z = (*grid, 1, 1)[:3]
         run(x, y, z, stream, function, metadata, None, None, None, *values, *extra)
         if key not in self.fast_launches:
             hooked = lambda: _active(self.knobs.launch_enter_hook)  # noqa: E731
-            self.fast_launches[key] = fast_launch(args, meta, known, hooked)
+            remember(self.fast_launches, key, fast_launch(args, meta, known, hooked))
         self.fast = self.fast_launches[key]
+
+
+# [Note: launch tables are bounded]
+# Ints are keyed by value, so a kernel over symbolic sizes adds a kind for every size it meets
+# (a batch of 17, 18, 19...), each with a generated fast launch: without a bound a long run
+# with varying sizes would keep them all. A table holds at most MAX_LAUNCH_KINDS kinds and
+# starts again empty when full: the next launch of a forgotten kind takes Triton's path, whose
+# own cache is keyed by specialization (bounded), so forgetting costs time, never a result.
+MAX_LAUNCH_KINDS = 64
+
+
+def remember(table: dict, key: Any, value: Any) -> None:
+    """``table[key] = value``, emptying ``table`` first when it is full (see [Note: launch
+    tables are bounded])."""
+    if len(table) >= MAX_LAUNCH_KINDS:
+        table.clear()
+    table[key] = value
 
 
 # [Note: fast launches]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import toycomp
-from toycomp._triton_compat import LeanLauncher, _specialization, fast_launch
+from toycomp._triton_compat import MAX_LAUNCH_KINDS, LeanLauncher, _specialization, fast_launch
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -91,6 +91,68 @@ def test_lean_launches_reuse_only_the_matching_compiled_kernel():
         torch.testing.assert_close(out, a[:n] + other[:n])
     # aligned 4096, misaligned 4096, aligned 1000, n=1, misaligned 1000: five specializations
     assert len(kernel.launches) == 5
+
+
+class FakeJIT:
+    """A stand-in for a ``JITFunction`` (``fn[grid](*args, **meta)`` compiles and launches):
+    each kind of arguments compiles into its own "kernel", whose runs are recorded."""
+
+    arg_names = ["in_ptr0", "xnumel", "XBLOCK"]
+
+    def __init__(self):
+        self.compiled, self.runs = 0, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.compiled += 1
+            n = self.compiled
+            kernel = type("Kernel", (), {})()
+            kernel.run = lambda *a: self.runs.append((n, a))
+            kernel.function, kernel.packed_metadata = f"function{n}", "md"
+            self.runs.append((n, ("triton", *args)))
+            return kernel
+
+        return launch
+
+
+def test_launch_tables_stay_bounded_and_launch_the_right_kernel():
+    """[Note: launch tables are bounded]: sizes that vary at every call keep at most
+    MAX_LAUNCH_KINDS kinds, and every launch still runs the kernel made for its size."""
+    jit = FakeJIT()
+    launcher = LeanLauncher.__new__(LeanLauncher)  # (no CUDA driver here)
+    launcher.fn, launcher.fast = jit, None
+    launcher.launches, launcher.fast_launches = {}, {}
+    launcher.knobs = type("Knobs", (), {"launch_enter_hook": None})()
+    t = torch.zeros(4)
+    compiled_for = {}
+    for n in [*range(3 * MAX_LAUNCH_KINDS), *range(3 * MAX_LAUNCH_KINDS)] * 2:
+        launcher.run(7, (n,), t, n, XBLOCK=16)
+        assert len(launcher.launches) <= MAX_LAUNCH_KINDS
+        assert len(launcher.fast_launches) <= MAX_LAUNCH_KINDS
+        kernel, args = jit.runs[-1]
+        if args[0] == "triton":  # compiled (again) for this size
+            assert args[1:] == (t, n)
+            compiled_for[n] = kernel
+        else:  # launched directly: the kernel compiled for n, with n passed on
+            assert kernel == compiled_for[n]
+            assert args == (n, 1, 1, 7, f"function{kernel}", "md", None, None, None,
+                            t.data_ptr(), n, 16)  # fmt: skip
+    for _ in range(3):  # a kind launched again and again: directly after the first time
+        launcher.run(7, (5,), t, 5, XBLOCK=16)
+    kernel = jit.runs[-3][0]
+    assert [(k, a[0]) for k, a in jit.runs[-2:]] == [(kernel, 5), (kernel, 5)]
+
+
+@CUDA
+def test_sizes_that_vary_at_every_launch_stay_correct_and_bounded():
+    kernel = LeanLauncher(add_kernel())
+    a, b = torch.randn(512, device="cuda"), torch.randn(512, device="cuda")
+    for n in [*range(1, 2 * MAX_LAUNCH_KINDS), *range(1, 2 * MAX_LAUNCH_KINDS, 3)]:
+        out = torch.zeros(512, device="cuda")
+        kernel[(-(-n // 128),)](a, b, out, n, XBLOCK=128, num_warps=4)
+        torch.testing.assert_close(out[:n], a[:n] + b[:n])
+        assert not out[n:].any()
+    assert len(kernel.launches) <= MAX_LAUNCH_KINDS >= len(kernel.fast_launches)
 
 
 @CUDA
