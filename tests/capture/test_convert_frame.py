@@ -476,3 +476,34 @@ def test_arguments_bind_as_in_eager_however_they_are_passed(call):
         compiled[g](x, 1, 2)
     with pytest.raises(TypeError):
         compiled[g](x, n=1, m=2)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.max(dim=1),
+    lambda x: (x.sort(0), x.min(1).indices),
+    lambda x: {"top": x.topk(2, dim=1), "lse": torch.linalg.slogdet(x[:, :4])},
+    lambda x: torch.aminmax(x.sin(), dim=0),
+    lambda x: x.max(dim=1).values * 2,
+])
+def test_ops_returning_named_tuples_return_them_as_eager_does(fn):
+    """torch.return_types.* results keep their type and field names when returned."""
+    x = torch.randn(4, 5)
+    want, cf = fn(x), compile_frame(fn, backend)
+    got = cf(x)
+    assert explain(fn, x).graph_count == 1 and explain(fn, x).graph_break_count == 0
+
+    def same(a, b):
+        assert type(a) is type(b)
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                same(a[k], b[k])
+        elif isinstance(a, tuple):
+            assert getattr(a, "__match_args__", None) == getattr(b, "__match_args__", None)
+            assert len(a) == len(b)
+            for p, q in zip(a, b):
+                same(p, q)
+        else:
+            torch.testing.assert_close(a, b)
+
+    same(got, want)

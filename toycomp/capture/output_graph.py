@@ -229,9 +229,8 @@ class OutputGraph:
             items = [self.wrap_result(self.graph.call_function(operator.getitem, (node, i)), r)
                      if isinstance(r, torch.Tensor) else ConstantVariable(r)
                      for i, r in enumerate(result)]
-            fields = getattr(type(result), "_fields", None)
-            if fields:
-                return NamedTupleVariable(items, fields)
+            if getattr(type(result), "n_fields", None) is not None:  # a structseq
+                return NamedTupleVariable(items, type(result))
             return (ListVariable if isinstance(result, list) else TupleVariable)(items)
         if result is None:  # called for its effect (torch._C._set_grad_enabled): keep the node
             return ConstantVariable(None)
@@ -336,11 +335,21 @@ class AliasedInputs(Exception):
 
 
 class NamedTupleVariable(TupleVariable):
-    """A structseq such as ``torch.max(x, dim=0)``'s result: items and field names."""
+    """A structseq such as ``torch.max(x, dim=0)``'s result (``torch.return_types.max``): its
+    items, read by index or by field name, and rebuilt as that type when returned."""
 
-    def __init__(self, items, fields):
+    def __init__(self, items, structseq: type):
         super().__init__(items)
-        self.fields = tuple(fields)
+        self.structseq = structseq
+        self.fields = tuple(structseq.__match_args__)  # (a structseq has no _fields)
+
+    def python_type(self):
+        return self.structseq
+
+    def reconstruct(self, codegen):
+        if self.source is not None:
+            return codegen.source(self.source)
+        return f"{codegen.constant(self.structseq)}({super().reconstruct(codegen)})"
 
     def var_getattr(self, tx, name):
         if name in self.fields:
