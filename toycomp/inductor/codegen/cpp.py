@@ -153,6 +153,7 @@ class CppKernelCodegen(KernelCodegen):
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
         self.plane: int | None = None  # see [Note: pointwise kernels over planes]
+        self.rplane: int | None = None  # and [Note: reductions over planes]
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
@@ -208,8 +209,10 @@ class CppKernelCodegen(KernelCodegen):
         return f"{cpp_type(dtype)}({int(value)})"
 
     def print_index(self, index: sympy.Expr) -> str:
-        if self.plane is not None:  # x = plane*x0 + x1 ([Note: pointwise kernels over planes])
-            index = cpp_layout.plane_index(sympy.sympify(index), self.plane)
+        # x = plane*x0 + x1, r = rplane*r0 + r1: see [Note: pointwise kernels over planes]
+        for var, plane in ((indexing.x, self.plane), (indexing.r, self.rplane)):
+            if plane is not None:
+                index = cpp_layout.plane_index(sympy.sympify(index), plane, var)
         return super().print_index(index)
 
     def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
@@ -268,6 +271,7 @@ class CppKernelCodegen(KernelCodegen):
         """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
         k, body = self.kernel, IndentedBuffer()
         self.plane = cpp_layout.pointwise_plane(k)
+        self.rplane = cpp_layout.reduction_plane(k)
         parallel_r = None
         if indexing.known_equal(k.numel, 1):
             parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
@@ -292,16 +296,9 @@ class CppKernelCodegen(KernelCodegen):
         independent = cpp_layout.independent_iterations
         simd = all(not loop.over_r and independent(loop) for loop in k.loops)
         if self.plane is not None:  # planes on the cores, each plane's elements vectorised
-            inner = IndentedBuffer()
-            if simd:
-                inner.writeline("#pragma omp simd")
-            inner.writeline(f"for (int64_t x1 = 0; x1 < {self.plane}; x1++)")
-            inner.splice(_block(body))
-            if parallel is not None:
-                code.writeline(f"#pragma omp parallel for{parallel}")
-            code.writeline(f"for (int64_t x0 = 0; x0 < {k.numel // self.plane}; x0++)")
-            code.splice(_block(inner))
-            return code
+            outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
+            inner = "#pragma omp simd" if simd else None
+            return cpp_layout.plane_loops("x", k.numel, self.plane, body, outer, inner)
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
             code.writeline(f"#pragma omp {pragma}{parallel or ''}")

@@ -6,6 +6,8 @@ its sections) -> the C++ loops of its body, in the layout cpp_layout.py chose fo
 
 * **row** (``r`` contiguous in memory: a softmax, a LayerNorm's statistics): one ``x`` at a time,
   each ``r`` loop ``omp simd`` with an OpenMP ``reduction`` clause; ``x`` runs on all cores.
+  An ``r`` divided by multiples of one extent (BatchNorm's sums over N, H, W) runs over planes,
+  ``for r0: for r1`` (see [Note: reductions over planes] in cpp_layout.py).
 * **column** (``x`` contiguous, ``r`` strided: a sum over the batch dimension, a bias gradient):
   a tile of ``XBLOCK`` outputs at a time, the ``r`` loop outside and a vectorised loop over the
   tile inside, one accumulator array per ``Reduce``; tiles run on all cores. For
@@ -41,7 +43,7 @@ import torch
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
-from toycomp.inductor.codegen.cpp_layout import independent_iterations
+from toycomp.inductor.codegen.cpp_layout import independent_iterations, plane_loops
 
 # [Note: row and column reductions]
 # A reduction kernel runs, for each output x, its loops over r. Where the memory it reads lies
@@ -102,17 +104,27 @@ def reduce_row(cg, red: ir.Reduce, value: str) -> None:
 
 def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop, parallel_r: str | None) -> None:
     """One r loop of the row layout: ``omp simd`` with its reduction clauses, or, in a kernel
-    of one row (``parallel_r``), ``omp parallel for`` over r."""
+    of one row (``parallel_r``), ``omp parallel for`` over r; over planes ``r0``, ``r1`` when
+    ``cg.rplane`` is set (see [Note: reductions over planes] in cpp_layout.py)."""
     body.splice(cg.prefix)
     clauses = "".join(f" reduction({c})" for c in cg.loop_reductions)
+    pragma = None
     if parallel_r is not None:
         simd = " simd" if clauses else ""
-        body.writeline(f"#pragma omp parallel for{simd}{clauses}{parallel_r}")
+        pragma = f"#pragma omp parallel for{simd}{clauses}{parallel_r}"
     elif clauses or independent_iterations(loop):
-        body.writeline(f"#pragma omp simd{clauses}")
-    rnumel = cg.print_index(cg.kernel.rnumel)
-    body.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
-    _braced(body, cg.loads, cg.compute, cg.stores)
+        pragma = f"#pragma omp simd{clauses}"
+    if cg.rplane is not None:  # (never with parallel_r: reduction_plane skips one-row kernels)
+        sections = IndentedBuffer()
+        sections.writelines([*cg.loads.lines, *cg.compute.lines, *cg.stores.lines])
+        rnumel, plane = cg.kernel.rnumel, cg.rplane
+        body.splice(plane_loops("r", rnumel, plane, sections, None, pragma))
+    else:
+        if pragma is not None:
+            body.writeline(pragma)
+        rnumel = cg.print_index(cg.kernel.rnumel)
+        body.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
+        _braced(body, cg.loads, cg.compute, cg.stores)
     body.splice(cg.suffix)
 
 

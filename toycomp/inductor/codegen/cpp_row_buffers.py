@@ -93,7 +93,8 @@ class RowBuffers:
     def before_loop(self, cg, i: int) -> None:
         """Loop ``i`` reads its kept values from their arrays instead of computing them."""
         for node, name in self.loads.get(i, []):
-            value = cg.cse.generate(cg.loads, f"{name}[rindex]", node.dtype)
+            r = cg.print_index(indexing.r)  # rindex, or P*r0 + r1 over planes
+            value = cg.cse.generate(cg.loads, f"{name}[{r}]", node.dtype)
             cg.generated[id(node)] = (node, value)
 
     def after_loop(self, cg, i: int) -> None:
@@ -101,7 +102,8 @@ class RowBuffers:
         dtypes = dict(self.arrays.values())
         for node, name in self.stores.get(i, []):
             cg.prefix.writeline(f"{cg.ctype(dtypes[name])} {name}[{self.kernel.rnumel}];")
-            cg.stores.writeline(f"{name}[rindex] = {cg.generated[id(node)][1]};")
+            r = cg.print_index(indexing.r)  # rindex, or P*r0 + r1 over planes
+            cg.stores.writeline(f"{name}[{r}] = {cg.generated[id(node)][1]};")
 
 
 class _StructureKeys:
