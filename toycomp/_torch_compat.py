@@ -298,6 +298,20 @@ def empty_strided_cuda(size, stride, dtype, device=None):  # inductor/wrapper.py
     return torch._C._dynamo.guards._empty_strided_cuda(size, stride, dtype)
 
 
+def tensor_guards(tensors: list) -> tuple:  # capture/guard_check.py: a model's tensor guards
+    """``(check, why)``: ``check(*ts)`` is whether tensors ``ts`` have the exact Python types,
+    dispatch keys, dtypes, devices, requires_grad, sizes and strides of ``tensors``, in one C++
+    call (Dynamo's ``TensorGuards``, no reference kept to the tensors); ``why(ts, names)`` says
+    the first difference in Dynamo's words (``tensor 'w' dtype mismatch. expected Float, ...``).
+    """
+    guards = torch._C._dynamo.guards.TensorGuards(
+        *tensors,
+        dynamic_dims_sizes=[list(t.shape) for t in tensors],
+        dynamic_dims_strides=[list(t.stride()) for t in tensors],
+    )
+    return guards.check, lambda ts, names: guards.check_verbose(*ts, tensor_check_names=names)
+
+
 def _never(*tensors) -> bool:
     return False
 

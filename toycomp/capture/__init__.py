@@ -21,7 +21,8 @@ Files, in reading order:
     instructions_containers.py  subscripts, containers, attributes, f-strings
     instructions_flow.py   calls, functions, jumps, loops, ``with``, generators
     variables/             the variable trackers (tensors, constants, lists, modules, functions...)
-    sources.py             where each value came from; guard_builder.py: guards from the sources
+    sources.py             where each value came from; guard_builder.py: guards from the sources;
+                           guard_check.py: the guards compiled into one function
     dynamic_shapes.py      automatic dynamic shapes: which sizes become symbols; shape guards
     output_graph.py        the FX graph, built on fake tensors
     side_effects_replay.py Python mutations recorded while tracing, replayed after the graph

@@ -26,20 +26,25 @@ L['x'].dtype == torch.float32
 Dynamo compiles its guards into a C++ tree (GuardManager) for speed; toycomp keeps the lines of
 Python, joined by ``and`` in one function, because a student can print it and see exactly what
 is checked on every call. When ``check`` fails, ``failing_guard`` evaluates the same lines one at
-a time to name the first that failed: that text goes into the recompile message.
+a time to name the first that failed: that text goes into the recompile message. Three things
+keep the lines cheap on a model of hundreds of modules (MobileNet-v2: 3,500 lines and 0.5 ms a
+call before them): a module's parameters, buffers and submodules are read from its dicts
+([Note: guards read nn.Module attributes from its dicts], sources.py), a tuple of constants is
+compared whole ([Note: tuples of constants]), and the tensors read from attributes are checked
+in one C++ call ([Note: tensor guards in one call], guard_check.py, which compiles the lines).
 
 NB: in PyTorch this lives in torch/_dynamo/guards.py (GuardBuilder, CheckFunctionManager).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import torch
 
 from toycomp.capture.codegen import known_text
-from toycomp.capture.sources import Source, _BUILTINS
+from toycomp.capture.guard_check import TensorBatch, compile_check
+from toycomp.capture.sources import AttrSource, ChainedSource, Source, _BUILTINS, module_lookups
 
 _LITERAL_TYPES = (int, float, str, bool, type(None))
 
@@ -49,12 +54,18 @@ class GuardBuilder:
 
     def __init__(self) -> None:
         self.conditions: list[str] = []
+        self.seen: set[str] = set()  # the conditions, for deduplication
         self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS}
-        self.local_names: list[str] = []  # tensors read once and named: see tensor_match
+        self.local_names: list[str] = []  # values read once and named: see tensor_match
         self.named: dict[str, str] = {}  # t0 -> the source it names (for failing_guard)
+        self.lookups: dict[Source, dict[str, str]] = {}  # a module's source -> module_lookups
+        self.paths: dict[Source, str] = {}  # a source -> its text in the guards (see path)
+        self.readable: dict[str, str] = {}  # that text -> the source's name(), where they differ
+        self.batch: list[tuple[str, torch.Tensor, list[str]]] = []  # [Note: tensor guards ...]
 
     def add(self, condition: str) -> None:
-        if condition not in self.conditions:
+        if condition not in self.seen:
+            self.seen.add(condition)
             self.conditions.append(condition)
 
     def constant(self, value: Any) -> str:
@@ -66,6 +77,8 @@ class GuardBuilder:
             return repr(tuple(value))  # a torch.Size too
         if isinstance(value, torch.device):
             name = f"device_{value.type}{'' if value.index is None else value.index}"
+            if self.env.get(name) == value:
+                return name  # (t.device is a new object each time: one name for all)
         else:
             name = "".join(c if c.isalnum() else "_" for c in getattr(value, "__name__", "E"))
         # unique, never the check's own names
@@ -74,6 +87,43 @@ class GuardBuilder:
         self.env[name] = value
         return name
 
+    def new_name(self, prefix: str, source: Source) -> str:
+        """A name for the value at ``source``, read once in a line (``t0 := ...``)."""
+        name = f"{prefix}{len(self.local_names)}"
+        self.local_names.append(name)
+        self.named[name] = self.path(source)
+        return name
+
+    # ----- how a guard reads a source ---------------------------------------------------------
+
+    def note_module(self, source: Source, module: torch.nn.Module) -> None:
+        """``module`` is read from ``source`` and guarded by its type: its parameters, buffers
+        and submodules may be read from its dicts ([Note: guards read nn.Module attributes
+        from its dicts], sources.py)."""
+        self.lookups[source] = module_lookups(module)
+
+    def path(self, source: Source) -> str:
+        """``source`` as the guards read it: its ``name()``, but ``m._parameters['weight']``
+        for ``m.weight`` where that is the same read, after a line that checks the instance
+        dict does not shadow it (``'weight' not in m.__dict__``)."""
+        if source in self.paths:
+            return self.paths[source]
+        text = source.name()
+        if isinstance(source, ChainedSource):
+            base = self.path(source.base)
+            table = None
+            if type(source) is AttrSource:
+                table = self.lookups.get(source.base, {}).get(source.member)
+            if table is None:
+                text = base + source.suffix()
+            else:
+                self.add(f"{source.member!r} not in {base}.__dict__")
+                text = f"{base}.{table}[{source.member!r}]"
+            if text != source.name():
+                self.readable[text] = source.name()
+        self.paths[source] = text
+        return text
+
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 
     def tensor_match(self, source: Source, t: torch.Tensor, sizes=None, strides=None) -> None:
@@ -81,25 +131,34 @@ class GuardBuilder:
 
         With dynamic shapes, ``sizes`` / ``strides`` say what to check of each dimension: a
         number, None (a symbol: checked by the shape guards, ``L['x'].size(0) >= 2``) or the
-        text of an expression it must equal (``L['x'].size(0)``)."""
-        v = source.name()
+        text of an expression it must equal (``L['x'].size(0)``). A tensor read from an
+        attribute or an item with static sizes is checked with the others in one call at the
+        end ([Note: tensor guards in one call], guard_check.py)."""
+        v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
-        if "." in v or v.count("[") > 1:  # an attribute chain: read it once, name it (t0, ...)
-            name = f"t{len(self.local_names)}"
-            self.local_names.append(name)
-            self.named[name] = v
+        chained = "." in v or v.count("[") > 1
+        if chained and sizes is None and _batchable(t):
+            self.batch.append((v, t, [f"type({v}) is {cls}", *self.layout_lines(v, t)]))
+            return
+        if chained:  # an attribute chain: read it once, name it (t0, ...)
+            name = self.new_name("t", source)
             self.add(f"type({name} := {v}) is {cls}")
             v = name
         else:
             self.add(f"type({v}) is {cls}")
         if sizes is None:
-            self.add(f"{v}.shape == {tuple(t.shape)!r}")
-            self.add(f"{v}.stride() == {tuple(t.stride())!r}")
-        else:
-            self.symbolic_layout(v, sizes, strides)
+            for line in self.layout_lines(v, t):
+                self.add(line)
+            return
+        self.symbolic_layout(v, sizes, strides)
         self.add(f"{v}.dtype == {t.dtype}")
         self.add(f"{v}.device == {self.constant(t.device)}")
         self.add(f"{v}.requires_grad is {t.requires_grad}")
+
+    def layout_lines(self, v: str, t: torch.Tensor) -> list[str]:
+        return [f"{v}.shape == {tuple(t.shape)!r}", f"{v}.stride() == {tuple(t.stride())!r}",
+                f"{v}.dtype == {t.dtype}", f"{v}.device == {self.constant(t.device)}",
+                f"{v}.requires_grad is {t.requires_grad}"]
 
     def symbolic_layout(self, v: str, sizes: list, strides: list) -> None:
         """A tensor's layout when some sizes are symbols: its number of dimensions, then each
@@ -117,38 +176,63 @@ class GuardBuilder:
 
     def constant_match(self, source: Source, value: Any) -> None:
         """A Python value, by type and value (``True == 1``, so the type is checked too)."""
-        v = source.name()
+        v = self.path(source)
         if value is None or isinstance(value, bool):
             self.add(f"{v} is {value!r}")
+            return
+        if type(value) is tuple:
+            self.tuple_match(source, value)
             return
         plain = type(value) in (int, float, str)
         cls = type(value).__name__ if plain else self.constant(type(value))
         self.add(f"type({v}) is {cls}")
         self.add(f"{v} == {self.constant(value)}")
 
+    # [Note: tuples of constants]
+    # A conv's ``stride`` is ``(2, 2)``. Guarded item by item it takes six lines (``type(s) is
+    # tuple``, ``len(s) == 2``, ``type(s[0]) is int``, ``s[0] == 2``...), and a conv has three
+    # such tuples. A tuple of literals (ints, floats, bools, strings, None: ``is_literal_tuple``
+    # in variables/builder.py) is compared whole instead, in one line: ``type(c0 := m.stride)
+    # is tuple and c0 == (2, 2) and type(c0[0]) is int and type(c0[1]) is int``. The items'
+    # types are still checked one by one, because ``==`` does not see them: ``(True, 2) == (1,
+    # 2)`` and ``(2.0, 2) == (2, 2)`` hold, and what was traced with ``1`` may differ for
+    # ``True`` (``F.conv2d`` rejects a float stride that a compiled graph would accept).
+    def tuple_match(self, source: Source, value: tuple) -> None:
+        v = first = self.path(source)
+        if "." in v or v.count("[") > 1:  # read the attribute once: (c0 := ...)
+            v = self.new_name("c", source)
+            first = f"({v} := {first})"
+        items = ", ".join(self.constant(x) for x in value) + ("," if len(value) == 1 else "")
+        types = [f"{v}[{i}] is None" if x is None else f"type({v}[{i}]) is {type(x).__name__}"
+                 for i, x in enumerate(value)]
+        self.add(" and ".join([f"type({first}) is tuple", f"{v} == ({items})", *types]))
+
     def id_match(self, source: Source, value: Any) -> None:
         """The very same object (functions, classes, modules of Python code)."""
-        self.add(f"{source.name()} is {self.constant(value)}")
+        self.add(f"{self.path(source)} is {self.constant(value)}")
 
     def type_match(self, source: Source, value: Any) -> None:
         """An object of the same class (nn.Modules, user objects, lists, dicts)."""
-        self.add(f"type({source.name()}) is {self.constant(type(value))}")
+        self.add(f"type({self.path(source)}) is {self.constant(type(value))}")
 
     def length_match(self, source: Source, n: int) -> None:
-        self.add(f"len({source.name()}) == {n}")
+        self.add(f"len({self.path(source)}) == {n}")
 
     def dict_keys_match(self, source: Source, keys: list) -> None:
-        self.add(f"list({source.name()}.keys()) == {self.constant(list(keys))}")
+        self.add(f"list({self.path(source)}.keys()) == {self.constant(list(keys))}")
 
     def alias_match(self, a: Source, b: Source, same: bool) -> None:
-        """Which tensor inputs are the same object (``a.add_(1); return c * 2``)."""
-        self.add(f"{a.name()} {'is' if same else 'is not'} {b.name()}")
+        """Which tensor inputs are the same object (``a.add_(1); return c * 2``). (None for one
+        buffer read twice from its module's dict: ``m._buffers['x'] is m._buffers['x']``.)"""
+        if same and a == b and self.path(a).endswith(f"[{getattr(a, 'member', None)!r}]"):
+            return
+        self.add(f"{self.path(a)} {'is' if same else 'is not'} {self.path(b)}")
 
     def storage_overlap(self, a: Source, b: Source, overlap: bool) -> None:
         """Whether two tensor inputs share memory (``t`` and ``t.view(-1)``), when the graph
         mutates one of them (Dynamo: ``STORAGE_OVERLAPPING``)."""
         self.env["shares_memory"] = shares_memory
-        self.add(f"{'' if overlap else 'not '}shares_memory({a.name()}, {b.name()})")
+        self.add(f"{'' if overlap else 'not '}shares_memory({self.path(a)}, {self.path(b)})")
 
     def global_state(self) -> None:
         """Grad mode, autocast state and the default dtype, as they are now."""
@@ -163,7 +247,21 @@ class GuardBuilder:
 
     def compile(self) -> Callable[[dict, dict], bool]:
         """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
-        return compile_check(self.conditions, self.env, self.named)
+        conditions, batch = list(self.conditions), None
+        if self.batch:
+            name = "check_tensors"
+            while name in self.env:
+                name += "_"
+            batch = TensorBatch.of(name, self.batch)
+            self.env[name] = batch.check
+            conditions.append(batch.text)
+        return compile_check(conditions, self.env, self.named, self.readable, batch)
+
+
+def _batchable(t: torch.Tensor) -> bool:
+    """Can TensorGuards check ``t``? (A dense tensor or Parameter: not sparse, nested, fake.)"""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided \
+        and not t.is_nested
 
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -173,104 +271,3 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     ptr = a.untyped_storage().data_ptr()
     return ptr != 0 and ptr == b.untyped_storage().data_ptr() and a.device == b.device
-
-
-# [Note: guards name shared prefixes]
-# A module's guards repeat long paths: ``type(L['self'].encoder.layers._modules['encoder_layer_3'
-# ].ln_1) is LayerNorm``, then its ``eps``, its weight... and each ``.encoder`` is a call to
-# nn.Module.__getattr__. A vision transformer has 1,700 such lines, so walking every path from
-# ``L['self']`` again costs more than all the checks themselves. So a path that starts two or
-# more lines is named where it is first read, ``(m3 := L['self'].encoder.layers)``, and read
-# through its name afterwards (``m3._modules['encoder_layer_3']``), as Dynamo's GuardManager
-# tree reads each attribute once. Names are only made in lines whose every part is evaluated
-# (no ``and``/``or``/``if`` inside), so a later line never reads a name that was not set.
-_PATH = re.compile(r"\b[LG]\[(?:'[^'\\]*'|-?\d+)\](?:\.[A-Za-z_]\w*|\[(?:'[^'\\]*'|-?\d+)\])*")
-_LINK = re.compile(r"\.[A-Za-z_]\w*|\[(?:'[^'\\]*'|-?\d+)\]")
-
-
-def _paths(condition: str) -> list[tuple[re.Match, str, list[str], str]]:
-    """Each path in ``condition``: its match, root (``L['self']``), links, and what follows them
-    in the match (a method's name before ``(``, which reads a method, not a value to share)."""
-    found = []
-    for m in _PATH.finditer(condition):
-        root = m.group()[: m.group().index("]") + 1]
-        links = _LINK.findall(m.group()[len(root):])
-        if condition[m.end():m.end() + 1] == "(" and links:
-            links = links[:-1]
-        found.append((m, root, links, m.group()[len(root) + len("".join(links)):]))
-    return found
-
-
-def name_shared_prefixes(conditions: list[str], taken) -> tuple[list[str], dict[str, str]]:
-    """``conditions`` reading each path that starts two or more of them through a name set at
-    its first read (see [Note: guards name shared prefixes]); and name -> the path's text."""
-    uses: dict[str, int] = {}
-    for cond in conditions:
-        for _, root, links, _ in _paths(cond):
-            for i in range(1, len(links) + 1):
-                key = root + "".join(links[:i])
-                uses[key] = uses.get(key, 0) + 1
-    names: dict[str, str] = {}  # path -> its name
-    rewritten = []
-    for cond in conditions:
-        may_name = not re.search(r"\b(and|or|if)\b", cond)
-        out, end = [], 0
-        for m, root, links, rest in _paths(cond):
-            text = key = root
-            for link in links:
-                key, text = key + link, text + link
-                if key in names:
-                    text = names[key]
-                elif may_name and uses[key] >= 2:
-                    name = f"m{len(names)}"
-                    while name in taken:
-                        name += "_"
-                    names[key] = name
-                    text = f"({name} := {text})"
-            out += [cond[end:m.start()], text + rest]
-            end = m.end()
-        rewritten.append("".join(out) + cond[end:])
-    return rewritten, {name: key for key, name in names.items()}
-
-
-def compile_check(
-    conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None
-) -> Callable[[dict, dict], bool]:
-    named = dict(named or {})
-    shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G"})
-    named.update(prefixes)
-    body = "\n            and ".join(shared) or "True"
-    source = (
-        "def check(L, G):\n"
-        "    try:\n"
-        f"        return (\n            {body}\n        )\n"
-        "    except Exception:  # a missing attribute or key: the guard fails\n"
-        "        return False\n"
-    )
-    scope = dict(env)
-    exec(compile(source, "<toycomp guards>", "exec"), scope)
-    check = scope["check"]
-    check.source = source
-    check.conditions = list(conditions)
-    check.failing_guard = lambda L, G: first_failing(shared, env, L, G, named, conditions)
-    return check
-
-
-def first_failing(
-    conditions: list[str], env: dict, L: dict, G: dict, named: dict[str, str] | None = None,
-    texts: list[str] | None = None,
-) -> str | None:
-    """The text of the first condition that does not hold for ``L``, ``G`` (None: all hold);
-    ``texts``: the conditions as written, before their paths were named."""
-    scope = {"L": L, "G": G}  # shared: a condition may name a value for the next (t0 := ...)
-    for i, cond in enumerate(conditions):
-        try:
-            ok = eval(cond, dict(env), scope)  # noqa: S307 (our own guard text)
-        except Exception:
-            ok = False
-        if not ok:  # named with the sources' own text: t0.shape -> G['m'].weight.shape
-            cond = texts[i] if texts else cond
-            for name, text in (named or {}).items():
-                cond = re.sub(rf"\b{name}\b(?! :=)", lambda _: text, cond)
-            return cond
-    return None

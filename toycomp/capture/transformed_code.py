@@ -132,7 +132,7 @@ def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], 
 def read_inputs(sources: list[Source]) -> tuple[list[str], str]:
     """Lines that read each path shared by two or more graph inputs once (``__path0 =
     self.encoder.layers``), and the inputs' text through them: a model's parameters are read
-    as its guards read them (see [Note: guards name shared prefixes] in guard_builder.py)."""
+    as its guards read them (see [Note: guards name shared prefixes] in guard_check.py)."""
     uses: dict[Source, int] = {}
     for source in sources:
         base = getattr(source, "base", None)

@@ -50,6 +50,7 @@ from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
                   torch.layout)
+LITERAL_TYPES = (int, float, bool, str, type(None))
 ITERATOR_TYPES = (type(iter(())), type(iter([])), type(iter(range(0))))
 # Modules whose functions are never traced into: calling them is a graph break.
 SKIP_MODULES = ("numpy", "random", "scipy", "pandas", "time", "os", "sys", "logging", "warnings",
@@ -67,6 +68,11 @@ def is_torch_function(value: Any) -> bool:
     if isinstance(value, types.FunctionType) and "<" in value.__qualname__:
         return False  # a lambda or local function (OpInfo's ops): no import path for FX; inline
     return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
+
+
+def is_literal_tuple(value: Any) -> bool:
+    """A tuple (not a subclass) of ints, floats, bools, strings and None: guarded in one line."""
+    return type(value) is tuple and all(type(v) in LITERAL_TYPES for v in value)
 
 
 def is_skipped(value: Any) -> bool:
@@ -93,7 +99,10 @@ class VariableBuilder:
                 self.output.guards.constant_match(source, value)
             return ConstantVariable(value, source)
         if id(value) in self.seen:
-            return self.seen[id(value)]
+            var = self.seen[id(value)]
+            if guard and source is not None and var.source not in (None, source):
+                self.output.guards.alias_match(source, var.source, True)  # still the same one?
+            return var
         var = self.wrap_object(value, source, guard)
         if isinstance(var, (ListVariable, DictVariable, UserDefinedObjectVariable)):
             self.seen[id(value)] = var
@@ -102,6 +111,10 @@ class VariableBuilder:
 
     def wrap_object(self, value, source, guard) -> VariableTracker:
         g = self.output.guards if (source is not None) else None
+        if g and guard and is_literal_tuple(value):  # [Note: tuples of constants]
+            g.constant_match(source, value)
+            return TupleVariable([self(v, GetItemSource(source, i), guard=False)
+                                  for i, v in enumerate(value)], source)
         if isinstance(value, tuple):
             g and g.type_match(source, value)
             g and g.length_match(source, len(value))
@@ -121,6 +134,7 @@ class VariableBuilder:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
             g and g.type_match(source, value)
+            g and g.note_module(source, value)  # guards may read its dicts: sources.py
             return NNModuleVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
