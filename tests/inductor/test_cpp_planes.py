@@ -134,6 +134,25 @@ def test_a_kernel_without_a_common_plane_keeps_one_r_loop():
     check(fn, a)
 
 
+def test_a_broadcast_read_does_not_turn_a_reduction_over_planes_into_columns():
+    """MobileNet-v2's last BatchNorm backward: the pooled gradient ``g[n, c] / 49`` (stride 1
+    in x) and two reads of (N, C, 7, 7) (stride 1 in r1, none in r): a row reduction over
+    planes of 49, not a column one gathering at a stride of 49 (see [Note: reductions over
+    planes])."""
+
+    def fn(a, b, g, mean):
+        grad = torch.where((a > 0) & (a < 6), g[:, :, None, None] / 49, 0.0)
+        return torch.stack([grad.sum(DIMS), (grad * (b - mean[:, None, None])).sum(DIMS)])
+
+    args = torch.randn(2, 300, 7, 7) * 4, torch.randn(2, 300, 7, 7), torch.randn(2, 300), \
+        torch.randn(300)  # fmt: skip
+    steps = toycomp.explain(fn, *args).graph("forward").scheduled.steps
+    (kernel,) = [k for k in steps if isinstance(k, ir.Kernel) and k.rnumel != 1]
+    assert not cpp_layout.use_column_layout(kernel)
+    assert "for (int64_t r1 = 0; r1 < 49; r1++)" in cpp.generate(kernel).source
+    check(fn, *args)
+
+
 # --- BatchNorm's backward, and r loops that store and keep values ----------------------------
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (3, 4, 14, 14), (2, 6, 3, 5), (4, 3, 1, 1)],
                          ids=lambda s: "x".join(map(str, s)))  # fmt: skip

@@ -83,12 +83,14 @@ def use_column_layout(kernel: ir.Kernel) -> bool:
     if not all(independent_iterations(loop) for loop in kernel.loops):
         return False
     r_statements = [s for loop in kernel.loops if loop.over_r for s in loop.body]
-    return _reads_columns(r_statements)
+    return _reads_columns(r_statements, reduction_plane(kernel))
 
 
-def _reads_columns(statements: list[ir.Store | ir.Reduce]) -> bool:
+def _reads_columns(statements: list[ir.Store | ir.Reduce], rplane: int | None) -> bool:
     """More of the indices that ``statements`` (of r loops) load and store have stride 1 in x
-    than in r; those depending on x or r only (broadcasts) are cheap either way, not counted."""
+    than in r (in r1 when the row layout would split r into planes of ``rplane``: see [Note:
+    reductions over planes]); those depending on x or r only (broadcasts) are cheap either
+    way, not counted."""
     indices = {}
     for stmt in statements:
         if isinstance(stmt, ir.Store):
@@ -97,6 +99,8 @@ def _reads_columns(statements: list[ir.Store | ir.Reduce]) -> bool:
     x_contiguous = r_contiguous = 0
     for index in indices:
         x_stride, r_stride = _stride(index, indexing.x), _stride(index, indexing.r)
+        if rplane is not None:
+            r_stride = _stride(plane_index(index, rplane, indexing.r), R1)
         if x_stride == 0 or r_stride == 0:
             continue
         x_contiguous += x_stride == 1
@@ -124,8 +128,9 @@ def split_by_layout(kernel: ir.Kernel) -> list[ir.Kernel]:
     statements = [(loop.over_r, s) for loop in kernel.loops for s in loop.body]
     groups = _statement_groups([s for _, s in statements])
     columns: set[int] = set()
+    rplane = reduction_plane(kernel)
     for group in groups:
-        if _reads_columns([statements[i][1] for i in group if statements[i][0]]):
+        if _reads_columns([statements[i][1] for i in group if statements[i][0]], rplane):
             columns.update(group)
     if not columns or len(columns) == len(statements):
         return [kernel]
@@ -165,8 +170,7 @@ def _stride(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr | None:
     """How far ``index`` moves when ``var`` grows by one: a number or a size expression, or
     None when that depends on where it starts (a ``FloorDiv``, a modulo)."""
     step = sympy.expand(sympy.sympify(index).subs(var, var + 1) - index)
-    free = step.free_symbols
-    return step if indexing.x not in free and indexing.r not in free else None
+    return None if step.free_symbols & {indexing.x, indexing.r, R0, R1} else step
 
 
 def independent_iterations(loop: ir.Loop) -> bool:
@@ -191,6 +195,7 @@ def independent_iterations(loop: ir.Loop) -> bool:
 # (and computes what depends only on them) once per plane, and the inner loop runs over
 # contiguous memory, vectorised. Inductor's C++ backend tiles its loop nests the same way.
 PLANE_MIN = 8  # a plane smaller than a vector is not worth a loop of its own
+R0, R1 = indexing.index_vars("r", 2)  # r = P*r0 + r1 (and x = P*x0 + x1) over planes
 
 
 def pointwise_plane(kernel: ir.Kernel) -> int | None:
@@ -215,6 +220,11 @@ def pointwise_plane(kernel: ir.Kernel) -> int | None:
 # sum is added in (in blocks of P, as [Note: summing in blocks] does on purpose). A kernel of
 # one row (numel 1, r on all cores) keeps its flat r loop: its parallel loop would otherwise
 # have only rnumel/P iterations to share out.
+# The layout vote ([Note: row and column reductions]) then counts r's stride as r1's: ``r +
+# 49*x + 62671*(r // 49)`` has no stride in r (a step of r moves it by 1 or by 62672), but
+# stride 1 in r1. Without that, MobileNet-v2's last BatchNorm backward (1280 channels of
+# 7 x 7) voted column on the strength of one broadcast read (the pooled gradient, stride 1 in
+# x), and gathered its two large reads at a stride of 49 floats.
 def reduction_plane(kernel: ir.Kernel) -> int | None:
     """The extent P of the inner loop that [Note: reductions over planes] splits a row
     reduction's r loops into, or None to keep them flat."""
@@ -256,7 +266,7 @@ def _plane(indices: list[sympy.Expr], var: sympy.Symbol, numel: int) -> int | No
 def plane_index(index: sympy.Expr, plane: int, var: sympy.Symbol = indexing.x) -> sympy.Expr:
     """``index`` over ``x0`` (the plane) and ``x1`` (within it), where ``x = plane*x0 + x1``;
     over ``r0`` and ``r1`` for ``var`` r."""
-    outer, inner = sympy.symbols(f"{var.name}0 {var.name}1", integer=True, nonnegative=True)
+    outer, inner = indexing.index_vars(var.name, 2)
     index = index.replace(
         lambda e: isinstance(e, indexing.FloorDiv) and e.args[0] == var,
         lambda e: indexing.FloorDiv(outer, e.args[1] // plane),
