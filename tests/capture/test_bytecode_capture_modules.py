@@ -19,7 +19,8 @@ from toycomp.capture.sources import AttrSource, GetItemSource, LocalSource
 from toycomp.capture.symbolic_convert import BreakRequest, InstructionTranslator
 
 MODULES = [
-    "toycomp.capture.sources", "toycomp.capture.guard_builder", "toycomp.capture.instructions",
+    "toycomp.capture.sources", "toycomp.capture.guard_builder", "toycomp.capture.guard_check",
+    "toycomp.capture.instructions",
     "toycomp.capture.instructions_containers", "toycomp.capture.instructions_flow",
     "toycomp.capture.symbolic_convert", "toycomp.capture.output_graph",
     "toycomp.capture.side_effects_replay", "toycomp.capture.codegen",

@@ -10,13 +10,17 @@ hundreds of modules: paths shared by several lines are read once and named
     def check(L, G):
         try:
             return (
-                type(L['x']) is torch.Tensor
+                torch.is_grad_enabled() is True
                 ...
-                and type((m0 := L['self'])) is Linear
-                and 'weight' not in (m1 := m0.__dict__)
+                and type(L['self']) is Linear
+                and type(L['input']) is torch.Tensor
+                and L['input'].shape == (1, 2)
+                ...
+                and 'weight' not in (m0 := L['self'].__dict__)
+                and 'bias' not in m0
                 and check_tensors(
-                    (m2 := m0._parameters)['weight'],  # Parameter (3, 2) float32 cpu grad
-                    m2['bias'],  # Parameter (3,) float32 cpu grad
+                    (m1 := L['self']._parameters)['weight'],  # Parameter (3, 2) float32 cpu ...
+                    m1['bias'],  # Parameter (3,) float32 cpu requires_grad
                 )
             )
         except Exception:  # a missing attribute or key: the guard fails
@@ -24,7 +28,11 @@ hundreds of modules: paths shared by several lines are read once and named
 
 When ``check`` is False, ``check.failing_guard(L, G)`` evaluates the same lines one at a time
 and names the first that failed as the user would write it (``L['self'].weight.shape == (3,
-2)``), not as the check reads it.
+2)`` after ``weight.data`` got another shape), not as the check reads it.
+
+>>> check = compile_check(["type(L['n']) is int", "L['n'] == 4"], {})
+>>> check({"n": 4}, {}), check({"n": 4.0}, {}), check.failing_guard({"n": 5}, {})
+(True, False, "L['n'] == 4")
 
 NB: in PyTorch this lives in torch/_dynamo/guards.py (CheckFunctionManager, which builds a C++
 GuardManager tree; ``get_guard_fail_reason``).
