@@ -34,7 +34,7 @@ def check(fn, *args, backward: bool = False):
     leaves = [a.detach().requires_grad_(backward) for a in args]
     got = toycomp.compile(fn, backend="cpp")(*leaves)
     want = fn(*args)
-    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
     if backward:
         grad_out = torch.randn_like(want)
         refs = [a.detach().requires_grad_() for a in args]
@@ -151,6 +151,33 @@ def test_a_broadcast_read_does_not_turn_a_reduction_over_planes_into_columns():
     assert not cpp_layout.use_column_layout(kernel)
     assert "for (int64_t r1 = 0; r1 < 49; r1++)" in cpp.generate(kernel).source
     check(fn, *args)
+
+
+# --- one row: a whole-tensor reduction, its planes shared between cores --------------------
+@pytest.mark.parametrize("view", ["sliced", "transposed_hw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_whole_tensor_reductions_of_views_match_eager(view, dtype):
+    """1280 planes of 40 (or 48): ``omp parallel for`` over r0 with the reduction clauses,
+    ``omp simd`` over r1; NaN still wins the max."""
+    input_shape, take_view = VIEWS[view]
+    a = torch.randn(input_shape(16, 4, 20, 40) if view == "sliced" else (16, 4, 20, 48),
+                    dtype=dtype)  # fmt: skip
+    nan = a.clone()
+    nan[3, 2, 1, 7] = float("nan")
+    for fn, arg in [(lambda a: take_view(a).sum(), a), (lambda a: take_view(a).amax(), nan),
+                    (lambda a: (take_view(a)[:, :, 2:] ** 2).mean(), a)]:  # fmt: skip
+        (source,) = reduction_sources(fn, arg)
+        assert "#pragma omp parallel for reduction(" in source and "for (int64_t r1 = 0" in source
+        check(fn, arg)
+
+
+def test_a_whole_tensor_reduction_of_few_planes_keeps_one_parallel_loop():
+    """16 planes of 40 are too few to share out (PARALLEL_PLANES_MIN): one flat r loop."""
+    fn = lambda a: a[..., :40].sum()  # noqa: E731
+    a = torch.randn(2, 2, 4, 43)
+    (source,) = reduction_sources(fn, a)
+    assert "for (int64_t rindex" in source and "for (int64_t r1" not in source
+    check(fn, a)
 
 
 # --- BatchNorm's backward, and r loops that store and keep values ----------------------------

@@ -196,6 +196,7 @@ def independent_iterations(loop: ir.Loop) -> bool:
 # contiguous memory, vectorised. Inductor's C++ backend tiles its loop nests the same way.
 PLANE_MIN = 8  # a plane smaller than a vector is not worth a loop of its own
 R0, R1 = indexing.index_vars("r", 2)  # r = P*r0 + r1 (and x = P*x0 + x1) over planes
+PARALLEL_PLANES_MIN = 64  # planes that a one-row kernel needs to share them between cores
 
 
 def pointwise_plane(kernel: ir.Kernel) -> int | None:
@@ -218,8 +219,9 @@ def pointwise_plane(kernel: ir.Kernel) -> int | None:
 # The inner loop keeps the r loop's ``omp simd`` and its reduction clauses: it folds its
 # vector lanes into the accumulators after each plane, which changes only the order a float
 # sum is added in (in blocks of P, as [Note: summing in blocks] does on purpose). A kernel of
-# one row (numel 1, r on all cores) keeps its flat r loop: its parallel loop would otherwise
-# have only rnumel/P iterations to share out.
+# one row (numel 1: a whole-tensor sum, r on all cores) shares out the planes, ``omp parallel
+# for`` over r0 with the same reduction clauses, when there are at least PARALLEL_PLANES_MIN
+# of them (fewer would leave cores idle); else its r loop stays flat.
 # The layout vote ([Note: row and column reductions]) then counts r's stride as r1's: ``r +
 # 49*x + 62671*(r // 49)`` has no stride in r (a step of r moves it by 1 or by 62672), but
 # stride 1 in r1. Without that, MobileNet-v2's last BatchNorm backward (1280 channels of
@@ -230,9 +232,10 @@ def reduction_plane(kernel: ir.Kernel) -> int | None:
     reduction's r loops into, or None to keep them flat."""
     if not any(loop.over_r for loop in kernel.loops) or not isinstance(kernel.rnumel, int):
         return None
-    if indexing.known_equal(kernel.numel, 1):
-        return None
-    return _plane(_indices(kernel), indexing.r, kernel.rnumel)
+    plane = _plane(_indices(kernel), indexing.r, kernel.rnumel)
+    if plane and kernel.numel == 1 and kernel.rnumel // plane < PARALLEL_PLANES_MIN:
+        return None  # too few planes to share between cores
+    return plane
 
 
 def _indices(kernel: ir.Kernel) -> list[sympy.Expr]:

@@ -108,18 +108,16 @@ def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop, parallel_r: str | 
     ``cg.rplane`` is set (see [Note: reductions over planes] in cpp_layout.py)."""
     body.splice(cg.prefix)
     clauses = "".join(f" reduction({c})" for c in cg.loop_reductions)
-    pragma = None
-    if parallel_r is not None:
-        simd = " simd" if clauses else ""
-        pragma = f"#pragma omp parallel for{simd}{clauses}{parallel_r}"
-    elif clauses or independent_iterations(loop):
-        pragma = f"#pragma omp simd{clauses}"
-    if cg.rplane is not None:  # (never with parallel_r: reduction_plane skips one-row kernels)
+    simd = f"#pragma omp simd{clauses}" if clauses or independent_iterations(loop) else None
+    if cg.rplane is not None:  # the planes (on the cores, for one row), each one vectorised
+        parallel = None if parallel_r is None else f"#pragma omp parallel for{clauses}{parallel_r}"
         sections = IndentedBuffer()
         sections.writelines([*cg.loads.lines, *cg.compute.lines, *cg.stores.lines])
-        rnumel, plane = cg.kernel.rnumel, cg.rplane
-        body.splice(plane_loops("r", rnumel, plane, sections, None, pragma))
+        body.splice(plane_loops("r", cg.kernel.rnumel, cg.rplane, sections, parallel, simd))
     else:
+        pragma = simd
+        if parallel_r is not None:
+            pragma = f"#pragma omp parallel for{' simd' if clauses else ''}{clauses}{parallel_r}"
         if pragma is not None:
             body.writeline(pragma)
         rnumel = cg.print_index(cg.kernel.rnumel)
