@@ -545,3 +545,32 @@ def test_low_precision_matches_eager(name, dtype):
         assert beyond_one_step == 0, f"{name}: {beyond_one_step} elements off by 2+ steps"
         allowed = 0 if name in LOW_PRECISION_EXACT else max(1, want.numel() // 100)
         assert differ <= allowed, f"{name}: {differ} of {want.numel()} elements differ"
+
+
+NORMALISING = {
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "layer_norm 2 dims": lambda x: F.layer_norm(x, x.shape[-2:]),
+    "var": lambda x: x.var(-1),
+    "std 2 dims": lambda x: x.std((0, 2)),
+    "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+    "instance_norm": lambda x: F.instance_norm(x),
+    "group_norm": lambda x: F.group_norm(x, 2),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", list(NORMALISING))
+def test_constant_rows_normalise_exactly(name, backend):
+    """[Note: the corrected two-pass moments]: a row holding one value has mean exactly that value, so
+    its normalised output and variance are 0 (as float64 eager's, to 1e-6), not one rounding of
+    the mean amplified by 1/sqrt(eps) (up to 4e-3 before)."""
+    import toycomp
+
+    fn = NORMALISING[name]
+    for value, n in [(17.1, 1000), (-0.7377, 49), (1.2345678, 3)]:
+        constant = torch.full((1, 1, 1), value).expand(2, 4, n)
+        got = toycomp.compile(fn, backend=backend)(constant)  # float64 eager: 0 or ~1e-14
+        torch.testing.assert_close(got, fn(constant.double()).float(), rtol=0, atol=1e-6)
+        mixed = torch.cat([constant, torch.randn(2, 4, n)], 0)  # next to random rows
+        got = toycomp.compile(fn, backend=backend)(mixed)
+        torch.testing.assert_close(got, fn(mixed.double()).float(), rtol=1e-4, atol=1e-5)

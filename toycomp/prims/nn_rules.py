@@ -27,6 +27,7 @@ import toycomp.prims as prims
 from toycomp.prims.helpers import (
     broadcast_to,
     convert,
+    corrected_moments,
     elementwise,
     expand_back,
     get_computation_dtype,
@@ -204,10 +205,11 @@ def var(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = Fals
     x, dtype = upcast(a)
     dims = reduction_dims(a, dim)
     count = math.prod(a.shape[d] for d in dims)
-    mu = expand_back(prims.div(prims.sum(x, dims), count), x.shape, dims)
-    diff = prims.sub(x, mu)
+    _, m2 = corrected_moments(x, dims, count)
     denominator = max(count - (1 if correction is None else correction), 0)
-    out = prims.div(reduce(prims.sum, prims.mul(diff, diff), dims, keepdim), denominator)
+    out = prims.div(m2, denominator)
+    if keepdim:
+        out = reshape(out, [1 if d in dims else s for d, s in enumerate(a.shape)])
     return convert(out, dtype)
 
 
@@ -235,9 +237,9 @@ def native_layer_norm(
     outer, inner = _layer_norm_dims(a, normalized_shape)
     x, dtype = upcast(a)
     count = math.prod(a.shape[d] for d in inner)
-    mean = prims.div(prims.sum(x, inner), count)
+    mean, m2 = corrected_moments(x, inner, count)
     centered = prims.sub(x, expand_back(mean, x.shape, inner))
-    var = prims.div(prims.sum(prims.mul(centered, centered), inner), count)
+    var = prims.div(m2, count)
     rstd = prims.rsqrt(prims.add(var, eps))
     out = prims.mul(centered, expand_back(rstd, x.shape, inner))
     if weight is not None:

@@ -30,7 +30,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.decomp_table import Unsupported, register
-from toycomp.prims.helpers import convert, expand_back, get_computation_dtype
+from toycomp.prims.helpers import convert, corrected_moments, expand_back, get_computation_dtype
 
 aten = torch.ops.aten
 
@@ -100,9 +100,7 @@ def _batch_norm(
     x, dims = convert(a, compute), _dims(a)
     if training:
         count = _count(a)
-        mean = prims.div(prims.sum(x, dims), count)
-        centered = prims.sub(x, expand_back(mean, x.shape, dims))
-        var_sum = prims.sum(prims.mul(centered, centered), dims)
+        mean, var_sum = corrected_moments(x, dims, count)
         invstd = _invstd(prims.div(var_sum, count), eps)
         new_mean = _running_update(running_mean, mean, momentum)
         new_var = None
