@@ -4,7 +4,8 @@ See [Note: reductions over planes] in toycomp/inductor/codegen/cpp_layout.py: a 
 whose r index divides r only by multiples of one extent P (H*W of an (N, C, H, W) tensor)
 runs ``for r0 < rnumel/P: for r1 < P``. Eager is the oracle for values and gradients; H*W is
 49, 196 and 15 (one plane each), 1 (no division at all), and a slice whose divisions share no
-plane of PLANE_MIN or more (one flat loop).
+plane of PLANE_MIN or more (one flat loop). Also pinned: the row/column vote counts r1's
+stride, and a whole-tensor reduction shares its planes between cores.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DIMS = (0, 2, 3)  # a per-channel reduction of (N, C, H, W)
 def reduction_sources(fn, *args, graph: str = "forward") -> list[str]:
     """The C++ function bodies of the kernels of ``fn`` that have an r loop."""
     steps = toycomp.explain(fn, *args).graph(graph).scheduled.steps
-    kernels = [k for k in steps if isinstance(k, ir.Kernel) and any(l.over_r for l in k.loops)]
+    kernels = [k for k in steps if isinstance(k, ir.Kernel) and any(lp.over_r for lp in k.loops)]
     return [cpp.generate(k).source.split('extern "C"')[-1] for k in kernels]
 
 
