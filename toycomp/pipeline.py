@@ -172,6 +172,7 @@ class GraphCompiler:
             example_inputs = [fake_on_device(t, torch.device("cpu"))
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
+            _check_layouts(example_inputs)
             with autotune.requested(self.autotune):
                 aot, graphs = compile_stages_2_to_4(
                     gm, example_inputs, self.backend, self.partition, self.cudagraphs
@@ -190,6 +191,15 @@ class GraphCompiler:
     @property
     def compile_count(self) -> int:
         return len(self.entries) + len(self.eager)
+
+
+def _check_layouts(example_inputs: list) -> None:
+    """Stages 2-4 index dense memory through strides: a sparse (or other non-strided) tensor
+    input makes the graph run as captured instead, with the warning that names its layout."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            raise NotImplementedError(f"an input of layout {t.layout} (toycomp compiles strided "
+                                      "tensors only)")  # fmt: skip
 
 
 def frame_target(fn: Callable) -> Callable:

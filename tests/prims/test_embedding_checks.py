@@ -1,4 +1,5 @@
-"""Embedding's decomposition keeps eager's errors and its inf/NaN placement."""
+"""Embedding's and nll_loss's decompositions keep eager's errors; embedding keeps its inf/NaN
+placement."""
 
 import subprocess
 import sys
@@ -53,6 +54,41 @@ def test_nan_and_infinities_of_the_gradient_land_where_eager_puts_them(backend):
     (got,) = torch.autograd.grad(out, weight, grad)
     (expected,) = torch.autograd.grad(ref, weight, grad)
     torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+LOSSES = {
+    "cross_entropy": lambda x, y: F.cross_entropy(x, y),
+    "nll_loss sum, ignore 2": lambda x, y: F.nll_loss(x, y, ignore_index=2, reduction="sum"),
+    "nll_loss none, ignore -7": lambda x, y: F.nll_loss(x, y, ignore_index=-7, reduction="none"),
+    "one sample": lambda x, y: F.cross_entropy(x[0], y[0]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_a_target_out_of_range_raises_as_in_eager(name, backend):
+    """A one-hot nll_loss would pick no class for a target out of range (a loss of 0): eager's
+    IndexError instead, for the forward alone and for a training step; ignore_index passes."""
+    loss = LOSSES[name]
+    x = torch.randn(4, 5, requires_grad=True)
+    compiled = toycomp.compile(loss, backend=backend)
+    for good in ([0, 4, 2, 1], [2, 2, 3, 0], [-7, 1, 2, 3]):
+        target = torch.tensor(good)
+        try:
+            expected = loss(x, target)
+        except IndexError:  # -7 is only ignored by the loss that names it
+            with pytest.raises(IndexError, match="out of bounds"):
+                compiled(x, target)
+            continue
+        torch.testing.assert_close(compiled(x, target), expected)
+    for bad in ([5, 0, 2, 1], [-1, 1, 0, 3], [100, 1, 2, 3]):  # (the first: for "one sample")
+        target = torch.tensor(bad)
+        with pytest.raises(IndexError, match="out of bounds"):
+            loss(x, target)
+        with pytest.raises(IndexError, match="out of bounds"):
+            compiled(x, target).sum().backward()
+        with torch.no_grad(), pytest.raises(IndexError, match="out of bounds"):
+            compiled(x, target)
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
-from toycomp.capture.output_graph import AliasedInputs, OutputGraph
+from toycomp.capture.output_graph import AliasedInputs, EagerInputs, OutputGraph
 from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
 from toycomp.capture.transformed_code import TransformedCode, build_transformed
 from toycomp.capture.variables.base import SkipFrame, Unsupported
@@ -162,6 +162,8 @@ class CompiledFrame:
                 continue
             except (Unsupported, SkipFrame) as e:
                 return self.give_up(getattr(e, "reason", str(e)))
+            except EagerInputs as e:  # guarded: only inputs like these run eagerly
+                return self.eager_entry(output, e.reason)
             finally:
                 for ctx in reversed(output.entered):  # a trace that stopped inside autocast
                     ctx.__exit__(None, None, None)

@@ -103,6 +103,10 @@ class OutputGraph:
             if other is value:  # one placeholder for both: valid only while they are one
                 self.guards.alias_match(source, other_source, True)
                 return TensorVariable(var.proxy, var.example, source, var.cls)
+        if value.layout != torch.strided:  # sparse...: no strides to guard, trace or index
+            self.guards.add(f"{source.name()}.layout == {value.layout}")  # (torch.sparse_coo)
+            raise EagerInputs(f"{source.name()} is a {value.layout} tensor (toycomp compiles "
+                              "strided tensors only)")  # fmt: skip
         fake = self.fake_tensor(value, source)
         node = self.placeholder(placeholder_name(source), fake, source)
         node.meta["version"] = None if fake.is_inference() else fake._version  # see mutated()
@@ -313,6 +317,14 @@ class OutputGraph:
 
     def input_sources(self) -> list[Source]:
         return list(self.graph_inputs)
+
+
+class EagerInputs(Exception):
+    """Inputs the graph cannot take (a sparse tensor); guarded, they run the frame eagerly."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class AliasedInputs(Exception):

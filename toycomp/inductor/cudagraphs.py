@@ -328,7 +328,8 @@ def _static_input(x: Any, in_place: bool) -> Any:
     """The tensor a capture reads input ``x`` from: ``x`` itself, or a new one laid out alike."""
     if not isinstance(x, torch.Tensor) or in_place:
         return x
-    return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    static = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    return static.copy_(x)  # valid values: a capture runs nothing, but a CPU stand-in does
 
 
 def _view(storage: torch.UntypedStorage, byte_offset: int, like: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,26 @@ def _check_indices_fake(indices: torch.Tensor, size: int) -> torch.Tensor:
     return torch.empty_like(indices)
 
 
-CHECK_OPS: frozenset[Any] = frozenset({torch.ops.toycomp.check_indices.default})
+@torch.library.custom_op("toycomp::check_targets", mutates_args=())
+def check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
+    """A copy of ``target`` once each is ``ignore_index`` or a class in ``[0, classes)`` (else
+    nll_loss's IndexError)."""
+    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
+    if target.is_cuda:
+        assert_async(~bad.any(), "Target out of bounds (nll_loss)")
+    elif target.numel() and bool(bad.any()):
+        raise IndexError(f"Target {target[bad].flatten()[0].item()} is out of bounds.")
+    return target.clone()
+
+
+@check_targets.register_fake
+def _check_targets_fake(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
+    return torch.empty_like(target)
+
+
+CHECK_OPS: frozenset[Any] = frozenset(
+    {torch.ops.toycomp.check_indices.default, torch.ops.toycomp.check_targets.default}
+)
 EXTERN_OPS: frozenset[Any] = (
     frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default})
     | SDPA_OPS

@@ -56,7 +56,7 @@ from toycomp._torch_compat import (
 )
 from toycomp.prims import nn_rules, norm_rules, pool_rules  # noqa: F401  (fill the table)
 from toycomp.prims import pointwise_rules, view_rules  # noqa: F401
-from toycomp.prims.decomp_table import DECOMPOSITIONS, EXTERN_OPS, Unsupported
+from toycomp.prims.decomp_table import CHECK_OPS, DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.decomp_tracer import (  # the tracer: Proxy, DecompTracer (re-exported)
     _META_MODE,
     DecompTracer,
@@ -117,8 +117,21 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
+    _hoist_checks(graph)
     graph.lint()
     return fx.GraphModule(gm, graph)
+
+
+def _hoist_checks(graph: fx.Graph) -> None:
+    """Move each check ([Note: checks that raise as eager does]) to just after its input: an
+    nll_loss's target check, emitted after the log_softmax, would otherwise stand between the
+    log_softmax kernel and the loss that the scheduler fuses with it."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    inputs = [n for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in CHECK_OPS:
+            after = max([*inputs[-1:], *node.all_input_nodes], key=order.__getitem__)
+            after.append(node)  # (moving it earlier keeps the others' relative order)
 
 
 def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:

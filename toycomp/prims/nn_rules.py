@@ -95,6 +95,8 @@ def _nll_masks(a: Any, target: Any, weight: Any, ignore_index: int) -> tuple[Any
 def nll_loss_forward(
     a: Any, target: Any, weight: Any, reduction: int, ignore_index: int
 ) -> tuple[Any, Any]:
+    classes = a.shape[-1]  # a target out of range would pick nothing: eager's error instead
+    target = _extern(torch.ops.toycomp.check_targets.default, target, classes, ignore_index)
     one_hot, valid, x = _nll_masks(a, target, weight, ignore_index)
     picked = prims.sum(prims.where(one_hot, x, 0.0), [1])
     loss = prims.where(valid, prims.neg(picked), 0.0)
