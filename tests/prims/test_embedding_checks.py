@@ -91,6 +91,32 @@ def test_a_target_out_of_range_raises_as_in_eager(name, backend):
             compiled(x, target)
 
 
+ONE_HOTS = {
+    "positional": lambda i: F.one_hot(i, 5).float().sum(0),
+    "keyword": lambda i: F.one_hot(i * 2, num_classes=5).sum(0),
+    "in a graph": lambda i: (F.one_hot(i + 1, 6).float() @ torch.arange(6.0)).exp(),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(ONE_HOTS))
+def test_one_hot_of_a_class_out_of_range_raises_as_in_eager(name, backend):
+    """ATen's one_hot, traced on fake tensors, skips eager's range check: the capture checks
+    the classes first (toycomp::check_one_hot), with eager's RuntimeError."""
+    fn = ONE_HOTS[name]
+    compiled = toycomp.compile(fn, backend=backend)
+    for classes in ([0, 2, 1], [4, 5, 6], [-1, 0, 1], [-3, 1, 2]):
+        classes = torch.tensor(classes)
+        try:
+            expected = fn(classes)
+        except RuntimeError as e:
+            message = str(e).split(".")[0].removeprefix("one_hot: ")
+            with pytest.raises(RuntimeError, match=message):
+                compiled(classes)
+        else:
+            torch.testing.assert_close(compiled(classes), expected)
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -56,7 +56,9 @@ SDPA_OPS: frozenset[Any] = frozenset(
 
 # [Note: checks that raise as eager does]
 # A decomposition can lose an error eager raises: embedding written as a one-hot reduction
-# returns zeros for an index out of range, where eager raises IndexError. Such checks are small
+# returns zeros for an index out of range, where eager raises IndexError; nll_loss's one-hot pick
+# a loss of 0 for a target out of range; and one_hot's own decomposition (ATen's, on fake
+# tensors) skips its range check, so the capture calls check_one_hot before it. Such checks are small
 # custom ops (torch.library, a stable API) that the decomposition calls as externs: the check
 # runs in the compiled code and raises eager's error; the value passes through.
 # On a GPU, eager checks on the device (a failed index is a "device-side assert" reported at
@@ -94,9 +96,28 @@ def _check_targets_fake(target: torch.Tensor, classes: int, ignore_index: int) -
     return torch.empty_like(target)
 
 
-CHECK_OPS: frozenset[Any] = frozenset(
-    {torch.ops.toycomp.check_indices.default, torch.ops.toycomp.check_targets.default}
-)
+@torch.library.custom_op("toycomp::check_one_hot", mutates_args=())
+def check_one_hot(classes: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """A copy of ``classes`` once each lies in ``[0, num_classes)`` (else one_hot's error)."""
+    if classes.is_cuda:
+        assert_async(((classes >= 0) & (classes < num_classes)).all(), "one_hot: Class values "
+                     "must be non-negative and smaller than num_classes.")  # fmt: skip
+    elif classes.numel() and bool((classes < 0).any()):
+        raise RuntimeError("Class values must be non-negative.")
+    elif classes.numel() and bool((classes >= num_classes).any()):
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    return classes.clone()
+
+
+@check_one_hot.register_fake
+def _check_one_hot_fake(classes: torch.Tensor, num_classes: int) -> torch.Tensor:
+    return torch.empty_like(classes)
+
+
+CHECK_OPS: frozenset[Any] = frozenset({
+    torch.ops.toycomp.check_indices.default, torch.ops.toycomp.check_targets.default,
+    torch.ops.toycomp.check_one_hot.default,
+})  # fmt: skip
 EXTERN_OPS: frozenset[Any] = (
     frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default})
     | SDPA_OPS

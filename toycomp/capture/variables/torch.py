@@ -76,6 +76,8 @@ class TorchVariable(ValueVariable):
             return AutocastVariable(args, kwargs)
         if isinstance(fn, type):
             raise Unsupported(f"creating a {fn.__qualname__}")
+        if fn is torch.nn.functional.one_hot:
+            args = _checked_one_hot_args(tx, args, kwargs)
         return tx.output.create_call("call_function", fn, args, kwargs)
 
     def reconstruct(self, codegen):
@@ -83,6 +85,17 @@ class TorchVariable(ValueVariable):
 
     def __repr__(self):
         return f"TorchVariable({getattr(self.value, '__qualname__', self.value)})"
+
+
+def _checked_one_hot_args(tx, args, kwargs) -> list:
+    """``one_hot``'s arguments, its classes through ``toycomp::check_one_hot``: traced on fake
+    tensors, ATen's one_hot skips the range check eager makes ([Note: checks that raise as
+    eager does] in prims/decomp_table.py). num_classes=-1 (read from the data) is left alone."""
+    n = kwargs["num_classes"] if "num_classes" in kwargs else (args[1] if len(args) > 1 else None)
+    if n is None or n.as_python_constant() < 0:
+        return list(args)
+    check = torch.ops.toycomp.check_one_hot.default
+    return [tx.output.create_call("call_function", check, [args[0], n], {}), *args[1:]]
 
 
 class ContextManagerVariable(VariableTracker):
