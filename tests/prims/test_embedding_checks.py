@@ -149,3 +149,18 @@ def test_an_index_out_of_range_on_a_gpu_is_a_device_side_assert_as_in_eager():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode != 0
     assert "device-side assert" in run.stderr or "index out of range" in run.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integers_to_a_negative_power_raise_as_in_eager(backend):
+    """Eager refuses ``int_tensor ** -1`` (the result would be 0 or 1 under integer rounding):
+    the op runs as an eager fallback, which raises; other exponents still compile."""
+    x = torch.tensor([2, 3, -1])
+    for fn in (lambda a: a ** -1 + 1, lambda a: a.pow(-2), lambda a: (a > 0) ** -1):
+        with pytest.raises(RuntimeError, match="negative integer powers"):
+            fn(x)
+        with pytest.raises(RuntimeError, match="negative integer powers"):
+            toycomp.compile(fn, backend=backend)(x)
+    for fn in (lambda a: a ** 2 + 1, lambda a: a.float() ** -1, lambda a: a ** 0):
+        torch.testing.assert_close(toycomp.compile(fn, backend=backend)(x), fn(x))
+        assert not toycomp.explain(fn, x).fallbacks

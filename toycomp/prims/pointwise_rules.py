@@ -153,6 +153,8 @@ def logical_or(a: Any, b: Any) -> Any:
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(a: Any, exponent: Any) -> Any:
     computation, result = elementwise_dtypes(a, exponent, kind=KIND.BOOL_TO_LONG)
+    if not result.is_floating_point and not result.is_complex and exponent < 0:
+        raise Unsupported("pow of integers by a negative integer")  # eager's error, at run time
     a, exponent = convert(a, computation), round_number(exponent, result)
     if exponent == 1:
         out = a
