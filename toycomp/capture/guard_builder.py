@@ -38,13 +38,21 @@ NB: in PyTorch this lives in torch/_dynamo/guards.py (GuardBuilder, CheckFunctio
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from toycomp.capture.codegen import known_text
 from toycomp.capture.guard_check import TensorBatch, compile_check
-from toycomp.capture.sources import AttrSource, ChainedSource, Source, _BUILTINS, module_lookups
+from toycomp.capture.sources import (
+    AttrSource,
+    ChainedSource,
+    GetItemSource,
+    Source,
+    _BUILTINS,
+    module_lookups,
+)
 
 _LITERAL_TYPES = (int, float, str, bool, type(None))
 
@@ -59,7 +67,8 @@ class GuardBuilder:
         self.local_names: list[str] = []  # values read once and named: see tensor_match
         self.named: dict[str, str] = {}  # t0 -> the source it names (for failing_guard)
         self.lookups: dict[Source, dict[str, str]] = {}  # a module's source -> module_lookups
-        self.paths: dict[Source, str] = {}  # a source -> its text in the guards (see path)
+        self.leans: dict[Source, Source] = {}  # a source -> as the guards read it (see lean)
+        self.paths: dict[Source, str] = {}  # a source -> the text of its lean source
         self.readable: dict[str, str] = {}  # that text -> the source's name(), where they differ
         self.batch: list[tuple[str, torch.Tensor, list[str]]] = []  # [Note: tensor guards ...]
 
@@ -103,26 +112,34 @@ class GuardBuilder:
         self.lookups[source] = module_lookups(module)
 
     def path(self, source: Source) -> str:
-        """``source`` as the guards read it: its ``name()``, but ``m._parameters['weight']``
-        for ``m.weight`` where that is the same read, after a line that checks the instance
-        dict does not shadow it (``'weight' not in m.__dict__``)."""
-        if source in self.paths:
-            return self.paths[source]
-        text = source.name()
+        """``source`` as the guards read it: the text of ``lean(source)``."""
+        if source not in self.paths:
+            self.paths[source] = self.lean(source).name()
+        return self.paths[source]
+
+    def lean(self, source: Source) -> Source:
+        """``source``, but ``m._parameters['weight']`` for ``m.weight`` where that is the same
+        read, after a line that checks the instance dict does not shadow it (``'weight' not
+        in m.__dict__``). The transformed function reads its graph inputs the same way, right
+        after this check ([Note: graph inputs read as the guards read them], transformed_code.py).
+        """
+        if source in self.leans:
+            return self.leans[source]
+        lean = source
         if isinstance(source, ChainedSource):
-            base = self.path(source.base)
+            base = self.lean(source.base)
             table = None
             if type(source) is AttrSource:
                 table = self.lookups.get(source.base, {}).get(source.member)
             if table is None:
-                text = base + source.suffix()
+                lean = source if base == source.base else replace(source, base=base)
             else:
-                self.add(f"{source.member!r} not in {base}.__dict__")
-                text = f"{base}.{table}[{source.member!r}]"
-            if text != source.name():
-                self.readable[text] = source.name()
-        self.paths[source] = text
-        return text
+                self.add(f"{source.member!r} not in {base.name()}.__dict__")
+                lean = GetItemSource(AttrSource(base, table), source.member)
+            if lean != source:
+                self.readable[lean.name()] = source.name()
+        self.leans[source] = lean
+        return lean
 
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 

@@ -174,7 +174,9 @@ def placeholder_name(source: Source) -> str:
 # is checked by the guard itself (``'weight' not in m.__dict__``: 0.03 us), since writing
 # ``m.__dict__`` or ``object.__setattr__`` directly can shadow the parameter. Not seen: a class
 # changed after compiling (``Conv2d.weight = property(...)``); Dynamo assumes the same. The
-# readable text (``failing_guard``, the graph inputs, the transformed code) stays ``m.weight``.
+# readable text (``failing_guard``, the graph inputs' names) stays ``m.weight``; the transformed
+# function reads its inputs the lean way too, each commented with its source ([Note: graph
+# inputs read as the guards read them], transformed_code.py).
 MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 
 
