@@ -115,8 +115,8 @@ def test_instance_dict_entries_shadowing_a_parameter_a_buffer_and_a_submodule():
 
     def submodule(m):
         object.__setattr__(m, "body", nn.Sequential(nn.Linear(4, 4), nn.Sigmoid()))
-    for change in (parameter, buffer):
-        net_run(change, recompiles=None)
+    for change in (parameter, buffer, submodule):
+        net_run(change)
 
 
 def test_a_parameter_moved_to_the_buffers():
@@ -134,7 +134,7 @@ def test_a_class_reassigned_to_one_with_a_property_named_like_the_parameter():
 
     def change(m):
         m.body[0].__class__ = Halved
-    net_run(change, recompiles=None)
+    net_run(change)
 
 
 def test_tied_weights_then_untied():
@@ -218,3 +218,54 @@ def test_mutations_in_turn_on_one_compiled_frame():
         change(model)
         check_same(cf, model, x)
     assert len(cf.entries) == 2
+
+
+# ----- the tracer's attribute lookup follows Python's ([Note: attribute lookup order]) --------
+
+
+def test_a_class_attribute_over_a_parameter_wins_as_in_python():
+    class ClassScale(nn.Module):
+        scale = 2.0  # found before nn.Module.__getattr__ would look in _parameters
+
+        def __init__(self):
+            super().__init__()
+            self._parameters["scale"] = nn.Parameter(torch.randn(4))  # past register_parameter
+
+        def forward(self, x):
+            return x * self.scale
+    run(ClassScale(), torch.randn(2, 4), lambda m: setattr(type(m), "scale", 3.0))
+
+
+class Config:
+    def __init__(self):
+        self.__dict__["scale"] = 5.0  # under the property: never read by cfg.scale
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @scale.setter
+    def scale(self, value):
+        self._scale = value * 10
+
+
+def test_a_property_over_an_instance_dict_entry():
+    def f(x, cfg):
+        return x * cfg.scale
+    cfg, x = Config(), torch.randn(3)
+    cf = compile_frame(f, backend)
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    cfg._scale = 4.0
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    assert len(cf.entries) == 2
+
+
+def test_a_store_through_a_property_setter():
+    def f(x, cfg):
+        cfg.scale = 3.0
+        return x * cfg.scale
+    x = torch.randn(3)
+    got_cfg, want_cfg = Config(), Config()
+    torch.testing.assert_close(compile_frame(f, backend)(x, got_cfg), f(x, want_cfg))
+    assert vars(got_cfg) == vars(want_cfg)

@@ -1,9 +1,9 @@
 """Objects while tracing: nn.Modules, user-defined objects and classes, Python modules, super().
 
-Attribute reads look where Python would (the instance, then the class) and wrap what they find
-with an ``AttrSource``, so each read becomes a guard: a float attribute by value, a function by
-identity, a parameter by its tensor metadata. Attribute *stores* are recorded as side effects
-and kept in ``overrides`` so later reads in the same trace see them.
+Attribute reads look where Python would, in its order ([Note: attribute lookup order]), and
+wrap what they find with an ``AttrSource``, so each read becomes a guard: a float attribute by
+value, a function by identity, a parameter by its tensor metadata. Attribute *stores* are
+recorded as side effects and kept in ``overrides`` so later reads in the same trace see them.
 
 Example: tracing ``self.scale * x`` with ``m.scale = 2.0`` guards ``L['self'].scale == 2.0``;
 after ``m.scale = 10.0`` the guard fails and the function is recompiled.
@@ -31,6 +31,31 @@ from toycomp.capture.variables.functions import UserFunctionVariable, UserMethod
 from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
 
 
+MISSING = object()
+
+
+# [Note: attribute lookup order]
+# ``obj.name`` (object.__getattribute__) looks first for ``name`` in type(obj).__mro__; if that
+# is a data descriptor (a property: it has __set__ or __delete__) it wins; else the instance
+# ``__dict__``; else the class attribute (a method, bound; a constant); and only when all of
+# these fail does Python call ``__getattr__``, which for an nn.Module searches ``_parameters``,
+# ``_buffers`` and ``_modules``. The tracer follows the same order, so ``self.weight`` is the
+# property where a class defines one over a parameter, and the tensor where ``m.__dict__`` holds
+# one, as in eager: guards and graph inputs read through the source (``m.weight``) get the same
+# value as the trace did, and the frame compiles once. (Tracing the parameter there gave values
+# read right, but guards that failed on every call: a recompile each time, up to the limit.)
+def class_lookup(cls: type, name: str):
+    """``name`` as found in ``cls.__mro__`` (not run: a property stays a property), or MISSING."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return MISSING
+
+
+def is_data_descriptor(attr) -> bool:
+    return hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
+
+
 class UserDefinedObjectVariable(VariableTracker):
     """An instance of a Python class, read from a source (guarded by its type)."""
 
@@ -47,16 +72,26 @@ class UserDefinedObjectVariable(VariableTracker):
             return self.overrides[name]
         if name == "__class__":
             return tx.output.wrap(type(self.value), self.source and AttrSource(self.source, name))
+        on_class = class_lookup(self.python_type(), name)  # [Note: attribute lookup order]
+        if is_data_descriptor(on_class):
+            return self.class_attr(tx, name)
         found = self.instance_attr(tx, name)
         if found is not None:
             return found
-        return self.class_attr(tx, name)
+        if on_class is not MISSING:
+            return self.class_attr(tx, name)
+        return self.getattr_fallback(tx, name)
 
     def instance_attr(self, tx, name):
+        """``name`` in the instance ``__dict__``, or None."""
         d = getattr(self.value, "__dict__", {})
         if name in d:
             return tx.output.wrap(d[name], self.source and AttrSource(self.source, name))
         return None
+
+    def getattr_fallback(self, tx, name):
+        """What ``__getattr__`` gives when the lookup found nothing (here: an error)."""
+        raise Unsupported(f"{self.python_type().__name__} has no attribute {name!r}")
 
     def class_attr(self, tx, name):
         """Look ``name`` up on the class (functions become bound methods, properties run)."""
@@ -91,6 +126,8 @@ class UserDefinedObjectVariable(VariableTracker):
     def setattr(self, tx, name, value):
         if self.source is None:
             raise Unsupported(f"attribute store on a {type(self.value).__name__} without a source")
+        if is_data_descriptor(class_lookup(self.python_type(), name)):  # (a property's setter)
+            raise Unsupported(f"store to the descriptor {self.python_type().__name__}.{name}")
         tx.output.side_effects.record_setattr(self, name, value)
         self.overrides[name] = value
 
@@ -104,12 +141,13 @@ class UserDefinedObjectVariable(VariableTracker):
 class NNModuleVariable(UserDefinedObjectVariable):
     """An ``nn.Module``: parameters and buffers are graph inputs, submodules are modules too."""
 
-    def instance_attr(self, tx, name):
+    def getattr_fallback(self, tx, name):
+        """nn.Module.__getattr__: its parameters, then buffers, then submodules."""
         m = self.value
         for table in (m._parameters, m._buffers, m._modules):
             if name in table:
                 return tx.output.wrap(table[name], self.source and AttrSource(self.source, name))
-        return super().instance_attr(tx, name)
+        return super().getattr_fallback(tx, name)
 
     def call_function(self, tx, args, kwargs):
         m = self.value
