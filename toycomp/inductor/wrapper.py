@@ -74,6 +74,7 @@ from toycomp.inductor.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
 from toycomp._torch_compat import LayoutsSeen, empty_strided_cuda
 from toycomp._triton_compat import raw_stream
+from toycomp.prims.decomp_table import CHECK_FUNCTIONS
 from toycomp.symbolic_shapes import to_text
 from toycomp.inductor.runtime import (
     FEW_INPUTS,
@@ -384,6 +385,8 @@ def extern_name(name: str) -> str:
     eager reference, bound in the wrapper's namespace under that name)."""
     if name.startswith("toycomp.prims."):
         return "eager_" + name.removeprefix("toycomp.prims.")
+    if name.removeprefix("toycomp.").removesuffix(".default") in CHECK_FUNCTIONS:
+        return name.removeprefix("toycomp.").removesuffix(".default")  # the function itself
     return name if name.startswith("aten.") else f"torch.ops.{name}"
 
 
@@ -401,6 +404,7 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "cdiv": cdiv,
         "reduction_blocks": triton.reduction_blocks,
         "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
+        **CHECK_FUNCTIONS,  # check_targets(...): [Note: checks that raise as eager does]
     }
     if device.type == "cuda":  # inside the wrapper's device guard (see generate)
         namespace.update(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream)

@@ -64,60 +64,57 @@ SDPA_OPS: frozenset[Any] = frozenset(
 # On a GPU, eager checks on the device (a failed index is a "device-side assert" reported at
 # the next synchronisation): reading the verdict back to the host would stall every step until
 # the GPU caught up, so the check there is an asynchronous assert too.
-@torch.library.custom_op("toycomp::check_indices", mutates_args=())
+# The wrapper calls the functions themselves (CHECK_FUNCTIONS), not through the dispatcher:
+# 11 us less a call on the CPU, on the course MLP's step of about 300 us.
 def check_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
     """A copy of ``indices`` once each is known to lie in ``[0, size)`` (else IndexError)."""
     if indices.is_cuda:
         assert_async(((indices >= 0) & (indices < size)).all(), "index out of range in self")
-    elif indices.numel() and bool(((indices < 0) | (indices >= size)).any()):
+    elif not _within(indices, size):
         raise IndexError("index out of range in self")
     return indices.clone()  # a custom op may not return its input itself
 
 
-@check_indices.register_fake
-def _check_indices_fake(indices: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.empty_like(indices)
-
-
-@torch.library.custom_op("toycomp::check_targets", mutates_args=())
 def check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
     """A copy of ``target`` once each is ``ignore_index`` or a class in ``[0, classes)`` (else
     nll_loss's IndexError)."""
-    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     if target.is_cuda:
+        bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
         assert_async(~bad.any(), "Target out of bounds (nll_loss)")
-    elif target.numel() and bool(bad.any()):
-        raise IndexError(f"Target {target[bad].flatten()[0].item()} is out of bounds.")
+    elif not _within(target, classes):
+        bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
+        if bool(bad.any()):
+            raise IndexError(f"Target {target[bad].flatten()[0].item()} is out of bounds.")
     return target.clone()
 
 
-@check_targets.register_fake
-def _check_targets_fake(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
-    return torch.empty_like(target)
-
-
-@torch.library.custom_op("toycomp::check_one_hot", mutates_args=())
 def check_one_hot(classes: torch.Tensor, num_classes: int) -> torch.Tensor:
     """A copy of ``classes`` once each lies in ``[0, num_classes)`` (else one_hot's error)."""
     if classes.is_cuda:
         assert_async(((classes >= 0) & (classes < num_classes)).all(), "one_hot: Class values "
                      "must be non-negative and smaller than num_classes.")  # fmt: skip
-    elif classes.numel() and bool((classes < 0).any()):
-        raise RuntimeError("Class values must be non-negative.")
-    elif classes.numel() and bool((classes >= num_classes).any()):
+    elif not _within(classes, num_classes):
+        if bool((classes < 0).any()):
+            raise RuntimeError("Class values must be non-negative.")
         raise RuntimeError("Class values must be smaller than num_classes.")
     return classes.clone()
 
 
-@check_one_hot.register_fake
-def _check_one_hot_fake(classes: torch.Tensor, num_classes: int) -> torch.Tensor:
-    return torch.empty_like(classes)
+def _within(t: torch.Tensor, size: int) -> bool:
+    """Every element of ``t`` (on the CPU) lies in ``[0, size)``: one pass, two scalars."""
+    if t.numel() == 0:
+        return True
+    low, high = torch.aminmax(t)
+    return low.item() >= 0 and high.item() < size
 
 
-CHECK_OPS: frozenset[Any] = frozenset({
-    torch.ops.toycomp.check_indices.default, torch.ops.toycomp.check_targets.default,
-    torch.ops.toycomp.check_one_hot.default,
-})  # fmt: skip
+CHECK_FUNCTIONS = {fn.__name__: fn for fn in (check_indices, check_targets, check_one_hot)}
+for _name, _fn in CHECK_FUNCTIONS.items():  # torch.ops.toycomp.<name>, with a fake: empty_like
+    torch.library.custom_op(f"toycomp::{_name}", _fn, mutates_args=()).register_fake(
+        lambda t, *sizes: torch.empty_like(t))
+CHECK_OPS: frozenset[Any] = frozenset(
+    getattr(torch.ops.toycomp, name).default for name in CHECK_FUNCTIONS
+)
 EXTERN_OPS: frozenset[Any] = (
     frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default})
     | SDPA_OPS
