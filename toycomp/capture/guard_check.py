@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp import _torch_compat as compat
+import toycomp._torch_compat as compat
 
 # [Note: guards name shared prefixes]
 # A module's guards repeat long paths: ``type(L['self'].encoder.layers._modules['encoder_layer_3'
