@@ -135,20 +135,81 @@ def test_the_index_check_on_a_gpu_does_not_wait_for_the_gpu():
     torch.testing.assert_close(out, expected)
 
 
+GPU_CHECKS = {  # a compiled function, a good input, a bad one (the other argument: x)
+    "embedding": ("lambda i, x: F.embedding(i, x).sin()", "[1, 9]", "[1, 10]"),
+    "cross_entropy": ("lambda t, x: F.cross_entropy(x, t)", "[0, 9, -100]", "[0, 10, 2]"),
+    "cross_entropy, ignore 3": ("lambda t, x: F.cross_entropy(x, t, ignore_index=3)",
+                                "[0, 9, 3]", "[0, -100, 3]"),
+    "one_hot": ("lambda c, x: F.one_hot(c, 10).float() @ x", "[0, 9, 4]", "[-1, 2, 3]"),
+    "strided targets": ("lambda t, x: F.cross_entropy(x, t[:, 0])", "[[1, 0], [2, 0], [3, 0]]",
+                        "[[1, 0], [10, 0], [3, 0]]"),
+}  # fmt: skip
+
+
 @needs_cuda
-def test_an_index_out_of_range_on_a_gpu_is_a_device_side_assert_as_in_eager():
-    # A device-side assert leaves the CUDA context unusable: run it in a process of its own.
+@pytest.mark.parametrize("name", list(GPU_CHECKS))
+def test_a_value_out_of_range_on_a_gpu_is_a_device_side_assert_as_in_eager(name):
+    """[Note: checks in one launch]: the good input gives eager's values, the bad one a
+    device-side assert (which leaves the CUDA context unusable: each case in a process of its
+    own)."""
+    fn, good, bad = GPU_CHECKS[name]
     code = (
         "import torch, toycomp, torch.nn.functional as F\n"
-        "f = toycomp.compile(lambda i, w: F.embedding(i, w).sin(), backend='triton')\n"
-        "w = torch.randn(10, 4, device='cuda')\n"
-        "f(torch.tensor([1, 9], device='cuda'), w)\n"
-        "f(torch.tensor([1, 10], device='cuda'), w)\n"
+        f"fn = {fn}\n"
+        "f = toycomp.compile(fn, backend='triton')\n"
+        "x = torch.randn(3, 10, device='cuda') if 'embedding' not in %r else "
+        "torch.randn(10, 4, device='cuda')\n"
+        "x = x.t().contiguous() if 'one_hot' in %r else x\n"
+        f"i = torch.tensor({good}, device='cuda')\n"
+        "torch.testing.assert_close(f(i, x), fn(i, x))\n"
         "torch.cuda.synchronize()\n"
-    )
+        "print('good ok', flush=True)\n"
+        f"f(torch.tensor({bad}, device='cuda'), x)\n"
+        "torch.cuda.synchronize()\n"
+    ) % (name, name)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "good ok" in run.stdout, run.stderr[-2000:]
     assert run.returncode != 0
-    assert "device-side assert" in run.stderr or "index out of range" in run.stderr
+    assert "device-side assert" in run.stderr or "out of" in run.stderr
+
+
+@needs_cuda
+def test_a_check_on_a_gpu_is_one_kernel():
+    """The target check of a training step is one launch of ``check_range_kernel``, not the
+    chain of small kernels its torch-op spelling launches (compare, any, assert, clone)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Linear(8, 5).cuda()
+    step = toycomp.compile(lambda x, t: F.cross_entropy(model(x), t), backend="triton")
+    x, t = torch.randn(6, 8, device="cuda"), torch.tensor([0, 4, 2, 1, 3, 3], device="cuda")
+    step(x, t).backward()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(x, t).backward()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("check_range_kernel" in k for k in kernels) == 1, kernels
+    assert not any("assert_async" in k or "compare_scalar" in k for k in kernels), kernels
+
+
+def test_the_check_kernel_copies_its_input():
+    """The kernel of [Note: checks in one launch], in Triton's interpreter: each kind of check
+    writes the values it read. (The interpreter does not run tl.device_assert: the asserts are
+    tested on a GPU, above.)"""
+    from toycomp._triton_compat import interpreted_function
+    from toycomp.inductor import check_kernels
+
+    kernel = interpreted_function(check_kernels.check_range_kernel)
+    for check in (check_kernels.INDICES, check_kernels.TARGETS, check_kernels.ONE_HOT):
+        t = torch.randint(0, 10, (2500,))
+        out = torch.full_like(t, -1)
+        grid = (triton_cdiv(t.numel(), check_kernels.BLOCK),)
+        kernel[grid](t, out, t.numel(), 10, 0, BLOCK=check_kernels.BLOCK, CHECK=check,
+                     HAS_IGNORE=False)  # fmt: skip
+        assert torch.equal(out, t)
+
+
+def triton_cdiv(n, d):
+    return -(-n // d)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -226,7 +226,8 @@ class WrapperCodegen:
                 self.layouts[step.name] = (tuple(step.size), tuple(step.stride))
                 for o in step.outputs:
                     self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
-        taken = set(_namespace(torch.device("cuda"))) | set(self.calls) | {"stream0"}
+        taken = set(_namespace(torch.device("cpu"))) | {"get_raw_stream", "stream0"}  # + CUDA's
+        taken |= set(self.calls)
         taken |= {v for g in generated for v in g.variants}
         sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
         for name in [*self.layouts, *sizes]:
@@ -406,6 +407,9 @@ def _namespace(device: torch.device) -> dict[str, Any]:
         "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
         **CHECK_FUNCTIONS,  # check_targets(...): [Note: checks that raise as eager does]
     }
-    if device.type == "cuda":  # inside the wrapper's device guard (see generate)
-        namespace.update(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream)
+    if device.type == "cuda":  # inside the wrapper's device guard; new names go in `taken` too
+        from toycomp.inductor.check_kernels import CUDA_CHECK_FUNCTIONS  # imports Triton
+
+        namespace.update(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream,
+                         **CUDA_CHECK_FUNCTIONS)  # [Note: checks in one launch]
     return namespace
