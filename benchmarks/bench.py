@@ -19,10 +19,11 @@ CPU-sized inputs on the CPU. For each row and each of eager, ``torch.compile`` a
 1. check: one step's outputs and gradients against eager's (fp32: each tensor allclose at rtol
    1e-4 / atol 1e-5, or within 1e-4 of eager relative to its norm); a row that differs is
    marked FAILED and not timed, one that raises is marked error;
-2. device time and per-call time, peak memory (benchmarks/timing.py says how; on the CPU the
-   two times are two medians of single calls taken one after the other, so their difference
-   shows how noisy the machine was: other processes on a 2-core machine make it very noisy,
-   and ``OMP_NUM_THREADS=1`` makes it less so);
+2. device time and per-call time, the compilers' steps taking turns in five rounds (the median
+   of the rounds; the host's speed drifts), and peak memory (benchmarks/timing.py says how; on
+   the CPU the two times are two medians of single calls, so their difference shows how noisy
+   the machine was: other processes on a 2-core machine make it very noisy, and
+   ``OMP_NUM_THREADS=1`` makes it less so);
 3. compile time: toycomp's own (capture to generated source: the first call of a fresh
    ``toycomp.compile`` while its kernel cache and Triton's already hold every kernel, so no
    C++ or Triton compiler runs, less the fastest step) and torch.compile's cold compile (first
@@ -44,6 +45,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import warnings
@@ -126,31 +128,55 @@ def compile_seconds(case: Case, compiler: str, first_s: float | None, fn: Callab
     return max(first_s - fastest, 0.0)
 
 
-def bench_compiler(case: Case, compiler: str, want: list, device: str, budget_s: float) -> dict:
-    """Check one compiler's step against eager's results, then time it (see the docstring)."""
+def checked(case: Case, compiler: str, want: list, device: str) -> tuple[dict, Callable | None,
+                                                                         float | None]:  # fmt: skip
+    """Compile ``case.fn`` and check one step against eager's results: the row's entry so far,
+    the compiled function (None when it failed or raised) and its first call's seconds."""
     try:
         fn, first_s = first_call(case, compiler, device)
         got = case.results_of(fn)
     except Exception as e:  # reported in the table: a benchmark row, not a crash of the run
         first_line = (str(e).splitlines() or [""])[0]
-        return {"status": "error", "message": f"{type(e).__name__}: {first_line}"}
+        return {"status": "error", "message": f"{type(e).__name__}: {first_line}"}, None, None
     if not agrees(got, want):
-        return {"status": "FAILED", "error": worst_error(got, want)}
-    out: dict[str, Any] = {"status": "ok", "error": worst_error(got, want)}
-    del got
-    step = case.step_of(fn)
-    out["device_s"] = timing.device_seconds(step, device, budget_s)
-    out["call_s"] = timing.per_call_seconds(step, device, budget_s)
-    out["peak_bytes"] = timing.peak_memory_bytes(step, device)
-    out["compile_s"] = compile_seconds(case, compiler, first_s, fn, device)
+        return {"status": "FAILED", "error": worst_error(got, want)}, None, None
+    return {"status": "ok", "error": worst_error(got, want)}, fn, first_s
+
+
+def time_in_turns(case: Case, compiled: dict, results: dict, device: str, budget_s: float):
+    """Time the checked compilers' steps, taking turns (``timing.in_turns``): each one's median
+    over the rounds, and every round's figure; then peak memory and compile time."""
+    steps = {compiler: case.step_of(fn) for compiler, (fn, _) in compiled.items()}
+    share = budget_s / timing.ROUNDS
+    device_s = timing.in_turns(steps, lambda step: timing.device_seconds(step, device, share))
+    call_s = timing.in_turns(steps, lambda step: timing.per_call_seconds(step, device, share))
+    for compiler, (fn, first_s) in compiled.items():
+        out = results[compiler]
+        out["device_s"] = statistics.median(device_s[compiler])
+        out["call_s"] = statistics.median(call_s[compiler])
+        out["device_s_rounds"], out["call_s_rounds"] = device_s[compiler], call_s[compiler]
+        out["peak_bytes"] = timing.peak_memory_bytes(steps[compiler], device)
+        out["compile_s"] = compile_seconds(case, compiler, first_s, fn, device)
+
+
+def bench_compiler(case: Case, compiler: str, want: list, device: str, budget_s: float) -> dict:
+    """Check one compiler's step against eager's results, then time it (see the docstring)."""
+    out, fn, first_s = checked(case, compiler, want, device)
+    if fn is not None:
+        time_in_turns(case, {compiler: (fn, first_s)}, {compiler: out}, device, budget_s)
     return out
 
 
 def bench_row(case: Case, device: str, budget_s: float, compilers=COMPILERS) -> dict:
+    """Check every compiler's step, then time those that passed, taking turns."""
     want = case.results_of(case.fn)
     row = {"name": case.name, "shape": case.shape, "floor_bytes": case.floor_bytes}
+    compiled = {}
     for compiler in compilers:
-        row[compiler] = bench_compiler(case, compiler, want, device, budget_s)
+        row[compiler], fn, first_s = checked(case, compiler, want, device)
+        if fn is not None:
+            compiled[compiler] = (fn, first_s)
+    time_in_turns(case, compiled, row, device, budget_s)
     return row
 
 

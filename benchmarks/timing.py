@@ -5,7 +5,8 @@
     per-call time the median, over batches of back-to-back calls with one synchronisation each,
                   of a batch's wall time / its length: on a GPU the slower of host (guards,
                   wrappers, launches) and device; on the CPU the same as the device time.
-                  Compared steps (a model's eager and compiled steps) take turns, in rounds
+                  Compared steps (eager's and each compiler's step of one row or one model)
+                  take turns, in rounds (``in_turns``): the figure is the median of the rounds
     copy rate     a large ``dst.copy_(src)``, bytes read plus bytes written over its median time
     kernel time   CUDA: the summed device time of the kernels (and copies) one step launches,
                   from ``torch.profiler``, the median over a few steps: what the generated
@@ -82,21 +83,30 @@ def per_call_seconds(step: Step, device: str, budget_s: float) -> float:
     return statistics.median(times)
 
 
-def per_call_seconds_in_turns(
-    steps: dict[str, Step], device: str, budget_s: float, rounds: int = 5
-) -> dict[str, list[float]]:
-    """``per_call_seconds`` of each step in ``rounds`` rounds, the steps taking turns (each
-    round starts one step later): name -> its figure in each round.
+ROUNDS = 5  # rounds of steps taking turns
 
-    On a lent machine the host's speed drifts by 20-30% over minutes, and a training step of
-    hundreds of launches is bound by the host, so steps timed one after the other are compared
-    under different conditions; taking turns spreads the drift over all of them."""
+
+def in_turns(steps: dict[str, Step], measure: Callable[[Step], float], rounds: int = ROUNDS
+             ) -> dict[str, list[float]]:  # fmt: skip
+    """``measure(step)`` of each step in ``rounds`` rounds, the steps taking turns (each round
+    starts one step later): name -> its figure in each round.
+
+    On a lent machine the host's speed drifts by 20-30% over minutes, and a step of many small
+    launches (a training step) is bound by the host, so steps timed one after the other are
+    compared under different conditions; taking turns spreads the drift over all of them."""
     names = list(steps)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            seconds[name].append(per_call_seconds(steps[name], device, budget_s / rounds))
+            seconds[name].append(measure(steps[name]))
     return seconds
+
+
+def per_call_seconds_in_turns(
+    steps: dict[str, Step], device: str, budget_s: float, rounds: int = ROUNDS
+) -> dict[str, list[float]]:
+    """``per_call_seconds`` of each step, in turns (``in_turns``): ``budget_s`` a step in all."""
+    return in_turns(steps, lambda step: per_call_seconds(step, device, budget_s / rounds), rounds)
 
 
 def kernel_seconds(step: Step, steps: int = 5) -> float:

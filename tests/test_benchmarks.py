@@ -96,6 +96,36 @@ def test_compared_steps_take_turns(monkeypatch):
     assert order == ["eager", "a", "b", "a", "b", "eager", "b", "eager", "a", "eager", "a", "b"]
 
 
+def test_a_rows_compilers_are_checked_then_take_turns(monkeypatch):
+    """``bench_row`` checks every compiler first, then times the steps in rounds, each round
+    starting with the next compiler, for device time and for per-call time."""
+    import timing
+
+    case = row_named("column sum").case("cpu", quick=True)
+    called = []
+
+    def first_call(case, compiler, device):
+        return (lambda *args: called.append(compiler) or case.fn(*args)), None
+
+    def measure(step, device, budget):
+        called.clear()
+        step()
+        timed.append(called[0])
+        return 1.0
+
+    timed = []
+    monkeypatch.setattr(bench, "first_call", first_call)
+    monkeypatch.setattr(timing, "device_seconds", measure)
+    monkeypatch.setattr(timing, "per_call_seconds", measure)
+    row = bench.bench_row(case, "cpu", 0.01)
+    turns = ["eager", "torch.compile", "toycomp", "torch.compile", "toycomp", "eager", "toycomp",
+             "eager", "torch.compile", "eager", "torch.compile", "toycomp", "torch.compile",
+             "toycomp", "eager"]  # fmt: skip
+    assert timed == turns * 2  # device time's rounds, then per-call time's
+    for compiler in bench.COMPILERS:
+        assert row[compiler]["device_s_rounds"] == [1.0] * timing.ROUNDS
+
+
 def test_a_models_steps_are_checked_then_timed_in_one_process(monkeypatch):
     """``models.time_model`` without torchvision: a small convolutional net stands in."""
     import models
