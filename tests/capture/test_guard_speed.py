@@ -241,16 +241,19 @@ def test_one_module_under_two_names_then_split():
     run(Twice(), torch.randn(2, 4), change)
 
 
+class Tied(nn.Module):
+    """Two Linears sharing one weight (also used by test_lean_reads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
 def test_tied_parameters_untied():
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
-            self.b.weight = self.a.weight
-
-        def forward(self, x):
-            return self.b(self.a(x))
-
     def change(m):
         m.b.weight = nn.Parameter(torch.randn(4, 4))
     run(Tied(), torch.randn(2, 4), change)
