@@ -146,10 +146,30 @@ def test_unsupported_op_falls_back_visibly():
     ex = toycomp.explain(f, x, backend="cpp")
     assert any("cumsum" in op for op in ex.fallbacks)
     assert "cumsum" in str(ex)
-    out, (grad,) = grads_of(toycomp.compile(f, backend="cpp"), x)
+    compiled = toycomp.compile(f, backend="cpp")
+    with pytest.warns(UserWarning, match=r"toycomp: a graph of .*f calls eager PyTorch for "
+                                         r"aten\.cumsum\.default"):  # fmt: skip
+        out, (grad,) = grads_of(compiled, x)
     out_ref, (grad_ref,) = grads_of(f, x)
     assert_close(out, out_ref)
     assert_close(grad, grad_ref)
+
+
+def test_a_frame_that_runs_eagerly_says_so_once():
+    """A graph break with no point to resume from (here: inside a loop, as in Dynamo) runs the
+    whole function eagerly: a warning naming the function and the reason, on the first call."""
+    def f(x):
+        for i in range(2):
+            print(i)
+            x = x + 1
+        return x
+
+    compiled = toycomp.compile(f, backend="cpp")
+    with pytest.warns(UserWarning, match="toycomp: .*f: runs eagerly: graph break in a for/while"):
+        assert_close(compiled(torch.ones(3)), f(torch.ones(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(compiled(torch.ones(3)), f(torch.ones(3)))
 
 
 def test_explain_shows_every_stage():

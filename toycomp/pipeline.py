@@ -29,7 +29,6 @@ torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/com
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -37,7 +36,7 @@ import torch
 import torch.fx
 
 from toycomp._torch_compat import fake_on_device
-from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext
+from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
@@ -180,10 +179,14 @@ class GraphCompiler:
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
             self.log.append(self.eager[-1])
-            warnings.warn(f"toycomp: a graph of {self.name} runs eagerly ({e})", stacklevel=2)
+            warn_user(f"toycomp: a graph of {self.name} runs eagerly ({e})")
             return gm.forward
         self.entries.append(CompiledEntry(gm, aot, graphs))
         self.log.append(self.entries[-1])
+        ops = sorted({op for g in graphs for op in g.fallbacks})
+        if ops:  # visible: these ops run as calls to eager PyTorch (explain lists them too)
+            warn_user(f"toycomp: a graph of {self.name} calls eager PyTorch for "
+                      f"{', '.join(ops)} (no decomposition or lowering)")
         if on_meta:
             return gm.forward  # (generated kernels cannot run on meta tensors)
         return aot

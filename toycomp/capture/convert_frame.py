@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import os
+import sys
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -135,10 +137,10 @@ class CompiledFrame:
         failed = self.entries[-1].check.failing_guard(L, G)
         if failed not in self.warned:
             self.warned.add(failed)
-            warnings.warn(
+            warn_user(
                 f"toycomp: {self.fn.__qualname__} hit the recompile limit "
                 f"({self.context.recompile_limit}); the last entry failed the guard `{failed}`. "
-                "Running eagerly for inputs no cached entry matches.", stacklevel=3)
+                "Running eagerly for inputs no cached entry matches.")
 
     def compile(self, L: dict) -> CacheEntry | None:
         """Trace on fake tensors (restarting once at a graph break) and build an entry."""
@@ -183,16 +185,15 @@ class CompiledFrame:
         check = output.guards.compile()
         plan = tx.plan
         is_break = isinstance(plan, Break)
-        self.context.log.append(CompileRecord(
+        record = CompileRecord(
             self.fn.__qualname__, transformed, check.source,
-            plan.reason if is_break else None, plan.location if is_break else None, shapes))
+            plan.reason if is_break else None, plan.location if is_break else None, shapes)
+        self.context.log.append(record)  # a graph break: no warning (Python runs it, as Dynamo)
         return CacheEntry(check, transformed)
 
     def eager_entry(self, output, reason: str) -> CacheEntry:
         """An entry that runs ``fn`` eagerly for the inputs its guards accept."""
-        if reason not in self.warned:
-            self.warned.add(reason)
-            warnings.warn(f"toycomp: {self.fn.__qualname__}: {reason}", stacklevel=4)
+        self.warn_once(reason)
         output.install_shape_guards()
         check = output.guards.compile()
         transformed = TransformedCode(self.fn, f"# {self.fn.__qualname__} runs eagerly: {reason}")
@@ -200,12 +201,33 @@ class CompiledFrame:
                                               f"runs eagerly: {reason}"))
         return CacheEntry(check, transformed)
 
+    def warn_once(self, reason: str) -> None:
+        """A UserWarning ``toycomp: fn: reason`` (at the user's line), once per reason and frame."""
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warn_user(f"toycomp: {self.fn.__qualname__}: {reason}")
+
     def give_up(self, reason: str) -> None:
-        """This frame runs eagerly from now on (Dynamo: a skipped frame)."""
+        """This frame runs eagerly from now on (Dynamo: a skipped frame), with a warning."""
+        self.warn_once(f"runs eagerly: {reason}")
         self.skip_reason = reason
         self.context.log.append(CompileRecord(self.fn.__qualname__, TransformedCode(self.fn, ""),
                                               "", f"frame skipped: {reason}"))
         return None
+
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["toycomp"]))
+
+
+def warn_user(message: str) -> None:
+    """``warnings.warn(message)`` attributed to the user's line that led here: the first frame
+    outside toycomp and torch (a compile can start deep inside either), so that the warning
+    reads the same wherever toycomp is installed (Python 3.12's ``skip_file_prefixes``)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(_LIBRARIES)
+                                 or frame.f_code.co_filename.startswith("<toycomp")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
 
 
 def global_state() -> tuple:
