@@ -75,9 +75,11 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "threshold_backward": ["nn.functional.relu"],
 }
 # Decomposed ATen ops with no OpInfo of their own; every compiled graph reaches most of them
-# (detach in each backward, the _copy variants through functionalisation).
+# (detach in each backward, the _copy variants through functionalisation; lift_fresh through
+# torch.tensor(...) in a function; all in tests/prims' test_identity_like_and_copies).
 NO_OPINFO = {
-    "copy", "detach", "detach_copy", "lift_fresh_copy", "select_copy", "slice_copy", "split_copy",
+    "copy", "detach", "detach_copy", "lift_fresh", "lift_fresh_copy", "select_copy",
+    "slice_copy", "split_copy",
 }
 # Ops whose result is uninitialised memory: compare shape, dtype and strides only.
 UNINITIALISED = {"empty", "empty_like", "new_empty"}

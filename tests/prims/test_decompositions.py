@@ -156,8 +156,8 @@ def test_every_decomposition_is_exercised_by_opinfo_or_programs():
     by_name = {i.name for i in op_db} | {getattr(i, "aten_name", None) for i in op_db}
     uncovered = sorted(n for n in names if n not in covered and n not in by_name)
     # checked by the tests further down (programs, nll_loss, identity-like ops)
-    assert set(uncovered) <= {"alias", "copy", "detach", "detach_copy", "lift_fresh_copy",
-                              "select_copy", "slice_copy", "split_copy"}, uncovered
+    assert set(uncovered) <= {"alias", "copy", "detach", "detach_copy", "lift_fresh",
+                              "lift_fresh_copy", "select_copy", "slice_copy", "split_copy"}, uncovered
 
 
 # --- the two programs -----------------------------------------------------------------------------
@@ -350,7 +350,8 @@ def test_identity_like_and_copies():
         a = x.detach().clone().to(torch.float64)
         b = torch.ops.aten.copy.default(y, x[0].sin())
         c = torch.ops.aten.alias.default(x)[1:, ::2].select(0, -1)
-        return a, b, c, *x.split(2, dim=0)
+        d = torch.ops.aten.lift_fresh.default(x) * torch.ops.aten.lift_fresh_copy.default(x)
+        return a, b, c, d, *x.split(2, dim=0)
 
     x, y = torch.randn(5, 4), torch.zeros(3, 4, dtype=torch.float64)
     x = x[:1].expand(4, 4).clone()

@@ -225,3 +225,22 @@ def test_integers_to_a_negative_power_raise_as_in_eager(backend):
     for fn in (lambda a: a ** 2 + 1, lambda a: a.float() ** -1, lambda a: a ** 0):
         torch.testing.assert_close(toycomp.compile(fn, backend=backend)(x), fn(x))
         assert not toycomp.explain(fn, x).fallbacks
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_matches_eager_across_a_graph_break(mode):
+    """embedding_bag's meta kernel sizes offset2bag and bag_size unlike its CPU kernel, so no
+    graph can hold it: the capture breaks there, and values and gradients are eager's."""
+    def fn(indices, weight, offsets):
+        return F.embedding_bag(indices, weight.tanh(), offsets, mode=mode).sin().sum()
+
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2, 5])
+    weight = torch.randn(10, 3, requires_grad=True)
+    expected = fn(indices, weight, offsets)
+    (grad_expected,) = torch.autograd.grad(expected, weight)
+    got = toycomp.compile(fn)(indices, weight, offsets)
+    (grad,) = torch.autograd.grad(got, weight)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(grad, grad_expected)
+    ex = toycomp.explain(fn, indices, weight, offsets)
+    assert ex.graph_break_count == 1 and "embedding_bag" in ex.break_reasons[0]

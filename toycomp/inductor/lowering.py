@@ -255,8 +255,11 @@ class GraphLowering:
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns no tensor")
         name = self.new_name()
         outputs, values = [], []
+        read = _indices_read(node)
+        if not any(isinstance(out[k], torch.Tensor) for k in read):
+            read = set()  # (none of the elements read is a tensor: keep them all, as before)
         for k, t in enumerate(out):
-            if t is None:
+            if t is None or (read and k not in read):  # one nobody reads: never checked
                 values.append(None)
                 continue
             size, stride = self.sizevars.shape(t), self.sizevars.stride(t)
@@ -377,3 +380,12 @@ def _origin(node: Node) -> str:
     keeps the ATen node it was decomposed from in ``meta["aten_origin"]``)."""
     return node.name
 
+
+
+def _indices_read(node: Node) -> set[int]:
+    """The tuple elements of ``node`` that its users read through ``getitem``; empty when a user
+    takes the tuple whole. An element nobody reads gets no buffer: a fallback's unused outputs
+    may have sizes its meta kernel cannot know (embedding_bag's ``offset2bag``: 0 on meta)."""
+    if not node.users or any(u.target is not operator.getitem for u in node.users):
+        return set()
+    return {u.args[1] for u in node.users}

@@ -46,7 +46,7 @@ def _ops(*names: str) -> list[Any]:
 # In a functional graph ``clone`` and ``detach`` only matter for autograd and memory ownership,
 # not for values, so they disappear: the node's users read the input's value directly. A graph
 # output that is then literally a graph input is the caller's (the inductor wrapper's) business.
-@register(*_ops("detach.default", "alias.default", "lift_fresh_copy.default"))
+@register(*_ops("detach.default", "alias.default", "lift_fresh.default", "lift_fresh_copy.default"))
 @register(aten.clone.default, aten.contiguous.default)
 def identity(a: Any, *, memory_format: Any = None) -> Any:
     return a

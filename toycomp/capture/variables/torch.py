@@ -39,7 +39,10 @@ UNSUPPORTED = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.sav
                torch.compile, torch.set_printoptions, torch.use_deterministic_algorithms,
                torch.autograd.grad, torch.autograd.backward, torch.inference_mode,
                torch.nn.Parameter, torch.Tensor, torch.Generator, torch.get_rng_state,
-               torch.set_rng_state}
+               torch.set_rng_state,
+               torch.embedding_bag, torch.nn.functional.embedding_bag}  # (see below)
+# embedding_bag: its meta kernel gives offset2bag and bag_size other sizes than its CPU kernel
+# does (they depend on the mode and the device), so no graph can plan them: a graph break.
 AUTOCAST = {torch.autocast, torch.amp.autocast}
 # Questions about who is tracing, with a fixed answer while toycomp traces (Dynamo:
 # ``tracing_state_functions``). nn.MultiheadAttention asks ``_is_make_fx_tracing()`` to leave
