@@ -244,3 +244,21 @@ def test_embedding_bag_matches_eager_across_a_graph_break(mode):
     torch.testing.assert_close(grad, grad_expected)
     ex = toycomp.explain(fn, indices, weight, offsets)
     assert ex.graph_break_count == 1 and "embedding_bag" in ex.break_reasons[0]
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_one_hot_through_the_dynamo_backend_raises_as_in_eager(dynamic):
+    """``torch.compile(backend="toycomp")``: Dynamo's graph gets the same check as toycomp's own
+    capture (with dynamic sizes the graph is traced on fake tensors, and ATen's one_hot there
+    skips the check: a class out of range gave a row of zeros)."""
+    def fn(i):
+        return F.one_hot(i, 5).float().sum(0) + F.one_hot(i * 1, num_classes=5).sum(0)
+
+    compiled = torch.compile(fn, backend="toycomp", dynamic=dynamic)
+    good = torch.tensor([0, 2, 4])
+    torch.testing.assert_close(compiled(good), fn(good))
+    for bad, message in (([0, 7], "smaller than num_classes"), ([-1, 2, 3], "non-negative")):
+        with pytest.raises(RuntimeError, match=message):
+            fn(torch.tensor(bad))
+        with pytest.raises(RuntimeError, match=message):
+            compiled(torch.tensor(bad))

@@ -104,8 +104,9 @@ class FunctionalRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in DATA_DEPENDENT_OPS:
-            raise RuntimeError(f"toycomp.aot: {func} is data-dependent (its result or shape "
-                               "depends on tensor values); it cannot be traced ahead of time")
+            raise NotImplementedError(  # the graph then runs as captured, with a warning
+                f"toycomp.aot: {func} is data-dependent (its result or shape depends on tensor "
+                "values); it cannot be traced ahead of time")
         if func in AS_STRIDED_OPS:
             return self._as_strided(func, args, kwargs)
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
