@@ -144,21 +144,6 @@ def test_tied_weights_retied():
     run(Tied(), torch.randn(2, 4), retie, recompiles=0)
 
 
-def test_one_module_under_two_names_then_replaced_under_one():
-    class Twice(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(4, 4)
-            self.b = self.a
-
-        def forward(self, x):
-            return self.b(torch.tanh(self.a(x)))
-
-    def change(m):
-        m.b = nn.Linear(4, 4)
-    run(Twice(), torch.randn(2, 4), change)
-
-
 def test_a_global_module_mutated():
     global MODEL
     MODEL = Net()
