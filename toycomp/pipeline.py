@@ -324,7 +324,7 @@ def toycomp_backend(
     examples = dynamo_examples(gm, example_inputs)
     try:
         aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
-    except NotImplementedError as e:  # as in Pipeline.__call__: the graph runs as captured
+    except NotImplementedError as e:  # as in GraphCompiler.__call__: runs as captured
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
         return gm.forward
     return lambda *args: aot(*args)
@@ -334,6 +334,7 @@ def _check_one_hot_classes(gm: torch.fx.GraphModule) -> None:
     """Each ``F.one_hot(classes, n)`` of Dynamo's graph reads ``check_one_hot(classes, n)``, as
     toycomp's own capture writes it: traced on fake tensors (dynamic sizes), ATen's one_hot skips
     eager's range check ([Note: checks that raise as eager does] in prims/decomp_table.py)."""
+    changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not torch.nn.functional.one_hot:
             continue
@@ -343,8 +344,9 @@ def _check_one_hot_classes(gm: torch.fx.GraphModule) -> None:
         with gm.graph.inserting_before(node):
             check = gm.graph.call_function(torch.ops.toycomp.check_one_hot.default,
                                            (node.args[0], n))  # fmt: skip
-        node.args = (check, *node.args[1:])
-    gm.recompile()
+        node.args, changed = (check, *node.args[1:]), True
+    if changed:
+        gm.recompile()
 
 
 def dynamo_examples(gm: torch.fx.GraphModule, example_inputs: list) -> list:

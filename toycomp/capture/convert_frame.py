@@ -185,10 +185,9 @@ class CompiledFrame:
         check = output.guards.compile()
         plan = tx.plan
         is_break = isinstance(plan, Break)
-        record = CompileRecord(
+        self.context.log.append(CompileRecord(  # no warning at a graph break (nor in Dynamo)
             self.fn.__qualname__, transformed, check.source,
-            plan.reason if is_break else None, plan.location if is_break else None, shapes)
-        self.context.log.append(record)  # a graph break: no warning (Python runs it, as Dynamo)
+            plan.reason if is_break else None, plan.location if is_break else None, shapes))
         return CacheEntry(check, transformed)
 
     def eager_entry(self, output, reason: str) -> CacheEntry:

@@ -381,7 +381,6 @@ def _origin(node: Node) -> str:
     return node.name
 
 
-
 def _indices_read(node: Node) -> set[int]:
     """The tuple elements of ``node`` that its users read through ``getitem``; empty when a user
     takes the tuple whole. An element nobody reads gets no buffer: a fallback's unused outputs
