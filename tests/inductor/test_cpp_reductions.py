@@ -153,6 +153,27 @@ def test_column_reduction_with_a_transcendental_body():
     check(lambda a: (torch.exp(a).sum(0), torch.sin(a).amax(0)), torch.randn(77, 301))
 
 
+# --- a vector tail (see [Note: a vector tail] in cpp_reduction.py) ------------------------------
+def test_a_row_loop_calling_exp_is_split_at_a_multiple_of_the_vector_width():
+    """Rows of 1000: the loop computing exp runs over 992, then over the last 8; the max loop
+    and the store loop call no SIMD function, so GCC vectorises their tails by itself."""
+    (kernel,) = compiled_kernels(lambda a: torch.softmax(a, -1), torch.randn(8, 1000))
+    body = cpp.generate(kernel).source.split('extern "C"')[-1]
+    assert "rindex = 0; rindex < 992;" in body and "rindex = 992; rindex < 1000;" in body
+    assert body.count("rindex = 0; rindex < 1000;") == 2
+    (kernel,) = compiled_kernels(lambda a: torch.softmax(a, -1), torch.randn(8, 1024))
+    assert "rindex = 1024" not in cpp.generate(kernel).source  # no tail to split off
+
+
+@pytest.mark.parametrize("width", [15, 16, 17, 31, 100, 1007])
+def test_row_loops_split_for_a_vector_tail_match_eager(width):
+    """Every element is computed once, whichever of the two loops it falls in."""
+    a = torch.randn(13, width)
+    a[3, -1] = float("nan")
+    check(lambda a: (torch.exp(a).sum(-1), torch.tanh(a).amax(-1), torch.sin(a) * a), a)
+    check(lambda a: torch.log_softmax(a * 3, -1), torch.randn(13, width), backward=True)
+
+
 # --- dynamic shapes -----------------------------------------------------------------------------
 def test_symbolic_column_and_row_reductions():
     """One kernel compiled with symbolic sizes serves every size, in both layouts."""
@@ -176,7 +197,8 @@ def test_softmax_computes_exp_once_per_element():
     """The sum loop keeps exp(a - max) in a row array; the store loop reads it back."""
     (kernel,) = compiled_kernels(lambda a: torch.softmax(a, -1), torch.randn(33, 517))
     body = cpp.generate(kernel).source.split('extern "C"')[-1]
-    assert body.count("toycomp_expf(") == 1 and "row0[rindex] = " in body
+    # (twice in the text: the sum loop is split for its vector tail, see the tests below)
+    assert body.count("toycomp_expf(") == body.count("row0[rindex] = ") == 2
     assert "= row0[rindex];" in body
 
 

@@ -7,7 +7,8 @@ its sections) -> the C++ loops of its body, in the layout cpp_layout.py chose fo
 * **row** (``r`` contiguous in memory: a softmax, a LayerNorm's statistics): one ``x`` at a time,
   each ``r`` loop ``omp simd`` with an OpenMP ``reduction`` clause; ``x`` runs on all cores.
   An ``r`` divided by multiples of one extent (BatchNorm's sums over N, H, W) runs over planes,
-  ``for r0: for r1`` (see [Note: reductions over planes] in cpp_layout.py).
+  ``for r0: for r1`` (see [Note: reductions over planes] in cpp_layout.py). A loop that calls
+  ``toycomp_expf`` over 1000 floats runs as two, over 992 and 8 (see [Note: a vector tail]).
 * **column** (``x`` contiguous, ``r`` strided: a sum over the batch dimension, a bias gradient):
   a tile of ``XBLOCK`` outputs at a time, the ``r`` loop outside and a vectorised loop over the
   tile inside, one accumulator array per ``Reduce``; tiles run on all cores. For
@@ -37,6 +38,8 @@ vectorised over the output index, and ``CascadeSumHelper`` for long float sums.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -118,12 +121,40 @@ def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop, parallel_r: str | 
         pragma = simd
         if parallel_r is not None:
             pragma = f"#pragma omp parallel for{' simd' if clauses else ''}{clauses}{parallel_r}"
-        if pragma is not None:
-            body.writeline(pragma)
         rnumel = cg.print_index(cg.kernel.rnumel)
-        body.writeline(f"for (int64_t rindex = 0; rindex < {rnumel}; rindex++)")
-        _braced(body, cg.loads, cg.compute, cg.stores)
+        split = _vector_tail_split(cg, pragma)  # see [Note: a vector tail]
+        ranges = [("0", rnumel)] if split is None else [("0", split), (split, rnumel)]
+        for start, end in ranges:
+            if pragma is not None:
+                body.writeline(pragma)
+            body.writeline(f"for (int64_t rindex = {start}; rindex < {end}; rindex++)")
+            _braced(body, cg.loads, cg.compute, cg.stores)
     body.splice(cg.suffix)
+
+
+# [Note: a vector tail]
+# GCC vectorises an `omp simd` loop of 1000 iterations as 62 vector iterations of 16 floats and
+# a tail of 8 iterations, and it vectorises the tail too (8 floats, then 4), except when the
+# loop calls a SIMD function (toycomp_expf, see [Note: vectorised libm] in cpp.py): GCC 12 runs
+# that tail one element at a time, and each element is a call of the 16-lane function. A
+# softmax over rows of 1000 then spends a sixth of its time on the last 8 floats of each row.
+# So a row loop that calls one, over a fixed length that is no multiple of 16 (the widest
+# vector), is written as two loops: one over the multiple of 16 (992), with no tail, and one
+# over the rest (8), which GCC vectorises on its own with a narrower vector. Same iterations,
+# same order per element; only how GCC groups them changes.
+VECTOR_WIDTH = 16  # floats in the widest vector (AVX-512); a multiple of the narrower ones
+
+
+def _vector_tail_split(cg, pragma: str | None) -> str | None:
+    """Where to split a row loop in two (see [Note: a vector tail]), or None."""
+    rnumel = cg.kernel.rnumel  # an int, or a sympy expression of the sizes
+    if pragma is None or not pragma.startswith("#pragma omp simd") or not isinstance(rnumel, int):
+        return None
+    if rnumel < VECTOR_WIDTH or rnumel % VECTOR_WIDTH == 0:
+        return None
+    if not any(re.search(r"\btoycomp_\w+\(", line) for line in cg.compute.lines):
+        return None
+    return str(rnumel // VECTOR_WIDTH * VECTOR_WIDTH)
 
 
 def declare_reduction(cg, clause: str, dtype: torch.dtype) -> str:
