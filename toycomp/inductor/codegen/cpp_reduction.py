@@ -140,8 +140,9 @@ def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop, parallel_r: str | 
 # softmax over rows of 1000 then spends a sixth of its time on the last 8 floats of each row.
 # So a row loop that calls one, over a fixed length that is no multiple of 16 (the widest
 # vector), is written as two loops: one over the multiple of 16 (992), with no tail, and one
-# over the rest (8), which GCC vectorises on its own with a narrower vector. Same iterations,
-# same order per element; only how GCC groups them changes.
+# over the rest (8), which GCC vectorises on its own with a narrower vector. Each element is
+# still computed once, by the same code; only a reduction's order changes (the tail's partial
+# sum is added to the body's, not element by element), as any other vector width would change it.
 VECTOR_WIDTH = 16  # floats in the widest vector (AVX-512); a multiple of the narrower ones
 
 
