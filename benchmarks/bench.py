@@ -32,7 +32,10 @@ CPU-sized inputs on the CPU. For each row and each of eager, ``torch.compile`` a
 The memory-bound rows also show the fraction of the copy-bandwidth floor that toycomp and
 torch.compile reach: bytes the step must move (benchmarks/workloads.py, [Note: the
 copy-bandwidth floor]) over the device's copy rate measured at the start of the run, divided
-by the measured device time. Ratios are what to read: absolute times depend on the machine.
+by the measured device time; the "copy" column is the same fraction for a plain ``copy_`` that
+moves the row's own bytes, the most a kernel of that size can be expected to reach (launch and
+the cleared L2 cost every kernel a few microseconds). Ratios are what to read: absolute times
+depend on the machine.
 This is a measurement, not a test: it prints, and exits non-zero if a row failed its check
 or raised.
 """
@@ -177,6 +180,8 @@ def bench_row(case: Case, device: str, budget_s: float, compilers=COMPILERS) -> 
         if fn is not None:
             compiled[compiler] = (fn, first_s)
     time_in_turns(case, compiled, row, device, budget_s)
+    if case.floor_bytes is not None:  # what a plain copy of the same bytes reaches
+        row["copy_s"] = timing.copy_seconds(case.floor_bytes, device, budget_s)
     return row
 
 
@@ -204,10 +209,15 @@ def ratio(row: dict, key: str, a: str = "toycomp", b: str = "torch.compile") -> 
 
 
 def floor_fraction(row: dict, compiler: str, copy_rate: float) -> float | None:
-    result = row.get(compiler, {})
-    if row["floor_bytes"] is None or result.get("status") != "ok":
+    """The floor over ``compiler``'s device time; ``compiler`` "copy": the same-bytes copy's."""
+    if compiler == "copy":
+        seconds = row.get("copy_s")
+    else:
+        result = row.get(compiler, {})
+        seconds = result.get("device_s") if result.get("status") == "ok" else None
+    if row["floor_bytes"] is None or seconds is None:
         return None
-    return row["floor_bytes"] / copy_rate / result["device_s"]
+    return row["floor_bytes"] / copy_rate / seconds
 
 
 def fmt_num(x: float | None, spec: str = ".2f") -> str:
@@ -217,16 +227,16 @@ def fmt_num(x: float | None, spec: str = ".2f") -> str:
 def print_times(rows: list[dict], device: str, copy_rate: float) -> None:
     print(f"\n{'row':<27}{'shape':>16}{'eager':>9}{'compile':>9}{'toycomp':>9}  "
           f"{'eager':>8}{'compile':>9}{'toycomp':>9}  {'toy/tc':>7}{'toy/tc':>7}"
-          f"{'floor':>7}{'floor':>7}")  # fmt: skip
+          f"{'floor':>7}{'floor':>7}{'floor':>7}")  # fmt: skip
     print(f"{'':<27}{'':>16}{'device time':>27}  {'per-call time':>26}  {'dev':>7}{'call':>7}"
-          f"{'toy':>7}{'tc':>7}")  # fmt: skip
+          f"{'toy':>7}{'tc':>7}{'copy':>7}")  # fmt: skip
     for r in rows:
         dev = "".join(f"{cell(r.get(c, {}), 'device_s'):>9}" for c in COMPILERS)
         call = "".join(f"{cell(r.get(c, {}), 'call_s'):>9}" for c in COMPILERS)
-        floors = [fmt_num(floor_fraction(r, c, copy_rate)) for c in ("toycomp", "torch.compile")]
+        floors = "".join(f"{fmt_num(floor_fraction(r, c, copy_rate)):>7}"
+                         for c in ("toycomp", "torch.compile", "copy"))
         print(f"{r['name']:<27}{r['shape']:>16}{dev}  {call[1:]}  "
-              f"{fmt_num(ratio(r, 'device_s')):>7}{fmt_num(ratio(r, 'call_s')):>7}"
-              f"{floors[0]:>7}{floors[1]:>7}")  # fmt: skip
+              f"{fmt_num(ratio(r, 'device_s')):>7}{fmt_num(ratio(r, 'call_s')):>7}{floors}")
     ratios = [x for x in (ratio(r, "device_s") for r in rows) if x]
     if ratios:
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))

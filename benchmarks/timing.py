@@ -8,6 +8,7 @@
                   Compared steps (eager's and each compiler's step of one row or one model)
                   take turns, in rounds (``in_turns``): the figure is the median of the rounds
     copy rate     a large ``dst.copy_(src)``, bytes read plus bytes written over its median time
+                  (and, for each memory-bound row, a copy that moves the row's own bytes)
     kernel time   CUDA: the summed device time of the kernels (and copies) one step launches,
                   from ``torch.profiler``, the median over a few steps: what the generated
                   code costs the GPU, with the host's gaps between launches left out
@@ -127,10 +128,15 @@ def kernel_seconds(step: Step, steps: int = 5) -> float:
 def copy_bandwidth(device: str, quick: bool = False) -> float:
     """Bytes per second of a device-to-device copy, bytes read plus bytes written."""
     numel = (1 << 20 if quick else 1 << 28) if device == "cuda" else (1 << 18 if quick else 1 << 25)
-    src = torch.randn(numel, device=device)
+    return 8 * numel / copy_seconds(8 * numel, device, 0.2 if quick else 1.0)
+
+
+def copy_seconds(nbytes: int, device: str, budget_s: float) -> float:
+    """Device time of a ``dst.copy_(src)`` of float32 tensors that moves ``nbytes`` (read plus
+    written)."""
+    src = torch.randn(max(1, nbytes // 8), device=device)
     dst = torch.empty_like(src)
-    seconds = device_seconds(lambda: dst.copy_(src), device, 0.2 if quick else 1.0)
-    return 2 * src.numel() * src.element_size() / seconds
+    return device_seconds(lambda: dst.copy_(src), device, budget_s)
 
 
 def peak_memory_bytes(step: Step, device: str) -> int:

@@ -98,7 +98,8 @@ def test_compared_steps_take_turns(monkeypatch):
 
 def test_a_rows_compilers_are_checked_then_take_turns(monkeypatch):
     """``bench_row`` checks every compiler first, then times the steps in rounds, each round
-    starting with the next compiler, for device time and for per-call time."""
+    starting with the next compiler, for device time and for per-call time; then a copy that
+    moves the row's floor bytes."""
     import timing
 
     case = row_named("column sum").case("cpu", quick=True)
@@ -110,7 +111,7 @@ def test_a_rows_compilers_are_checked_then_take_turns(monkeypatch):
     def measure(step, device, budget):
         called.clear()
         step()
-        timed.append(called[0])
+        timed.append(called[0] if called else "a copy of the row's bytes")
         return 1.0
 
     timed = []
@@ -121,7 +122,9 @@ def test_a_rows_compilers_are_checked_then_take_turns(monkeypatch):
     turns = ["eager", "torch.compile", "toycomp", "torch.compile", "toycomp", "eager", "toycomp",
              "eager", "torch.compile", "eager", "torch.compile", "toycomp", "torch.compile",
              "toycomp", "eager"]  # fmt: skip
-    assert timed == turns * 2  # device time's rounds, then per-call time's
+    # device time's rounds, then per-call time's, then the copy of the floor's bytes
+    assert timed == turns * 2 + ["a copy of the row's bytes"]
+    assert row["copy_s"] == 1.0
     for compiler in bench.COMPILERS:
         assert row[compiler]["device_s_rounds"] == [1.0] * timing.ROUNDS
 
@@ -155,3 +158,14 @@ def test_a_models_steps_are_checked_then_timed_in_one_process(monkeypatch):
     assert by["broken"] == {"model": "net", "batch": 2, "compiler": "broken", "status": "error",
                             "message": "NotImplementedError: no lowering for aten.frobnicate"}
     assert by["wrong"]["status"] == "FAILED"
+
+
+def test_floor_fractions_of_the_compilers_and_of_the_same_bytes_copy():
+    """The floor (bytes over the large copy's rate) over each measured time; none where a
+    compiler's step failed its check or the row has no floor."""
+    row = {"floor_bytes": 800, "toycomp": {"status": "ok", "device_s": 4.0},
+           "torch.compile": {"status": "FAILED"}, "copy_s": 2.5}  # fmt: skip
+    assert bench.floor_fraction(row, "toycomp", copy_rate=100.0) == 2.0
+    assert bench.floor_fraction(row, "copy", copy_rate=100.0) == 3.2
+    assert bench.floor_fraction(row, "torch.compile", copy_rate=100.0) is None
+    assert bench.floor_fraction({**row, "floor_bytes": None}, "copy", 100.0) is None
