@@ -672,3 +672,25 @@ def test_index_printer_keeps_floordiv_operands_together(printer):
         for xv, rv in [(0, 0), (5, 3), (23, 1), (100, 17)]:
             expected = int(expr.subs({x: xv, r: rv}).replace(floordiv, lambda a, b: a // b))
             assert eval(text, {"xindex": xv, "rindex": rv}) == expected, (expr, text)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("cols", [67, 5000])  # a persistent row, a looped one (Triton)
+def test_float_max_and_min_like_eager_bit_for_bit(backend, dtype, cols):
+    """Row and column max/min over NaN anywhere, infinities, signed zeros, subnormals and rows
+    of one sign: the Triton kernels reduce ordered integer keys ([Note: one reduction for a
+    float max]), which must turn back into eager's floats."""
+    gen = torch.Generator().manual_seed(0)
+    info = torch.finfo(dtype)
+    a = torch.randn(12, cols, generator=gen, dtype=dtype) * 1e3
+    a[0, 5] = a[1, -1] = a[7, :] = _NAN
+    a[1, 0], a[2, :], a[3, :] = -float("inf"), -float("inf"), float("inf")
+    a[4, :], a[5, :] = -0.0, 0.0
+    a[6, :] = -info.tiny * torch.rand(cols, generator=gen, dtype=dtype)  # negative subnormals
+    a[8, :] = -a[8, :].abs() - 1
+    a[9, :] = a[9, :].abs() + 1
+    a[10, 3], a[10, 4] = info.max, -info.max
+    fn = lambda a: (a.amax(1), a.amin(1), a.amax(0), a.amin(0))  # noqa: E731
+    for got, want in zip(toycomp.compile(fn, backend=backend)(a), fn(a)):
+        assert_same_values(got, want)

@@ -153,13 +153,33 @@ def _pow(a, b):
 }
 
 
+# [Note: one reduction for a float max]
+# tl.max ignores NaN (on a GPU it combines with fmaxf), while torch.amax returns NaN when a row
+# holds one. Counting the NaNs in a second tl.max made each float max two block reductions,
+# each a round trip through shared memory between the program's warps. One reduction suffices
+# if it is over integers ordered like the floats: a float's bits read as a signed integer are
+# ordered like the float for positive floats and reversed for negative ones, so flipping a
+# negative float's magnitude bits (``key = bits ^ ((bits >> 31) & 0x7FFFFFFF)``, its own
+# inverse) orders them all, -0.0 just below 0.0. A NaN gets the key that wins (the largest for
+# a max, the smallest for a min), and the winning key turns back into the float. On the H100
+# the softmax forward kernel (8192 x 4096) went from 95.4 to 94.9 us (Inductor's: 93.5-94.0).
+# Inductor writes ``tl.reduce(x, 1, maximum)`` with a NaN-aware combine function instead, which
+# Triton's interpreter runs one element at a time in Python: minutes for a small softmax.
 def final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtype) -> list[str]:
-    """``acc = reduce(t, axis=1)`` as an [XBLOCK, 1] column; max/min propagate NaN like torch."""
-    fn = {ir.ReductionType.SUM: "tl.sum", ir.ReductionType.MAX: "tl.max"}.get(kind, "tl.min")
-    lines = [f"{acc} = {fn}({t}, 1)[:, None]"]
-    if kind != ir.ReductionType.SUM and dtype.is_floating_point:
-        lines += [
-            f"{acc}_nan = tl.max(({t} != {t}).to(tl.int8), 1)[:, None]  # NaN wins, as in torch",
-            f'{acc} = tl.where({acc}_nan != 0, float("nan"), {acc})',
-        ]
-    return lines
+    """``acc = reduce(t, axis=1)`` as an [XBLOCK, 1] column; max/min propagate NaN like torch
+    (one reduction over ordered integer keys: see [Note: one reduction for a float max])."""
+    if kind == ir.ReductionType.SUM:
+        return [f"{acc} = tl.sum({t}, 1)[:, None]"]
+    fn = "tl.max" if kind == ir.ReductionType.MAX else "tl.min"
+    if not dtype.is_floating_point:
+        return [f"{acc} = {fn}({t}, 1)[:, None]"]
+    bits = 64 if dtype == torch.float64 else 32
+    itype, ftype, mask = f"tl.int{bits}", f"tl.float{bits}", hex(2 ** (bits - 1) - 1)
+    nan_key = mask if kind == ir.ReductionType.MAX else str(-(2 ** (bits - 1)))
+    key = f"{acc}_key"
+    return [
+        f"{key} = {t}.to({itype}, bitcast=True)",
+        f"{key} = {key} ^ (({key} >> {bits - 1}) & {mask})  # ordered like the floats",
+        f"{key} = {fn}(tl.where({t} != {t}, {nan_key}, {key}), 1)[:, None]  # NaN wins",
+        f"{acc} = ({key} ^ (({key} >> {bits - 1}) & {mask})).to({ftype}, bitcast=True)",
+    ]
