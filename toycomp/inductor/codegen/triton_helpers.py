@@ -180,6 +180,8 @@ def final_reduction(acc: str, t: str, kind: ir.ReductionType, dtype: torch.dtype
     return [
         f"{key} = {t}.to({itype}, bitcast=True)",
         f"{key} = {key} ^ (({key} >> {bits - 1}) & {mask})  # ordered like the floats",
-        f"{key} = {fn}(tl.where({t} != {t}, {nan_key}, {key}), 1)[:, None]  # NaN wins",
-        f"{acc} = ({key} ^ (({key} >> {bits - 1}) & {mask})).to({ftype}, bitcast=True)",
+        f"{key} = tl.where({t} != {t}, {nan_key}, {key})  # a NaN wins",
+        f"{key} = {fn}({key}, 1)[:, None]",
+        f"{key} = {key} ^ (({key} >> {bits - 1}) & {mask})",
+        f"{acc} = {key}.to({ftype}, bitcast=True)",
     ]
