@@ -647,6 +647,27 @@ def test_failing_shape_guards_recompile_through_every_stage(backend):
     assert counts == [1, 1, 2, 2, 2, 2]  # (7, 1): y's size 1 is specialised, once
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_slice_length_specialised_by_a_guard_lowers(backend):
+    """``x[1::3]`` of a dynamic dimension s0 has (s0 + 1) // 3 rows, which tracing specialised
+    to 1 under a guard: the lowering's size and the node's meta size (1) are equal under the
+    guards (``SizeVars.known_equal``). Sizes 3 and 4 share the dynamic compile; 5 has 2 such
+    rows, fails the guard and recompiles."""
+
+    def fn(x):
+        return torch.rsqrt(x[1::3].abs() + 0.5).sum(-1) * x[0]
+
+    compiled = toycomp.compile(fn, backend=backend)
+    counts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        for n in (2, 3, 4, 5, 8):
+            x = torch.randn(n, 1, n)
+            assert_close(compiled(x), fn(x))
+            counts.append(compiled.compile_count)
+    assert counts == [1, 2, 2, 3, 3]  # the second size makes the dimension dynamic
+
+
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
 def test_a_sparse_input_runs_eagerly_with_a_warning(layout):
     def f(x, y):

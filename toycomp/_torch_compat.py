@@ -9,6 +9,7 @@ import contextlib
 import functools
 from typing import Any, Iterator, NamedTuple
 
+import sympy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (functionalize.py's recorder)
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: F401
@@ -253,6 +254,16 @@ def symbol_range(shape_env, symbol) -> tuple:  # capture: the bounds a symbol wa
 # -- symbolic sizes in stages 3-4 (prims/symbolic_sizes.py, inductor/sizevars.py) -------------
 def shape_env_of(x):  # inductor/sizevars.py: the ShapeEnv owning a SymInt's symbols (or None)
     return x.node.shape_env
+
+
+def implied_by_guards(shape_env, condition) -> bool:  # inductor/sizevars.py: sizes equal?
+    """Whether the ShapeEnv knows ``condition`` (a sympy relation over its symbols) is true
+    given the guards recorded so far, without adding a guard."""
+    from torch.utils._sympy.functions import FloorDiv
+
+    condition = condition.replace(lambda e: type(e).__name__ == "FloorDiv",
+                                  lambda e: FloorDiv(*e.args))  # fmt: skip
+    return bool(shape_env._maybe_evaluate_static(condition) == sympy.true)
 
 
 def symbol_order(shape_env, symbol) -> int:  # inductor/sizevars.py: s77 was made first -> 0

@@ -52,7 +52,6 @@ from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPOR
     _graph_device,
     _map_nodes,
     _meta_value,
-    _same_sizes,
 )
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
 from toycomp.inductor.sizevars import SizeVars, is_symbolic
@@ -219,7 +218,7 @@ class GraphLowering:
             return self.extern(node, _kernel_name(node), fallback=True)
         except Exception as e:
             raise LoweringError(f"lowering {node.name!r} ({_kernel_name(node)}) failed: {e}") from e
-        _check_matches_meta(node, value, self.tensor_meta(self.meta[node]))
+        _check_matches_meta(node, value, self.tensor_meta(self.meta[node]), self.sizevars)
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
         base = node.args[0] if node.args else None
@@ -303,7 +302,7 @@ class GraphLowering:
         if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
             return None
         size, stride = self.sizevars.shape(val), self.sizevars.stride(val)
-        if not _same_sizes(size, arg.size):
+        if not self.sizevars.same_sizes(size, arg.size):
             return None
         steps = zip(size, arg.stride, stride)
         kept = [(a, b) for n, a, b in steps if not indexing.known_less(n, 2)]  # n >= 2 moves

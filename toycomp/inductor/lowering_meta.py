@@ -35,9 +35,8 @@ import torch
 from torch.fx.node import Node
 
 import toycomp.prims as prims
-from toycomp.inductor import indexing
 from toycomp.inductor.lowering_table import LoweringError
-from toycomp.inductor.sizevars import is_symbolic
+from toycomp.inductor.sizevars import SizeVars, is_symbolic
 from toycomp.inductor.tensor_value import TensorMeta, TensorValue
 from toycomp.tensor_utils import to_meta, to_meta_value
 
@@ -104,13 +103,11 @@ def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
     ) and isinstance(meta[node], torch.Tensor)
 
 
-def _check_matches_meta(node: Node, value: TensorValue, out: TensorMeta) -> None:
-    if not _same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
+def _check_matches_meta(
+    node: Node, value: TensorValue, out: TensorMeta, sizevars: SizeVars
+) -> None:
+    if not sizevars.same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
         raise LoweringError(
             f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
             f"eager gives {list(out.shape)} {out.dtype}"
         )
-
-
-def _same_sizes(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))

@@ -50,7 +50,7 @@ def _constant(value: prims.Number, dtype: torch.dtype) -> ir.Constant | ir.Index
 def _pointwise_rule(name: str) -> Rule:
     def rule(g: GraphLowering, out: torch.Tensor, *args: Any) -> TensorValue:
         tensors = [a for a in args if isinstance(a, TensorValue)]
-        if any(not _same_size(t.size, tuple(out.shape)) for t in tensors):
+        if any(not g.sizevars.same_sizes(t.size, tuple(out.shape)) for t in tensors):
             raise LoweringError(f"{name}: operands must have one shape (broadcast_in_dim first)")
         # Numbers take the dtype of the tensor the eager reference converts them like.
         operands = args[1:] if name == "where" else args
@@ -101,10 +101,6 @@ def _convert_element_type(g, out, a: TensorValue, dtype: torch.dtype) -> TensorV
     if a.dtype == dtype:
         return a
     return TensorValue(a.size, dtype, ir.Op("convert_element_type", (a.body,), dtype))
-
-
-def _same_size(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
 # --- reductions -------------------------------------------------------------------------------

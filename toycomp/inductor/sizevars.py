@@ -34,7 +34,13 @@ from typing import Any
 import sympy
 import torch
 
-from toycomp._torch_compat import shape_env_of, sym_expr, symbol_order, symbol_range
+from toycomp._torch_compat import (
+    implied_by_guards,
+    shape_env_of,
+    sym_expr,
+    symbol_order,
+    symbol_range,
+)
 from toycomp.inductor import indexing
 
 Size = int | sympy.Expr
@@ -77,6 +83,25 @@ class SizeVars:
                 expr.xreplace(self.renames), indexing.scalar_symbol(len(self.scalars))
             )
         return to_toycomp(expr, self.renames)
+
+    def known_equal(self, a: Size, b: Size) -> bool:
+        """``a == b`` for every size the trace's guards allow: by algebra (``indexing``), else
+        by asking the ShapeEnv, which knows the guards tracing recorded. A slice ``x[1::3]``
+        of a dimension ``s0`` has ``(s0 + 1) // 3`` rows, and the ShapeEnv may have
+        specialised that to 1 under a guard: the node's meta then says 1 where the lowering
+        computed ``FloorDiv(s0 + 1, 3)``, and both are right for every call the guards let
+        through."""
+        if indexing.known_equal(a, b):
+            return True
+        a, b = sympy.sympify(a), sympy.sympify(b)
+        if self.shape_env is None or not (a.free_symbols | b.free_symbols):
+            return False
+        back = {toycomp: symbol for symbol, toycomp in self.renames.items()}
+        return implied_by_guards(self.shape_env, sympy.Eq(a.xreplace(back), b.xreplace(back)))
+
+    def same_sizes(self, a: tuple, b: tuple) -> bool:
+        """Two shapes equal dimension by dimension (``known_equal``)."""
+        return len(a) == len(b) and all(self.known_equal(m, n) for m, n in zip(a, b))
 
     def shape(self, t: torch.Tensor) -> tuple[Size, ...]:
         return tuple(self.expr(s) for s in t.shape)
