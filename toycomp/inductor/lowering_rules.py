@@ -9,7 +9,9 @@ themselves in ``lowering_table.LOWERINGS`` (``lowering.py`` imports this module 
     >>> x = strided_load("x", (8,), (1,), torch.float32)
     >>> x
     TensorValue([8], torch.float32, load(x, i0))
-    >>> LOWERINGS[prims.sin](None, torch.empty(8, device="meta"), x)  # (g, out, *args)
+    >>> from toycomp.inductor.lowering import GraphLowering
+    >>> g = GraphLowering(torch.fx.symbolic_trace(lambda x: x), [torch.empty(8)])
+    >>> LOWERINGS[prims.sin](g, torch.empty(8, device="meta"), x)  # (g, out, *args)
     TensorValue([8], torch.float32, sin(load(x, i0)))
 
 Pointwise prims wrap their operands' bodies in one ``Op``; reductions become ``Reduction``
