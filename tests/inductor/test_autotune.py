@@ -99,13 +99,15 @@ def explained(case: str):
     return fn, x, toycomp.explain(fn, x, backend="triton").graph("forward")
 
 
+@pytest.mark.parametrize("cuda", [False, True], ids=["interpreter", "cuda"])
 @pytest.mark.parametrize("case", CASES)
-def test_candidates_are_sane_and_start_with_the_fixed_config(case):
+def test_candidates_are_sane_and_start_with_the_fixed_config(case, cuda):
     _, _, graph = explained(case)
     kernels = [k for k in graph.scheduled.steps if hasattr(k, "loops")]
     assert kind(kernels[0]) == case  # the case covers the kind it is named after
     for kernel in kernels:
-        configs, fixed = candidate_configs(kernel), block_sizes(kernel)
+        fixed = block_sizes(kernel, cuda)
+        configs = candidate_configs(kernel, fixed)
         assert configs[0] == fixed
         assert len(configs) <= 6 and len({tuple(c.items()) for c in configs}) == len(configs)
         if kernel is kernels[0]:
@@ -123,6 +125,23 @@ def test_candidates_are_sane_and_start_with_the_fixed_config(case):
             if "RBLOCK" in c:  # the source is persistent or looped: every candidate agrees
                 assert (rblock >= kernel.rnumel) == persistent
             assert index_dtype(kernel, c, "RBLOCK" in c) == int64
+
+
+def test_gpu_pointwise_blocks_give_each_thread_four_floats():
+    """[Note: four floats a thread]: one 16-byte load a thread on CUDA; the interpreter, which
+    pays per program, keeps blocks twice as large; the other remains a candidate."""
+    _, x, graph = explained("pointwise")
+    kernel = graph.scheduled.steps[0]
+    gpu, interpreted = block_sizes(kernel, cuda=True), block_sizes(kernel)
+    assert gpu["XBLOCK"] == 4 * 32 * gpu["num_warps"] and gpu["num_warps"] >= 4
+    assert interpreted["XBLOCK"] == 2 * gpu["XBLOCK"]
+    assert interpreted in candidate_configs(kernel, gpu)[1:]
+    call = triton_codegen.generate(kernel, cuda=True).call
+    grid = -(-x.numel() // gpu["XBLOCK"])
+    assert call.startswith(f"kernel_0.run(stream0, ({grid},), ")
+    assert call.endswith(f"XBLOCK={gpu['XBLOCK']}, num_warps={gpu['num_warps']})")
+    tiny = type(kernel)(kernel.name, 100, 1, kernel.loops, kernel.buffer_dtypes, kernel.origins)
+    assert block_sizes(tiny, cuda=True) == {"XBLOCK": 128, "num_warps": 1}  # 4 floats a thread
 
 
 def test_small_and_symbolic_kernels_keep_their_fixed_config():

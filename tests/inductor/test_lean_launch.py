@@ -214,7 +214,7 @@ def test_cuda_wrapper_guards_its_device_and_reads_the_stream_once():
         outputs=(ir.TensorArg("buf2", (8, 1000), (1000, 1)),),
         device=torch.device("cuda", 1),
     )
-    source = wrapper.WrapperCodegen(graph, [triton.generate(kernel, lean=True)]).generate()
+    source = wrapper.WrapperCodegen(graph, [triton.generate(kernel, cuda=True)]).generate()
     lines = [line.strip() for line in source.splitlines()]
     guard = lines.index("with torch.cuda.device(1):")
     check = "check_input(arg0, (8, 1000), (1000, 1), torch.float32, device, 'arg0')"

@@ -157,7 +157,7 @@ def compile_graph(
     if backend == "cpp":
         generated = [cpp.generate(k) for k in kernels]
     else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
-        generated = [triton.generate(k, lean=device.type == "cuda") for k in kernels]
+        generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
     source = WrapperCodegen(scheduled, generated, memory_planning).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})

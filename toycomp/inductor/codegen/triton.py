@@ -89,9 +89,10 @@ class TritonKernelCodegen(KernelCodegen):
 
     ops = TRITON_OPS
 
-    def __init__(self, kernel: ir.Kernel, persistent: bool | None = None) -> None:
+    def __init__(self, kernel: ir.Kernel, persistent: bool | None = None, cuda: bool = False
+                 ) -> None:  # fmt: skip
         super().__init__(kernel)
-        self.blocks = block_sizes(kernel)
+        self.blocks = block_sizes(kernel, cuda)
         self.is_reduction = any(loop.over_r for loop in kernel.loops)
         if persistent is None:  # (a symbolic rnumel: generate() asks for both variants)
             persistent = self.blocks.get("RBLOCK", 0) >= kernel.rnumel
@@ -358,11 +359,12 @@ def _int_sizes(kernel: ir.Kernel) -> list:
 
 
 # --- compile and launch -----------------------------------------------------------------------
-def generate(kernel: ir.Kernel, lean: bool = False) -> GeneratedKernel:
+def generate(kernel: ir.Kernel, cuda: bool = False) -> GeneratedKernel:
     """Triton source for ``kernel`` plus the wrapper line that launches it: Triton's
-    ``kernel[grid](args)``, or with ``lean`` (CUDA) ``kernel.run(stream0, grid, args)``."""
+    ``kernel[grid](args)``, or for ``cuda`` tensors ``kernel.run(stream0, grid, args)`` (a
+    lean launch) with the GPU's block sizes."""
     symbolic_rnumel = not indexing.is_static(kernel.rnumel)
-    cg = TritonKernelCodegen(kernel, persistent=True if symbolic_rnumel else None)
+    cg = TritonKernelCodegen(kernel, persistent=True if symbolic_rnumel else None, cuda=cuda)
     source = cg.codegen_kernel()
     numel, rnumel = (python_size(n) for n in (kernel.numel, kernel.rnumel))
     sizes = [*map(str, kernel.size_symbols()), numel] + ([rnumel] if cg.is_reduction else [])
@@ -372,7 +374,7 @@ def generate(kernel: ir.Kernel, lean: bool = False) -> GeneratedKernel:
         args += ", " + index_dtype_arg(cg.int64_index)
     meta = dict(cg.blocks)
     if not meta:  # a symbolic rnumel: two variants, block sizes for this call's sizes
-        looped = TritonKernelCodegen(kernel, persistent=False)
+        looped = TritonKernelCodegen(kernel, persistent=False, cuda=cuda)
         source += "\n\n@triton.jit\n" + looped.codegen_kernel().split("@triton.jit\n")[-1]
         blocks, name = f"{kernel.name}_blocks", kernel.name
         outer = kernel_hint(kernel) == ReductionHint.OUTER  # persistent iff rnumel <= RBLOCK:
@@ -380,7 +382,7 @@ def generate(kernel: ir.Kernel, lean: bool = False) -> GeneratedKernel:
         pick = f"({name} if {rnumel} <= {limit} else {looped.name})"
         outer = ", outer=True" if outer else ""
         call = f"{blocks} = reduction_blocks({numel}, {rnumel}{outer})\n"
-        call += launch(pick, f"(cdiv({numel}, {blocks}['XBLOCK']),)", f"{args}, **{blocks}", lean)
+        call += launch(pick, f"(cdiv({numel}, {blocks}['XBLOCK']),)", f"{args}, **{blocks}", cuda)
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
         )
@@ -389,7 +391,7 @@ def generate(kernel: ir.Kernel, lean: bool = False) -> GeneratedKernel:
     else:
         grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
-    call = launch(kernel.name, grid, f"{args}, {kwargs}", lean)
+    call = launch(kernel.name, grid, f"{args}, {kwargs}", cuda)
     # what CUDA may launch instead: see [Note: autotuning candidates] in triton_heuristics.py
     configs = tuple(candidate_configs(kernel, dict(meta), cg.int64_index))
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call, configs=configs)
