@@ -320,6 +320,19 @@ def test_hardtanh_backward_at_its_bounds_and_nan():
     assert torch.equal(dgm(grad, x), fn(grad, x))
 
 
+def test_abs_backward_decomposes_through_sgn():
+    # abs's backward is grad * sgn(x): an L1 loss's gradient, once an eager fallback
+    x = torch.tensor([-2.0, -0.0, 0.0, 3.0, float("nan"), float("inf"), -float("inf"), 1e-40])
+    grad = torch.arange(1.0, 9.0)
+    fn = _joint(lambda a: a.abs() * 3, 1)
+    dgm = decompose(make_fx(fn)(x, grad), [x, grad])
+    assert fallbacks(dgm) == []
+    for got, want in zip(dgm(x, grad), fn(x, grad), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    ints = torch.tensor([-3, 0, 5])
+    assert torch.equal(decompose(make_fx(torch.sgn)(ints), [ints])(ints), torch.sgn(ints))
+
+
 # --- fallbacks, identity-like and in-place ops ----------------------------------------------------
 def test_unknown_op_falls_back_visibly():
     def fn(x):

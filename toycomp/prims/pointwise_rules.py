@@ -65,6 +65,17 @@ neg = _pointwise(prims.neg, KIND.DEFAULT, aten.neg.default)
 abs = _pointwise(prims.abs, KIND.DEFAULT, aten.abs.default)  # noqa: A001 (ATen's name)
 floor = _pointwise(prims.floor, KIND.DEFAULT, aten.floor.default)
 sign = _pointwise(prims.sign, KIND.DEFAULT, aten.sign.default)
+
+
+@register(aten.sgn.default)
+def sgn(a: Any) -> Any:
+    """``abs``'s backward is ``grad * sgn(x)``: for real numbers ``sgn`` is ``sign``
+    (complex ones, ``x / |x|``, toycomp does not compute)."""
+    if a.dtype.is_complex:
+        raise Unsupported("sgn of a complex tensor")
+    return sign(a)
+
+
 exp = _pointwise(prims.exp, KIND.INT_TO_FLOAT, aten.exp.default)
 log = _pointwise(prims.log, KIND.INT_TO_FLOAT, aten.log.default)
 log1p = _pointwise(prims.log1p, KIND.INT_TO_FLOAT, aten.log1p.default)
