@@ -668,6 +668,26 @@ def test_a_slice_length_specialised_by_a_guard_lowers(backend):
     assert counts == [1, 2, 2, 3, 3]  # the second size makes the dimension dynamic
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_contiguous_stride_max_decided_by_the_guards_lowers(backend):
+    """A contiguous tensor of size (5, 2, (s0 // 2 + 1) // 2) has the stride
+    ``Max(1, (s0 // 2 + 1) // 2)`` (PyTorch's strides take ``max(size, 1)``). Algebra cannot
+    order the two, the ShapeEnv (s0 >= 2) can: the graph compiles (it ran eagerly before)."""
+
+    def fn(x):
+        return torch.rsqrt(x.unflatten(1, (2, -1))[:, :, ::2].abs() + 0.5)
+
+    compiled = toycomp.compile(fn, backend=backend)
+    counts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        for n in (8, 10, 12, 14, 22):
+            x = torch.randn(5, n)
+            assert_close(compiled(x), fn(x))
+            counts.append(compiled.compile_count)
+    assert counts == [1, 2, 2, 2, 2]
+
+
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
 def test_a_sparse_input_runs_eagerly_with_a_warning(layout):
     def f(x, y):

@@ -82,7 +82,7 @@ class SizeVars:
             return self.scalars.setdefault(
                 expr.xreplace(self.renames), indexing.scalar_symbol(len(self.scalars))
             )
-        return to_toycomp(expr, self.renames)
+        return to_toycomp(expr, self.renames, shape_env_of(value) or self.shape_env)
 
     def known_equal(self, a: Size, b: Size) -> bool:
         """``a == b`` for every size the trace's guards allow: by algebra (``indexing``), else
@@ -123,14 +123,18 @@ class SizeVars:
         return indexing.size_symbol(order)
 
 
-def to_toycomp(expr: sympy.Expr, renames: dict[sympy.Symbol, sympy.Symbol]) -> sympy.Expr:
+def to_toycomp(
+    expr: sympy.Expr, renames: dict[sympy.Symbol, sympy.Symbol], shape_env: Any = None
+) -> sympy.Expr:
     """A ShapeEnv expression with its symbols renamed and PyTorch's integer functions
-    (``FloorDiv``, ``ModularIndexing``, ``CleanDiv``, ``Mod``) spelled with toycomp's FloorDiv."""
+    (``FloorDiv``, ``ModularIndexing``, ``CleanDiv``, ``Mod``) spelled with toycomp's FloorDiv.
+    A ``Max`` or ``Min`` of two sizes becomes the one that algebra, or else ``shape_env``'s
+    guards, prove the larger (smaller); toycomp's sizes hold neither function."""
     if isinstance(expr, sympy.Symbol):
         return renames[expr]
     if not expr.args:
         return expr
-    args = [to_toycomp(a, renames) for a in expr.args]
+    args = [to_toycomp(a, renames, shape_env) for a in expr.args]
     name = type(expr).__name__
     if name in ("FloorDiv", "CleanDiv"):
         return indexing.FloorDiv(*args)
@@ -141,10 +145,12 @@ def to_toycomp(expr: sympy.Expr, renames: dict[sympy.Symbol, sympy.Symbol]) -> s
         return _mod(*args)
     if name in ("Max", "Min") and len(args) == 2:  # Max(1, s0 // 2): s0 // 2, as s0 >= 2
         a, b = args if name == "Max" else args[::-1]
-        if indexing.known_nonnegative(a - b):
-            return a
-        if indexing.known_nonnegative(b - a):
-            return b
+        ours, theirs = (a, b), expr.args if name == "Max" else expr.args[::-1]
+        for (x, y), (x_env, y_env) in ((ours, theirs), (ours[::-1], theirs[::-1])):
+            if indexing.known_nonnegative(x - y) or (  # a contiguous stride Max(1, s0 // 4)
+                shape_env is not None and implied_by_guards(shape_env, sympy.Ge(x_env, y_env))
+            ):
+                return x
     if isinstance(expr, (sympy.Add, sympy.Mul)) or (
         isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0
     ):
