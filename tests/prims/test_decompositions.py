@@ -61,7 +61,12 @@ OPINFO_ALIASES = {
     "max_pool2d_with_indices": ["nn.functional.max_pool2d"],
     "_native_batch_norm_legit_no_training": ["nn.functional.batch_norm"],
     "_native_batch_norm_legit_functional": ["nn.functional.batch_norm"],
-    "embedding": ["nn.functional.embedding"],
+    "embedding": ["nn.functional.embedding"], "elu": ["nn.functional.elu"],
+    "celu": ["nn.functional.celu"], "softplus": ["nn.functional.softplus"],
+    "hardsigmoid": ["nn.functional.hardsigmoid"], "mish": ["nn.functional.mish"],
+    "log_sigmoid_forward": ["nn.functional.logsigmoid"],
+    "smooth_l1_loss": ["nn.functional.smooth_l1_loss"], "huber_loss": ["nn.functional.huber_loss"],
+    "bitwise_and": [],  # of bools only (OpInfo's samples are ints): test_loss_rules' kl_div
 }  # fmt: skip
 GRAD_OPINFOS = {
     "gelu_backward": "nn.functional.gelu", "nll_loss_backward": "nn.functional.nll_loss",
@@ -72,6 +77,13 @@ GRAD_OPINFOS = {
     "mse_loss_backward": "nn.functional.mse_loss",
     "native_batch_norm_backward": "nn.functional.batch_norm",
     "embedding_dense_backward": "nn.functional.embedding", "select_backward": "select",
+    "silu_backward": "nn.functional.silu", "leaky_relu_backward": "nn.functional.leaky_relu",
+    "elu_backward": "nn.functional.elu", "softplus_backward": "nn.functional.softplus",
+    "log_sigmoid_backward": "nn.functional.logsigmoid", "mish_backward": "nn.functional.mish",
+    "hardsigmoid_backward": "nn.functional.hardsigmoid",
+    "hardswish_backward": "nn.functional.hardswish",
+    "smooth_l1_loss_backward": "nn.functional.smooth_l1_loss",
+    "huber_loss_backward": "nn.functional.huber_loss",
 }  # fmt: skip
 UNINITIALIZED = {"empty", "empty_like", "new_empty"}  # values are arbitrary: nothing to compare
 MAX_SAMPLES = 3  # keeps the whole file near 20 s on a 2-core machine

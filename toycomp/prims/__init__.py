@@ -43,8 +43,8 @@ Files, in reading order:
   prim calls instead of running them;
 * ``decomp_table.py``: the ``DECOMPOSITIONS`` table, ``register``, ``EXTERN_OPS``;
 * ``helpers.py``: explicit type promotion and broadcasting (``elementwise``, ``broadcast_to``);
-* ``pointwise_rules.py``, ``nn_rules.py``, ``norm_rules.py``, ``pool_rules.py``,
-  ``view_rules.py``: the decompositions, by kind;
+* ``pointwise_rules.py``, ``activation_rules.py``, ``loss_rules.py``, ``nn_rules.py``,
+  ``norm_rules.py``, ``pool_rules.py``, ``view_rules.py``: the decompositions, by kind;
 * ``symbolic_sizes.py``: dynamic shapes: the nodes computing the SymInts that prims take;
 * ``decomp_tracer.py``: ``Proxy`` and ``DecompTracer``, which turn the prims a rule calls into
   FX nodes (checking the prims' contract);

@@ -1,14 +1,15 @@
 """Stage 3b, the registry: ``DECOMPOSITIONS``, ``register``, ``Unsupported`` and ``EXTERN_OPS``.
 
-Input -> output: nothing runs here. The rule modules (``pointwise_rules.py``, ``nn_rules.py``,
-``view_rules.py``) fill ``DECOMPOSITIONS`` (ATen overload -> a Python function written with
-prims) with ``@register(aten.gelu.default)``, and ``decompositions.decompose`` reads it. A leaf
-module, so that the rules and the pass import it rather than each other::
+Input -> output: nothing runs here. The rule modules (``pointwise_rules.py``,
+``activation_rules.py``, ``nn_rules.py``, ``view_rules.py``...) fill ``DECOMPOSITIONS`` (ATen
+overload -> a Python function written with prims) with ``@register(aten.gelu.default)``, and
+``decompositions.decompose`` reads it. A leaf module, so that the rules and the pass import it
+rather than each other::
 
     >>> import torch
     >>> import toycomp.prims.decompositions  # the pass imports the rule modules, which fill it
     >>> DECOMPOSITIONS[torch.ops.aten.gelu.default].__module__
-    'toycomp.prims.pointwise_rules'
+    'toycomp.prims.activation_rules'
     >>> sorted(str(op) for op in EXTERN_OPS - SDPA_OPS - CHECK_OPS)
     ['aten.bmm.default', 'aten.convolution.default', 'aten.mm.default']
     >>> str(aten._scaled_dot_product_flash_attention_for_cpu.default) in map(str, SDPA_OPS)

@@ -17,9 +17,10 @@ Tiny example, the forward of ``f(x) = sin(x)**2 + cos(x)**2``::
 
 A decomposition is an ordinary Python function registered for one or more ATen overloads and
 written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` (in
-``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise, activations),
-``nn_rules.py`` (softmax, losses, matmuls, reductions, layer norm), ``norm_rules.py`` (batch
-norm), ``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
+``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise), ``activation_rules.py``
+(activations and their backwards), ``loss_rules.py`` (elementwise losses), ``nn_rules.py``
+(softmax, nll_loss, matmuls, reductions, layer norm), ``norm_rules.py`` (batch norm),
+``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
 promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each one under
 ``prims.tracing(tracer)``: the prims it calls become FX nodes (the tracer, ``DecompTracer``, and
 ``Proxy`` live in ``decomp_tracer.py``; both are re-exported here).
@@ -54,8 +55,8 @@ from toycomp._torch_compat import (
     returns_alias,
     schema_of,
 )
-from toycomp.prims import nn_rules, norm_rules, pool_rules  # noqa: F401  (fill the table)
-from toycomp.prims import pointwise_rules, view_rules  # noqa: F401
+from toycomp.prims import activation_rules, nn_rules, norm_rules  # noqa: F401 (fill the table)
+from toycomp.prims import loss_rules, pointwise_rules, pool_rules, view_rules  # noqa: F401
 from toycomp.prims.decomp_table import CHECK_OPS, DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.decomp_tracer import (  # the tracer: Proxy, DecompTracer (re-exported)
     _META_MODE,

@@ -3,8 +3,8 @@
 Input IR -> output IR: like ``pointwise_rules.py``, each function takes an ATen op's
 arguments (``Proxy`` objects while ``decompose`` traces, or real tensors) and returns its result
 computed with prims. Here are the ops whose decomposition needs a reduction prim (``sum``,
-``amax``, ``amin``): ``sum``/``mean``/``var``, softmax and log-softmax with their backwards, the
-losses (gathers become one-hot masks), ``addmm``/``baddbmm`` (the product stays an extern matmul)
+``amax``, ``amin``): ``sum``/``mean``/``var``, softmax and log-softmax with their backwards,
+``nll_loss`` (its gather becomes a one-hot mask), ``addmm``/``baddbmm`` (the product stays an extern matmul)
 and layer norm. Example, ``aten._softmax(x, -1)`` on a (4, 8) float32 tensor::
 
     amax = prims.amax(x, [1]);   b = prims.broadcast_in_dim(amax, [4, 8], [0])
@@ -126,22 +126,6 @@ def nll_loss_backward(
     hit = prims.logical_and(one_hot, prims.broadcast_in_dim(valid, [n, c], [0]))
     out = prims.where(hit, prims.broadcast_in_dim(prims.neg(g), [n, c], [0]), 0.0)
     return reshape(out, a.shape)
-
-
-@register(aten.mse_loss.default)
-def mse_loss(a: Any, target: Any, reduction: int = 1) -> Any:
-    diff = elementwise(prims.sub, a, target)
-    squared = elementwise(lambda d: prims.mul(d, d), diff)
-    if reduction == 0:  # "none"
-        return squared
-    return mean(squared) if reduction == 1 else sum_(squared)
-
-
-@register(aten.mse_loss_backward.default)
-def mse_loss_backward(grad: Any, a: Any, target: Any, reduction: int) -> Any:
-    scale = 2 / a.numel() if reduction == 1 else 2
-    diff = elementwise(prims.sub, a, target)
-    return elementwise(lambda g, d: prims.mul(prims.mul(d, scale), g), grad, diff)
 
 
 # --- matmul: the product stays extern, bias and scaling become prims that fuse ------------------

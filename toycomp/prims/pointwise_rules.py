@@ -1,19 +1,19 @@
-"""Stage 3b, the table (pointwise ops and activations): one decomposition per ATen op, in prims.
+"""Stage 3b, the table (pointwise ops): one decomposition per ATen op, in prims.
 
 Input IR -> output IR: each function takes the ATen op's arguments (``Proxy`` objects while
 ``toycomp.prims.decompositions.decompose`` traces it, or real tensors when called eagerly - prims
 run their references then) and returns what the ATen op returns, computed with prims plus Python
 arithmetic on sizes. Example::
 
-    @register(aten.gelu_backward.default)
-    def gelu_backward(grad, x, approximate="none"): ...   # -> erf, exp, mul, add prims
+    @register(aten.clamp.default)
+    def clamp(a, min=None, max=None): ...   # -> maximum, minimum prims
 
 Broadcasting and type promotion are explicit here (``elementwise``, ``broadcast_to``,
 ``convert``), because prims take same-shape same-dtype operands; those helpers live in
-``helpers.py``. This module holds the pointwise ops and the activations with their backwards;
-reductions, softmax, losses, matmuls and normalization are in ``nn_rules.py``, views, creation
-and copies in ``view_rules.py``. All three register into ``decomp_table.DECOMPOSITIONS``, and
-``decompositions.py`` imports them.
+``helpers.py``. This module holds the pointwise ops; the activations with their backwards are
+in ``activation_rules.py``, reductions, softmax, losses, matmuls and normalization in
+``nn_rules.py``, views, creation and copies in ``view_rules.py``. All register into
+``decomp_table.DECOMPOSITIONS``, and ``decompositions.py`` imports them.
 
 NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs/__init__.py (e.g.
 ``_refs.nn.functional.gelu``); ``torch._prims_common`` holds the type-promotion helpers.
@@ -36,7 +36,6 @@ from toycomp.prims.helpers import (
     elementwise_dtypes,
     is_number,
     round_number,
-    upcast,
 )
 from toycomp.prims.decomp_table import Unsupported, register
 
@@ -132,6 +131,17 @@ def div_mode(a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     return elementwise(lambda x, y: trunc(prims.div(x, y)), a, b)  # like ATen: trunc(a / b)
 
 
+@register(aten.xlogy.Tensor)
+def xlogy(a: Any, b: Any) -> Any:
+    """``x * log(y)``, 0 where x == 0 (a KL divergence's 0 log 0), NaN where y is, as ATen."""
+
+    def formula(x: Any, y: Any) -> Any:
+        out = prims.where(prims.eq(x, 0), 0.0, prims.mul(x, prims.log(y)))
+        return prims.where(prims.ne(y, y), y, out)  # y NaN
+
+    return elementwise(formula, a, b, kind=KIND.INT_TO_FLOAT)
+
+
 @register(aten.trunc.default)
 def trunc(a: Any) -> Any:
     if not a.dtype.is_floating_point:
@@ -159,6 +169,14 @@ def logical_and(a: Any, b: Any) -> Any:
 @register(aten.logical_or.default)
 def logical_or(a: Any, b: Any) -> Any:
     return prims.logical_not(logical_and(logical_not(a), logical_not(b)))
+
+
+@register(aten.bitwise_and.Tensor)
+def bitwise_and(a: Any, b: Any) -> Any:
+    """On bools (masks: xlogy's backward ands two) the logical op; no prim has integer bits."""
+    if is_number(a) or is_number(b) or a.dtype != torch.bool or b.dtype != torch.bool:
+        raise Unsupported("bitwise_and of integers (only of bools)")
+    return logical_and(a, b)
 
 
 @register(aten.pow.Tensor_Scalar)
@@ -242,94 +260,3 @@ def clamp_max(a: Any, max: Any) -> Any:  # noqa: A002
 @register(aten.hardtanh.default)
 def hardtanh(a: Any, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
     return clamp(a, min_val, max_val)
-
-
-# --- activations and their backwards -----------------------------------------------------------
-@register(aten.relu.default)
-def relu(a: Any) -> Any:
-    return prims.maximum(0, a)  # NaN stays NaN, and relu(-0.0) is -0.0 (see clamp)
-
-
-@register(aten.threshold_backward.default)
-def threshold_backward(grad: Any, a: Any, threshold: Any) -> Any:
-    return _zero_where(grad, a, elementwise(prims.le, a, threshold, kind=KIND.ALWAYS_BOOL))
-
-
-@register(aten.hardtanh_backward.default)
-def hardtanh_backward(grad: Any, a: Any, min_val: Any, max_val: Any) -> Any:
-    # The gradient passes only strictly between the bounds (ReLU6's backward in MobileNet).
-    # ATen's kernels disagree on a NaN input: the CPU's vectorised loop computes
-    # (min < x) & (x < max), so NaN gets 0; its scalar loop and CUDA's kernel test
-    # x <= min || x >= max, so NaN passes. We follow the vectorised loop, which eager runs on
-    # all but the tail of a CPU tensor: NaN gets 0.
-    inside = logical_and(gt(a, min_val), lt(a, max_val))
-    return _zero_where(grad, a, prims.logical_not(inside))
-
-
-def _zero_where(grad: Any, a: Any, mask: Any) -> Any:
-    """``grad`` (broadcast with ``a``, in their common dtype) with 0 wherever ``mask`` is set."""
-    computation, _ = elementwise_dtypes(grad, a, kind=KIND.NO_OPMATH)
-    shape = broadcast_shapes(grad.shape, a.shape)
-    grad = broadcast_to(convert(grad, computation), shape)
-    return prims.where(broadcast_to(mask, shape), 0, grad)
-
-
-@register(aten.sigmoid.default)
-def sigmoid(a: Any) -> Any:
-    x, dtype = upcast(a)
-    return convert(prims.reciprocal(prims.add(prims.exp(prims.neg(x)), 1.0)), dtype)
-
-
-@register(aten.sigmoid_backward.default)
-def sigmoid_backward(grad: Any, y: Any) -> Any:
-    return elementwise(lambda g, y: prims.mul(g, prims.mul(y, prims.sub(1.0, y))), grad, y)
-
-
-@register(aten.tanh_backward.default)
-def tanh_backward(grad: Any, y: Any) -> Any:
-    return elementwise(lambda g, y: prims.mul(g, prims.sub(1.0, prims.mul(y, y))), grad, y)
-
-
-@register(aten.silu.default)
-def silu(a: Any) -> Any:
-    x, dtype = upcast(a)
-    return convert(prims.mul(x, sigmoid(x)), dtype)
-
-
-@register(aten.leaky_relu.default)
-def leaky_relu(a: Any, negative_slope: float = 0.01) -> Any:
-    x, dtype = upcast(a)
-    return convert(prims.where(prims.gt(x, 0), x, prims.mul(x, negative_slope)), dtype)
-
-
-@register(aten.gelu.default)
-def gelu(a: Any, approximate: str = "none") -> Any:
-    x, dtype = upcast(a)
-    if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = prims.mul(prims.mul(x, x), x)
-        inner = prims.mul(prims.add(x, prims.mul(cube, 0.044715)), math.sqrt(2 / math.pi))
-        cdf = prims.mul(prims.add(prims.tanh(inner), 1.0), 0.5)
-    else:  # 0.5 x (1 + erf(x / sqrt(2)))
-        cdf = prims.mul(prims.add(prims.erf(prims.mul(x, math.sqrt(0.5))), 1.0), 0.5)
-    return convert(prims.mul(x, cdf), dtype)
-
-
-@register(aten.gelu_backward.default)
-def gelu_backward(grad: Any, a: Any, approximate: str = "none") -> Any:
-    (g, x), dtype = upcast(grad, a)
-    if approximate == "tanh":
-        beta, kappa = math.sqrt(2 / math.pi), 0.044715
-        x_sq = prims.mul(x, x)
-        inner = prims.mul(prims.add(x, prims.mul(prims.mul(x_sq, x), kappa)), beta)
-        t = prims.tanh(inner)
-        left_derivative = prims.mul(prims.add(t, 1.0), 0.5)
-        right_derivative = prims.sub(1.0, prims.mul(t, t))
-        inner_derivative = prims.mul(prims.add(prims.mul(x_sq, 3 * kappa), 1.0), beta)
-        d = prims.mul(prims.mul(prims.mul(x, 0.5), right_derivative), inner_derivative)
-        out = prims.mul(g, prims.add(left_derivative, d))
-    else:  # cdf(x) + x * pdf(x)
-        cdf = prims.mul(prims.add(prims.erf(prims.mul(x, math.sqrt(0.5))), 1.0), 0.5)
-        pdf = prims.mul(prims.exp(prims.mul(prims.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
-        out = prims.mul(g, prims.add(cdf, prims.mul(x, pdf)))
-    return convert(out, dtype)
-
