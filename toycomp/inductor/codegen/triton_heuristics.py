@@ -12,6 +12,8 @@ symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64`
     ({'XBLOCK': 1024, 'num_warps': 4}, False)
     >>> reduction_blocks(128, 37)  # a reduction over a symbolic rnumel, this call: 128 x 37
     {'XBLOCK': 64, 'RBLOCK': 64, 'num_warps': 8}
+    >>> reduction_blocks(8192, 4096)  # the longest persistent rows: one a program, 16 warps
+    {'XBLOCK': 1, 'RBLOCK': 4096, 'num_warps': 16}
     >>> reduction_blocks(128, 100_000)  # too long a row for registers: the looped variant
     {'XBLOCK': 1, 'RBLOCK': 1024, 'num_warps': 2}
     >>> reduction_blocks(4096, 128, outer=True)  # a column sum's partials: a wide, short tile
@@ -110,6 +112,15 @@ def kernel_hint(kernel: ir.Kernel) -> ReductionHint:
     return reduction_hint(loads, indexing.x, indexing.r)
 
 
+# [Note: 16 warps for the longest rows]
+# A persistent row of PERSISTENT_MAX_RNUMEL = 4096 floats, one per program, leaves each thread
+# 16 floats to hold across the row's reductions with 8 warps, 8 with 16 warps. On the H100
+# (issue 9's rows, 8192 x 4096, two runs each, the warps alternating) the softmax forward went
+# from 95.3-95.7 to 94.2-94.3 us (1.02 -> 1.00-1.01 of Inductor's time) and layer_norm's from
+# 93.4-93.5 to 94.1-94.8 us (1.00 -> 1.01): a trade, taken for the worse of the two rows.
+LONGEST_ROW_WARPS = 16
+
+
 def reduction_blocks(numel: int | None, rnumel: int, outer: bool = False) -> dict[str, int]:
     """Block sizes of a reduction of ``numel`` rows (None: unknown) of ``rnumel`` elements,
     ``outer``: contiguous along the rows (a column sum); for a symbolic rnumel the generated
@@ -123,6 +134,8 @@ def reduction_blocks(numel: int | None, rnumel: int, outer: bool = False) -> dic
         xblock = max(1, BLOCK_ELEMENTS // rblock)
         if numel is not None:
             xblock = min(next_power_of_2(numel), xblock)
+        if rblock == PERSISTENT_MAX_RNUMEL:  # see [Note: 16 warps for the longest rows]
+            return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": LONGEST_ROW_WARPS}
     else:
         rblock, xblock = LOOPED_RBLOCK, 1
     return _reduction_meta(xblock, rblock)
