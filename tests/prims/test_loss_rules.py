@@ -1,4 +1,4 @@
-"""Tests for toycomp.prims.loss_rules (and ``xlogy``): the elementwise losses and their backwards
+"""Tests for toycomp.prims.loss_rules (and ``xlogy``, ``linalg_vector_norm``): the elementwise losses and their backwards
 decompose (no eager fallback), and compiled losses and gradients match eager's for every
 reduction, on differences at the branch bounds, NaN and infinite inputs, with and without
 weights. Eager PyTorch is the oracle."""
@@ -77,3 +77,24 @@ def test_xlogy_zero_times_log_zero_and_nan():
     y = torch.tensor([0.0, _nan, 5.0, 0.0, 3.0, 1.0, _inf, -1.0, 2.0] * 4)
     got = toycomp.compile(torch.xlogy, backend="cpp")(x, y)
     torch.testing.assert_close(got, torch.xlogy(x, y), rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("order", [2, 1, _inf, -_inf, 0, 3, 0.5])
+def test_vector_norms_and_gradients_like_eager(order):
+    """linalg_vector_norm (nn_rules.py): a row of zeros (whose 2-norm's gradient eager masks to
+    0), one with a NaN, one with an infinity, and ordinary rows; keepdim on and off."""
+    torch.manual_seed(0)
+    x0 = torch.randn(6, 40)
+    x0[0], x0[1, 3], x0[2, 5] = 0.0, _nan, _inf
+    for keepdim in (False, True):
+        fn = lambda x: torch.linalg.vector_norm(x, order, dim=1, keepdim=keepdim)  # noqa: E731
+        outs = []
+        for f in (fn, toycomp.compile(fn, backend="cpp")):
+            x = x0.clone().requires_grad_()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                out = f(x)
+                out.sum().backward()
+            outs.append((out.detach(), x.grad))
+        for g, w in zip(*outs, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)

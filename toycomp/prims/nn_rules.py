@@ -204,6 +204,29 @@ def std(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = Fals
     return prims.sqrt(var(a, dim, correction=correction, keepdim=keepdim))
 
 
+@register(aten.linalg_vector_norm.default)
+def linalg_vector_norm(a: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+                       dtype: Any = None) -> Any:  # fmt: skip
+    """The ``ord``-norm over ``dim``: sqrt(sum x^2), sum |x|, max |x|, (sum |x|^p)^(1/p)..."""
+    if not a.dtype.is_floating_point or (dtype is not None and not dtype.is_floating_point):
+        raise Unsupported(f"vector norm of {dtype or a.dtype}")  # eager's error, at run time
+    if math.isinf(ord) and any(a.shape[d] == 0 for d in reduction_dims(a, dim)):
+        raise Unsupported("an inf-norm over an empty dim")  # eager's error, at run time
+    x, out_dtype = upcast(convert(a, dtype))
+    magnitude = prims.abs(x)
+    if math.isinf(ord):
+        out = reduce(prims.amax if ord > 0 else prims.amin, magnitude, dim, keepdim)
+    elif ord == 0:  # the count of non-zeros
+        out = reduce(prims.sum, convert(prims.ne(x, 0), x.dtype), dim, keepdim)
+    elif ord == 1:
+        out = reduce(prims.sum, magnitude, dim, keepdim)
+    elif ord == 2:
+        out = prims.sqrt(reduce(prims.sum, prims.mul(x, x), dim, keepdim))
+    else:
+        out = prims.pow(reduce(prims.sum, prims.pow(magnitude, ord), dim, keepdim), 1.0 / ord)
+    return convert(out, out_dtype)
+
+
 # --- normalization -----------------------------------------------------------------------------
 # [Note: layer norm]
 # ``native_layer_norm`` returns three tensors: the output, and the mean and 1/std of each row,

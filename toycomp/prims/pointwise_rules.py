@@ -131,6 +131,13 @@ def div_mode(a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     return elementwise(lambda x, y: trunc(prims.div(x, y)), a, b)  # like ATen: trunc(a / b)
 
 
+@register(aten.isnan.default)
+def isnan(a: Any) -> Any:  # NaN is the one value unequal to itself (no -ffast-math: cache.py)
+    if not a.dtype.is_floating_point:
+        return prims.full(list(a.shape), False, torch.bool, a.device)
+    return prims.ne(a, a)
+
+
 @register(aten.xlogy.Tensor)
 def xlogy(a: Any, b: Any) -> Any:
     """``x * log(y)``, 0 where x == 0 (a KL divergence's 0 log 0), NaN where y is, as ATen."""
