@@ -75,3 +75,20 @@ def test_expm1_keeps_the_digits_near_zero():
     assert ulps[: len(tiny)].max() <= 4, ulps
     assert torch.equal(got[len(tiny):], want[len(tiny):]), (got, want)
     assert torch.equal(got.signbit(), want.signbit())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["elu", "hardswish", "hardsigmoid", "leaky_relu", "relu6"])
+def test_backward_at_nan_and_bounds_follows_cuda_eager(name):
+    """[Note: each device's kernel at NaN]: on CUDA, the gradient at a NaN or at a bound
+    exactly is CUDA eager's, which differs from the CPU's vector loop for elu, hardswish and
+    hardtanh (relu6)."""
+    fn = {"relu6": F.relu6}.get(name) or ACTIVATIONS[name]
+    x0 = torch.tensor([_nan, 3.0, -3.0, 0.0, -0.0, 6.0, 1.0, -1.0] * 16, device="cuda")
+    grad = torch.arange(1.0, 129.0, device="cuda")
+    grads = []
+    for f in (fn, toycomp.compile(fn)):
+        x = x0.clone().requires_grad_()
+        f(x).backward(grad)
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=0, equal_nan=True)

@@ -35,7 +35,7 @@ from toycomp.prims.helpers import (
     upcast,
 )
 from toycomp.prims.decomp_table import register
-from toycomp.prims.pointwise_rules import gt, logical_and, lt
+from toycomp.prims.pointwise_rules import ge, gt, le, logical_and, logical_or, lt
 
 aten = torch.ops.aten
 
@@ -53,12 +53,24 @@ def threshold_backward(grad: Any, a: Any, threshold: Any) -> Any:
 @register(aten.hardtanh_backward.default)
 def hardtanh_backward(grad: Any, a: Any, min_val: Any, max_val: Any) -> Any:
     # The gradient passes only strictly between the bounds (ReLU6's backward in MobileNet).
-    # ATen's kernels disagree on a NaN input: the CPU's vectorised loop computes
-    # (min < x) & (x < max), so NaN gets 0; its scalar loop and CUDA's kernel test
-    # x <= min || x >= max, so NaN passes. We follow the vectorised loop, which eager runs on
-    # all but the tail of a CPU tensor: NaN gets 0.
-    inside = logical_and(gt(a, min_val), lt(a, max_val))
-    return _zero_where(grad, a, prims.logical_not(inside))
+    # At a NaN x the kernels disagree (see [Note: each device's kernel at NaN]): the CPU's
+    # vector loop computes (min < x) & (x < max), so NaN gets 0; CUDA's tests
+    # x <= min || x >= max, so NaN passes.
+    if on_cpu(a):
+        blocked = prims.logical_not(logical_and(gt(a, min_val), lt(a, max_val)))
+    else:
+        blocked = logical_or(le(a, min_val), ge(a, max_val))
+    return _zero_where(grad, a, blocked)
+
+
+# [Note: each device's kernel at NaN]
+# Some of ATen's backward kernels pick a branch with comparisons that a NaN (or an input exactly
+# at a bound) answers differently from one kernel to the next: the CPU's vector loop, which
+# runs all of a tensor but its last few elements, and CUDA's kernel. toycomp follows the kernel
+# of the device the graph runs on, the CPU's vector loop on the CPU, so eager on the same device
+# is the oracle. (The CPU's scalar tail, a few elements, agrees with CUDA's kernel.)
+def on_cpu(a: Any) -> bool:
+    return a.device.type == "cpu"
 
 
 def _zero_where(grad: Any, a: Any, mask: Any) -> Any:
@@ -189,9 +201,11 @@ def elu_backward(grad: Any, alpha: Any, scale: Any, input_scale: Any, is_result:
         else:
             e = prims.exp(prims.mul(x, input_scale))
             negative = prims.mul(prims.mul(prims.mul(g, input_scale), alpha * scale), e)
-        # A NaN x: ATen's CPU vector loop tests x > 0 (NaN: the NaN branch), its scalar tail
-        # and CUDA x <= 0 (NaN: g * scale). As for hardtanh_backward, the vector loop's.
-        return prims.where(prims.gt(x, 0), prims.mul(g, scale), negative)
+        # A NaN x ([Note: each device's kernel at NaN]): the CPU's vector loop tests x > 0
+        # (NaN: the NaN branch), CUDA's x <= 0 (NaN: g * scale)
+        if on_cpu(x):
+            return prims.where(prims.gt(x, 0), prims.mul(g, scale), negative)
+        return prims.where(prims.le(x, 0), negative, prims.mul(g, scale))
 
     return elementwise(formula, grad, self_or_result)
 
@@ -267,11 +281,14 @@ def hardswish(a: Any) -> Any:
 
 @register(aten.hardswish_backward.default)
 def hardswish_backward(grad: Any, a: Any) -> Any:
-    # ATen's CPU vector loop: x <= -3 ? 0 : x >= 3 ? g : g * (x / 3 + 0.5), so a NaN gets NaN
-    # and g passes whole at 3 (its scalar tail: x < -3 ? 0 : x <= 3 ? middle : g). The loop's.
+    # [Note: each device's kernel at NaN]: the CPU's vector loop computes
+    # x <= -3 ? 0 : x >= 3 ? g : g * (x / 3 + 0.5), so a NaN gets NaN and g passes whole at 3;
+    # CUDA's x <= -3 ? 0 : x < 3 ? g * (x / 3 + 0.5) : g, so a NaN gets g.
     def formula(g: Any, x: Any) -> Any:
         middle = prims.mul(g, prims.add(prims.div(x, 3.0), 0.5))
-        return prims.where(prims.le(x, -3.0), 0, prims.where(prims.ge(x, 3.0), g, middle))
+        if on_cpu(x):
+            return prims.where(prims.le(x, -3.0), 0, prims.where(prims.ge(x, 3.0), g, middle))
+        return prims.where(prims.le(x, -3.0), 0, prims.where(prims.lt(x, 3.0), middle, g))
 
     return elementwise(formula, grad, a)
 
