@@ -186,6 +186,18 @@ def unbind(a: Any, dim: int = 0) -> list[Any]:
     return [select(a, dim, i) for i in range(a.shape[normalize_dim(dim, a.ndim)])]
 
 
+@register(aten.repeat.default)
+def repeat(a: Any, repeats: Sequence[int]) -> Any:
+    """Tiles: ``a`` broadcast into ``[r0, s0, r1, s1, ...]`` (its dims at the odd places), then
+    read as ``[r0 * s0, r1 * s1, ...]``: element ``i * s + j`` of a dim is ``a``'s ``j``."""
+    if len(repeats) < a.ndim:
+        raise Unsupported("repeat with fewer repeats than the tensor has dims")  # eager raises
+    shape = [1] * (len(repeats) - a.ndim) + list(a.shape)
+    tiled = [n for r, s in zip(repeats, shape) for n in (r, s)]
+    spread = prims.broadcast_in_dim(reshape(a, shape), tiled, list(range(1, len(tiled), 2)))
+    return reshape(spread, [r * s for r, s in zip(repeats, shape)])
+
+
 # --- scatters: a mask along one dim (iota + eq + where) puts each piece in its place --------------
 # [Note: scatters without a scatter prim]
 # No prim writes a tensor at an offset: Inductor decomposes ``cat`` into ``constant_pad_nd`` and
