@@ -73,6 +73,8 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "mish_backward": ["nn.functional.mish"],
     "mse_loss_backward": ["nn.functional.mse_loss"],
     "native_batch_norm_backward": ["nn.functional.batch_norm", "native_batch_norm"],
+    "native_group_norm": ["nn.functional.group_norm"],
+    "native_group_norm_backward": ["nn.functional.group_norm"],
     "native_layer_norm": ["nn.functional.layer_norm"],
     "native_layer_norm_backward": ["native_layer_norm", "nn.functional.layer_norm"],
     "nll_loss_backward": ["nn.functional.nll_loss"],

@@ -66,6 +66,7 @@ OPINFO_ALIASES = {
     "hardsigmoid": ["nn.functional.hardsigmoid"], "mish": ["nn.functional.mish"],
     "log_sigmoid_forward": ["nn.functional.logsigmoid"],
     "smooth_l1_loss": ["nn.functional.smooth_l1_loss"], "huber_loss": ["nn.functional.huber_loss"],
+    "native_group_norm": ["nn.functional.group_norm"],
     "bitwise_and": [],  # of bools only (OpInfo's samples are ints): test_loss_rules' kl_div
 }  # fmt: skip
 GRAD_OPINFOS = {
@@ -84,6 +85,7 @@ GRAD_OPINFOS = {
     "hardswish_backward": "nn.functional.hardswish",
     "smooth_l1_loss_backward": "nn.functional.smooth_l1_loss",
     "huber_loss_backward": "nn.functional.huber_loss",
+    "native_group_norm_backward": "nn.functional.group_norm",
 }  # fmt: skip
 UNINITIALIZED = {"empty", "empty_like", "new_empty"}  # values are arbitrary: nothing to compare
 MAX_SAMPLES = 3  # keeps the whole file near 20 s on a 2-core machine

@@ -19,7 +19,7 @@ A decomposition is an ordinary Python function registered for one or more ATen o
 written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` (in
 ``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise), ``activation_rules.py``
 (activations and their backwards), ``loss_rules.py`` (elementwise losses), ``nn_rules.py``
-(softmax, nll_loss, matmuls, reductions, layer norm), ``norm_rules.py`` (batch norm),
+(softmax, nll_loss, matmuls, reductions, layer norm), ``norm_rules.py`` (batch and group norm),
 ``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
 promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each one under
 ``prims.tracing(tracer)``: the prims it calls become FX nodes (the tracer, ``DecompTracer``, and

@@ -1,4 +1,4 @@
-"""Stage 3b, the table (batch norm): ATen -> prims decompositions of BatchNorm and its backward.
+"""Stage 3b, the table (batch and group norm): ATen -> prims decompositions, with backwards.
 
 Input IR -> output IR: like ``nn_rules.py``, each function takes an ATen op's arguments
 (``Proxy`` objects while ``decompose`` traces, or real tensors) and returns its results computed
@@ -30,7 +30,14 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.decomp_table import Unsupported, register
-from toycomp.prims.helpers import convert, corrected_moments, expand_back, get_computation_dtype
+from toycomp.prims.helpers import (
+    convert,
+    corrected_moments,
+    expand_back,
+    get_computation_dtype,
+    reshape,
+)
+from toycomp.prims.nn_rules import native_layer_norm, native_layer_norm_backward
 
 aten = torch.ops.aten
 
@@ -238,3 +245,59 @@ def _grad_input(
     proj = prims.mul(centered, _per_channel(proj_scale, shape))
     diff = prims.sub(prims.sub(g, proj), _per_channel(grad_mean, shape))
     return prims.mul(diff, _per_channel(scale, shape))
+
+
+# --- group norm: a layer norm over each group of channels ----------------------------------------
+# GroupNorm normalises each sample's channels in ``group`` groups: viewed as (N, group, K) with
+# K = C / group * HxW, that is a layer norm over the last dim (with its exact moments, [Note:
+# the corrected two-pass moments]), followed by a per-channel weight and bias. Its backward is
+# layer norm's for the input and batch norm's sums over all dims but the channels for the
+# parameters.
+def _groups(n: Any, c: Any, hxw: Any, group: int) -> list[Any]:
+    """The (N, group, K) view of a group norm's input."""
+    return [n, group, c // group * hxw]
+
+
+@register(aten.native_group_norm.default)
+def native_group_norm(a: Any, weight: Any, bias: Any, n: Any, c: Any, hxw: Any, group: int,
+                      eps: float) -> tuple[Any, Any, Any]:  # fmt: skip
+    computation = get_computation_dtype(a.dtype)
+    x = convert(a, computation)
+    shape = _groups(n, c, hxw, group)
+    out, mean, rstd = native_layer_norm(reshape(x, shape), shape[-1:], None, None, eps)
+    out = reshape(out, list(a.shape))
+    if weight is not None:
+        out = prims.mul(out, _per_channel(convert(weight, computation), a.shape))
+    if bias is not None:
+        out = prims.add(out, _per_channel(convert(bias, computation), a.shape))
+    mean, rstd = (convert(reshape(s, [n, group]), a.dtype) for s in (mean, rstd))
+    return convert(out, a.dtype), mean, rstd
+
+
+@register(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out: Any, a: Any, mean: Any, rstd: Any, weight: Any, n: Any,
+                               c: Any, hxw: Any, group: int, output_mask: Sequence[bool]
+                               ) -> tuple[Any, Any, Any]:  # fmt: skip
+    if a.numel() == 0:
+        raise Unsupported("native_group_norm_backward of an empty tensor")
+    computation = get_computation_dtype(a.dtype)
+    g, x = convert(grad_out, computation), convert(a, computation)
+    shape = _groups(n, c, hxw, group)
+    stats = [reshape(convert(s, computation), [n, group, 1]) for s in (mean, rstd)]
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g_hat = g if weight is None else prims.mul(g, _per_channel(convert(weight, computation),
+                                                                   a.shape))  # fmt: skip
+        d_input, _, _ = native_layer_norm_backward(reshape(g_hat, shape), reshape(x, shape),
+                                                   shape[-1:], *stats, None, None,
+                                                   [True, False, False])  # fmt: skip
+        grad_input = convert(reshape(d_input, list(a.shape)), a.dtype)
+    others = [d for d in range(a.ndim) if d != 1]
+    if output_mask[1] and weight is not None:
+        grouped = [prims.broadcast_in_dim(s, shape, [0, 1, 2]) for s in stats]
+        x_hat = prims.mul(prims.sub(reshape(x, shape), grouped[0]), grouped[1])
+        dot = prims.sum(prims.mul(g, reshape(x_hat, list(a.shape))), others)
+        grad_weight = convert(dot, weight.dtype)
+    if output_mask[2]:
+        grad_bias = convert(prims.sum(g, others), a.dtype if weight is None else weight.dtype)
+    return grad_input, grad_weight, grad_bias
