@@ -44,16 +44,13 @@ def _norm(a: Any, reduction: int) -> float:
 
 @register(aten.mse_loss.default)
 def mse_loss(a: Any, target: Any, reduction: int = 1) -> Any:
-    diff = elementwise(prims.sub, a, target)
-    squared = elementwise(lambda d: prims.mul(d, d), diff)
-    return _reduce(squared, reduction)
+    return _reduce(elementwise(lambda d: prims.mul(d, d), sub(a, target)), reduction)
 
 
 @register(aten.mse_loss_backward.default)
 def mse_loss_backward(grad: Any, a: Any, target: Any, reduction: int) -> Any:
-    scale = 2 / a.numel() if reduction == 1 else 2
-    diff = elementwise(prims.sub, a, target)
-    return elementwise(lambda g, d: prims.mul(prims.mul(d, scale), g), grad, diff)
+    scale = 2 * _norm(a, reduction)
+    return elementwise(lambda g, d: prims.mul(prims.mul(d, scale), g), grad, sub(a, target))
 
 
 @register(aten.smooth_l1_loss.default)
