@@ -309,6 +309,13 @@ def empty_strided_cuda(size, stride, dtype, device=None):  # inductor/wrapper.py
     return torch._C._dynamo.guards._empty_strided_cuda(size, stride, dtype)
 
 
+def clear_cublas_workspaces() -> None:  # inductor/cudagraphs.py: around each capture
+    """Free cuBLAS's cached workspaces (one per handle and stream), so the next matmul
+    allocates a new one: inside a capture, from the graph's own pool (Inductor's
+    ``clear_cublass_cache`` in cudagraph_trees.py)."""
+    torch._C._cuda_clearCublasWorkspaces()
+
+
 def tensor_guards(tensors: list) -> tuple:  # capture/guard_check.py: a model's tensor guards
     """``(check, why)``: ``check(*ts)`` is whether tensors ``ts`` have the exact Python types,
     dispatch keys, dtypes, devices, requires_grad, sizes and strides of ``tensors``, in one C++

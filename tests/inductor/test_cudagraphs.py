@@ -237,3 +237,34 @@ def test_graph_without_kernels_is_left_alone(device):
             check_step(model, ref, f, *batch(device, seed))
     assert not [w for w in caught if "reduce-overhead" in str(w.message)]
     assert len(f.entries) >= 2 and len(runners(f)) == 2  # forward and backward of graph 1
+
+
+# --- memory the graph does not own -------------------------------------------------------
+CLEARED_WORKSPACE = """
+import torch, toycomp
+f = toycomp.compile(lambda x, w: torch.relu(x @ w) * 2, mode="reduce-overhead")
+w = torch.randn(256, 256, device="cuda")
+for _ in range(3):  # warm-up, capture, replay
+    f(torch.randn(64, 256, device="cuda"), w)
+# what Inductor's CUDA graphs do before each recording, and torch.cuda.graph after
+torch._C._cuda_clearCublasWorkspaces()
+torch.cuda.empty_cache()
+fill = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(64)]  # reuse freed memory
+x = torch.randn(64, 256, device="cuda")
+torch.testing.assert_close(f(x, w), torch.relu(x @ w) * 2)
+assert all(bool((t == 7).all()) for t in fill), "a replay wrote into other tensors"
+print("OK")
+"""
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_replay_after_cublas_workspaces_are_cleared():
+    """A captured matmul uses a workspace in the graph's own pool, not cuBLAS's cached one:
+    clearing cuBLAS's cache (as Inductor's CUDA graphs do) must leave replays correct. In a
+    subprocess: an illegal address would end the CUDA context of the test session."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CLEARED_WORKSPACE], capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from toycomp._torch_compat import clear_cublas_workspaces
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.runtime import _may_overlap, resolve_extern
 from toycomp.inductor.wrapper import CompiledGraph
@@ -64,6 +65,14 @@ MODES = (None, "default", "reduce-overhead", "max-autotune")
 #   output that is a view of an input is rebuilt as a view of this call's input (not cloned).
 #   The wrapper never writes into its inputs on CUDA (no in-place reuse there:
 #   memory_planning.py), so capturing parameters in place is safe.
+# * cuBLAS's workspace: a matmul reads and writes a scratch buffer that cuBLAS allocates once
+#   per stream and keeps. Had the warm-up made it, the graph would keep its address while the
+#   buffer belongs to cuBLAS's cache, which anyone may clear (Inductor's CUDA graphs do before
+#   each recording; so does ``torch.cuda.graph``'s ``empty_cache`` after them): a later replay
+#   would read freed memory (an illegal address) or scribble on a tensor reallocated there
+#   (silently wrong). So each capture clears the cache first and after (as Inductor does):
+#   the capture's matmuls allocate a workspace in the graph's own pool, which lives as long
+#   as the graph.
 # * Refused, with one warning per reason: CPU graphs; symbolic sizes (one graph per size would
 #   be needed: Inductor records one per distinct size); inputs on another device (a CPU scalar
 #   would be captured as a constant); a non-tensor input that changes (it was baked in); a
@@ -205,9 +214,13 @@ class CUDAGraphRunner:
         """Record one call on ``static_inputs`` into ``self.graph`` (nothing runs); its outputs
         are the buffers of the graph's pool that each replay writes."""
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(self.device):
-            with torch.cuda.graph(self.graph, stream=capture_stream(self.device)):
-                return self.compiled.call_boxed(list(static_inputs))
+        clear_cublas_workspaces()  # (see the Note: cuBLAS's workspace)
+        try:
+            with torch.cuda.device(self.device):
+                with torch.cuda.graph(self.graph, stream=capture_stream(self.device)):
+                    return self.compiled.call_boxed(list(static_inputs))
+        finally:  # the next matmul outside the capture must not use the graph's workspace
+            clear_cublas_workspaces()
 
     def record(self, args: list) -> list:
         """Capture the graph on static inputs (``self.in_place`` ones are ``args``' own), then
