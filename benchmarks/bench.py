@@ -20,7 +20,8 @@ CPU-sized inputs on the CPU. For each row and each of eager, ``torch.compile`` a
    1e-4 / atol 1e-5, or within 1e-4 of eager relative to its norm); a row that differs is
    marked FAILED and not timed, one that raises is marked error;
 2. device time and per-call time, the compilers' steps taking turns in five rounds (the median
-   of the rounds; the host's speed drifts), and peak memory (benchmarks/timing.py says how; on
+   of the rounds; the host's speed drifts; fifteen for a host-bound row: [Note: rounds of a
+   host-bound step] in workloads.py), and peak memory (benchmarks/timing.py says how; on
    the CPU the two times are two medians of single calls, so their difference shows how noisy
    the machine was: other processes on a 2-core machine make it very noisy, and
    ``OMP_NUM_THREADS=1`` makes it less so);
@@ -150,9 +151,11 @@ def time_in_turns(case: Case, compiled: dict, results: dict, device: str, budget
     """Time the checked compilers' steps, taking turns (``timing.in_turns``): each one's median
     over the rounds, and every round's figure; then peak memory and compile time."""
     steps = {compiler: case.step_of(fn) for compiler, (fn, _) in compiled.items()}
-    share = budget_s / timing.ROUNDS
-    device_s = timing.in_turns(steps, lambda step: timing.device_seconds(step, device, share))
-    call_s = timing.in_turns(steps, lambda step: timing.per_call_seconds(step, device, share))
+    share = budget_s / timing.ROUNDS  # a round's time; a host-bound row takes more rounds
+    device_s = timing.in_turns(steps, lambda step: timing.device_seconds(step, device, share),
+                               case.rounds)  # fmt: skip
+    call_s = timing.in_turns(steps, lambda step: timing.per_call_seconds(step, device, share),
+                             case.rounds)  # fmt: skip
     for compiler, (fn, first_s) in compiled.items():
         out = results[compiler]
         out["device_s"] = statistics.median(device_s[compiler])

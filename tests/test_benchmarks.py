@@ -129,6 +129,29 @@ def test_a_rows_compilers_are_checked_then_take_turns(monkeypatch):
         assert row[compiler]["device_s_rounds"] == [1.0] * timing.ROUNDS
 
 
+def test_a_host_bound_row_takes_more_rounds_of_the_same_length(monkeypatch):
+    """The course MLP row ([Note: rounds of a host-bound step]): HOST_BOUND_ROUNDS rounds of
+    device time and of per-call time for each compiler, each given a round's usual budget."""
+    import timing
+
+    from workloads import HOST_BOUND_ROUNDS
+
+    case = row_named("course MLP train step").case("cpu", quick=True)
+    budgets = []
+
+    def measure(step, device, budget):
+        budgets.append(budget)
+        return 1.0
+
+    monkeypatch.setattr(timing, "device_seconds", measure)
+    monkeypatch.setattr(timing, "per_call_seconds", measure)
+    row = bench.bench_row(case, "cpu", 0.5)
+    assert case.rounds == HOST_BOUND_ROUNDS > timing.ROUNDS
+    assert budgets == [0.5 / timing.ROUNDS] * (2 * HOST_BOUND_ROUNDS * len(bench.COMPILERS))
+    for compiler in bench.COMPILERS:
+        assert len(row[compiler]["call_s_rounds"]) == HOST_BOUND_ROUNDS
+
+
 def test_a_models_steps_are_checked_then_timed_in_one_process(monkeypatch):
     """``models.time_model`` without torchvision: a small convolutional net stands in."""
     import models
