@@ -110,8 +110,9 @@ def test_softmax(backend, rows, cols):
         assert ("for roffset in range" in src) == (cols > triton.PERSISTENT_MAX_RNUMEL)
 
 
-def test_streamed_loads_are_evicted_first():
-    """[Note: eviction policy]: a reduction's load along r that no later loop repeats."""
+def test_eviction_hints_of_reduction_loads():
+    """[Note: eviction policy]: a looped reduction's load along r that no later loop repeats is
+    evicted first; a persistent reduction's row is evicted last; a weight keeps the default."""
     def loads(kernel):
         return [line.strip() for line in triton.generate(kernel).source.splitlines()
                 if "tl.load(" in line]  # fmt: skip
@@ -126,8 +127,13 @@ def test_streamed_loads_are_evicted_first():
     assert "eviction_policy='evict_first'" in last, last
     (pointwise,) = loads(sincos_kernel(1000))
     assert "evict" not in pointwise
-    persistent = loads(softmax_kernel(3, 1000))  # a row in registers: nothing to stream
-    assert persistent and not any("evict" in line for line in persistent), persistent
+    persistent = loads(softmax_kernel(3, 1000))  # a row read once, into registers
+    assert persistent and all("eviction_policy='evict_last'" in line for line in persistent)
+    short_dot = Kernel("kernel_3", 8, 1000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
+                       Op("mul", (Load("arg0", r + 1000 * x, F32), Load("arg1", r, F32)), F32),
+                       F32),)),), (("arg0", F32), ("arg1", F32)), ("mul", "sum"))  # fmt: skip
+    rows, weight = loads(short_dot)
+    assert "evict_last" in rows and "evict" not in weight, (rows, weight)
     # a weight read by every row (its index has no x) is kept, its rows streamed
     scaled = Op("mul", (Load("arg0", r + 5000 * x, F32), Load("arg1", r, F32)), F32)
     row_dot = Kernel("kernel_2", 8, 5000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,

@@ -67,12 +67,12 @@ from toycomp.inductor.codegen.triton_heuristics import (
     PERSISTENT_MAX_RNUMEL,
     block_sizes,
     candidate_configs,
+    eviction_policy,
     index_dtype,
     index_dtype_arg,
     kernel_hint,
     python_size,
     reduction_blocks,  # noqa: F401  (the wrapper's namespace takes it from here)
-    streamed,
 )
 from toycomp.inductor.codegen.triton_helpers import (
     HELPERS,
@@ -101,7 +101,7 @@ class TritonKernelCodegen(KernelCodegen):
         self.name = f"{kernel.name}_looped" if variant else kernel.name
         self.int64_index = index_dtype(kernel, self.blocks, self.is_reduction)
         self.load_masks: dict | None = None  # see codegen_loop and masked_loads.py
-        self.loaded_later: set[str] = set()  # buffers a later loop loads (see streamed)
+        self.loaded_later: set[str] = set()  # buffers a later loop loads (eviction_policy)
 
     # --- shapes and masks -----------------------------------------------------------------------
     def shape(self, with_r: bool) -> str:
@@ -148,8 +148,9 @@ class TritonKernelCodegen(KernelCodegen):
         if "rmask" in mask or terms:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
         looped, again = self.in_r_loop and not self.persistent, buffer in self.loaded_later
-        if streamed(index, looped, again):  # [Note: eviction policy] in triton_heuristics.py
-            other += ", eviction_policy='evict_first'"
+        policy = eviction_policy(index, looped, self.persistent, again)
+        if policy:  # [Note: eviction policy] in triton_heuristics.py
+            other += f", eviction_policy='{policy}'"
         load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
         code = triton_widen(load, self.dtypes[buffer])
         return self.cse.generate(section, code, self.dtypes[buffer])

@@ -12,8 +12,8 @@ symbolic ones, by the wrapper at each call (``reduction_blocks``, ``INDEX_INT64`
     ({'XBLOCK': 1024, 'num_warps': 4}, False)
     >>> reduction_blocks(128, 37)  # a reduction over a symbolic rnumel, this call: 128 x 37
     {'XBLOCK': 64, 'RBLOCK': 64, 'num_warps': 8}
-    >>> reduction_blocks(8192, 4096)  # the longest persistent rows: one a program, 16 warps
-    {'XBLOCK': 1, 'RBLOCK': 4096, 'num_warps': 16}
+    >>> reduction_blocks(8192, 4096)  # the longest persistent rows: one a program
+    {'XBLOCK': 1, 'RBLOCK': 4096, 'num_warps': 8}
     >>> reduction_blocks(128, 100_000)  # too long a row for registers: the looped variant
     {'XBLOCK': 1, 'RBLOCK': 1024, 'num_warps': 2}
     >>> reduction_blocks(4096, 128, outer=True)  # a column sum's partials: a wide, short tile
@@ -112,15 +112,6 @@ def kernel_hint(kernel: ir.Kernel) -> ReductionHint:
     return reduction_hint(loads, indexing.x, indexing.r)
 
 
-# [Note: 16 warps for the longest rows]
-# A persistent row of PERSISTENT_MAX_RNUMEL = 4096 floats, one per program, leaves each thread
-# 16 floats to hold across the row's reductions with 8 warps, 8 with 16 warps. On the H100
-# (issue 9's rows, 8192 x 4096, two runs each, the warps alternating) the softmax forward went
-# from 95.3-95.7 to 94.2-94.3 us (1.02 -> 1.00-1.01 of Inductor's time) and layer_norm's from
-# 93.4-93.5 to 94.1-94.8 us (1.00 -> 1.01): a trade, taken for the worse of the two rows.
-LONGEST_ROW_WARPS = 16
-
-
 def reduction_blocks(numel: int | None, rnumel: int, outer: bool = False) -> dict[str, int]:
     """Block sizes of a reduction of ``numel`` rows (None: unknown) of ``rnumel`` elements,
     ``outer``: contiguous along the rows (a column sum); for a symbolic rnumel the generated
@@ -134,8 +125,6 @@ def reduction_blocks(numel: int | None, rnumel: int, outer: bool = False) -> dic
         xblock = max(1, BLOCK_ELEMENTS // rblock)
         if numel is not None:
             xblock = min(next_power_of_2(numel), xblock)
-        if rblock == PERSISTENT_MAX_RNUMEL:  # see [Note: 16 warps for the longest rows]
-            return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": LONGEST_ROW_WARPS}
     else:
         rblock, xblock = LOOPED_RBLOCK, 1
     return _reduction_meta(xblock, rblock)
@@ -323,12 +312,32 @@ def python_size(size) -> str:
 # reduction, a buffer the next loop of the kernel re-reads). Inductor marks the loads of
 # looped reductions the same way (TritonKernel.load). Measured on an H100 with the L2 cleared
 # between calls (triton.testing.do_bench), the 4096 x 4096 column sum took 33 us instead of
-# 37 us (Inductor 35 us). Not in persistent reductions: there a row sits in registers, and
-# marking layer_norm's second read of its row made it 6% slower (99 us against 93 us).
-# Triton's interpreter ignores the hint.
-def streamed(index: sympy.Expr, looped_r: bool, loaded_again: bool) -> bool:
-    """Whether a load reads each element once: in the loop over r of a looped reduction
-    (``looped_r``), at an index that moves with both r and x (not a weight ``w[r]`` that
-    every row reads), and not ``loaded_again`` by a later loop of the kernel."""
-    moves = {indexing.x, indexing.r} <= sympy.sympify(index).free_symbols
-    return looped_r and moves and not loaded_again
+# 37 us (Inductor 35 us).
+# A persistent reduction is the other way round: its row is read once, into registers, and
+# marking that load `evict_last` made the softmax and layer_norm forwards on 8192 x 4096 faster
+# on the H100 (9 rounds, the variants taking turns: 95.6 -> 92.9 us and 95.5 -> 92.8 us, with
+# 8 warps; Inductor 94.5 and 93.4 us, whose fastest config for these rows is a one-step loop
+# whose load is marked `evict_last` too), and `evict_first` made them 3% slower. A likely
+# reason: do_bench's clearing, like the kernel before it in a real step, leaves the L2 full
+# of dirty lines, and the hint lets the row's lines, not those, wait to be replaced. With
+# the hint, 16 warps on a row of 4096 were 0.6 us slower than 8. Triton's interpreter
+# ignores the hint.
+def eviction_policy(index: sympy.Expr, looped_r: bool, persistent: bool, loaded_again: bool
+                    ) -> str | None:  # fmt: skip
+    """The eviction hint of a load in a reduction (None: the default): ``evict_first`` for a
+    load that streams through the loop over r of a looped reduction (``looped_r``) and that no
+    later loop reads (``loaded_again``), ``evict_last`` for the row of a ``persistent`` one.
+    Either way the index must move with both r and x: not a weight ``w[r]`` that every row
+    reads, nor a per-row value.
+
+    >>> from toycomp.inductor.indexing import r, x
+    >>> eviction_policy(r + 4096 * x, False, True, False), eviction_policy(r, False, True, False)
+    ('evict_last', None)
+    """
+    if not {indexing.x, indexing.r} <= sympy.sympify(index).free_symbols:
+        return None
+    if persistent:
+        return "evict_last"
+    return "evict_first" if looped_r and not loaded_again else None
+
+
