@@ -16,7 +16,7 @@ import torch
 import toycomp
 import toycomp.prims as prims
 from toycomp.inductor import cache, indexing, wrapper
-from toycomp.inductor.codegen import common as codegen, cpp, libmvec, triton
+from toycomp.inductor.codegen import common as codegen, cpp, libmvec, triton, triton_heuristics
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,
@@ -112,10 +112,14 @@ def test_softmax(backend, rows, cols):
 
 def test_eviction_hints_of_reduction_loads():
     """[Note: eviction policy]: a looped reduction's load along r that no later loop repeats is
-    evicted first; a persistent reduction's row is evicted last; a weight keeps the default."""
-    def loads(kernel):
-        return [line.strip() for line in triton.generate(kernel).source.splitlines()
+    evicted first; on CUDA past the L2 cache, a persistent reduction's row and a pointwise
+    kernel's loads are evicted last; a weight keeps the default."""
+    def loads(kernel, cuda=False):
+        return [line.strip() for line in triton.generate(kernel, cuda=cuda).source.splitlines()
                 if "tl.load(" in line]  # fmt: skip
+
+    def cuda_loads(kernel):
+        return loads(kernel, cuda=True)
 
     row_sum = Kernel("kernel_0", 8, 5000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
                      Load("arg0", r + 5000 * x, F32), F32),)),), (("arg0", F32),), ("sum",))
@@ -125,14 +129,21 @@ def test_eviction_hints_of_reduction_loads():
     first, second, last = loads(softmax_kernel(3, 5000))
     assert "evict" not in first and "evict" not in second, (first, second)
     assert "eviction_policy='evict_first'" in last, last
-    (pointwise,) = loads(sincos_kernel(1000))
-    assert "evict" not in pointwise
-    persistent = loads(softmax_kernel(3, 1000))  # a row read once, into registers
-    assert persistent and all("eviction_policy='evict_last'" in line for line in persistent)
-    short_dot = Kernel("kernel_3", 8, 1000, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
-                       Op("mul", (Load("arg0", r + 1000 * x, F32), Load("arg1", r, F32)), F32),
-                       F32),)),), (("arg0", F32), ("arg1", F32)), ("mul", "sum"))  # fmt: skip
-    rows, weight = loads(short_dot)
+    # one pass over more floats than the L2 holds, on CUDA: evict_last; smaller, or on the
+    # interpreter: no hint
+    big, small = 1 << 24, 1 << 20  # floats: 64 MB and 4 MB, against the H100's 50 MB of L2
+    assert 4 * small < triton_heuristics.L2_BYTES < 4 * big
+    for kernel, past in ((sincos_kernel(big), True), (sincos_kernel(small), False),
+                         (softmax_kernel(big // 4096, 4096), True),
+                         (softmax_kernel(small // 4096, 4096), False)):  # fmt: skip
+        assert not any("evict" in line for line in loads(kernel))
+        on_cuda = cuda_loads(kernel)
+        assert on_cuda and all(("eviction_policy='evict_last'" in line) == past
+                               for line in on_cuda), on_cuda  # fmt: skip
+    long_dot = Kernel("kernel_3", 4096, 4096, (Loop(True, (Reduce("sum_0", ReductionType.SUM,
+                      Op("mul", (Load("arg0", r + 4096 * x, F32), Load("arg1", r, F32)), F32),
+                      F32),)),), (("arg0", F32), ("arg1", F32)), ("mul", "sum"))  # fmt: skip
+    rows, weight = cuda_loads(long_dot)  # a persistent row: the weight keeps the default
     assert "evict_last" in rows and "evict" not in weight, (rows, weight)
     # a weight read by every row (its index has no x) is kept, its rows streamed
     scaled = Op("mul", (Load("arg0", r + 5000 * x, F32), Load("arg1", r, F32)), F32)

@@ -71,6 +71,7 @@ from toycomp.inductor.codegen.triton_heuristics import (
     index_dtype,
     index_dtype_arg,
     kernel_hint,
+    past_l2,
     python_size,
     reduction_blocks,  # noqa: F401  (the wrapper's namespace takes it from here)
 )
@@ -97,6 +98,8 @@ class TritonKernelCodegen(KernelCodegen):
         if persistent is None:  # (a symbolic rnumel: generate() asks for both variants)
             persistent = self.blocks.get("RBLOCK", 0) >= kernel.rnumel
         self.persistent = self.is_reduction and persistent
+        one_pass = self.persistent or not self.is_reduction  # [Note: eviction policy]
+        self.cuda_past_l2 = cuda and one_pass and past_l2(kernel)
         variant = self.is_reduction and not self.blocks and not persistent
         self.name = f"{kernel.name}_looped" if variant else kernel.name
         self.int64_index = index_dtype(kernel, self.blocks, self.is_reduction)
@@ -148,7 +151,7 @@ class TritonKernelCodegen(KernelCodegen):
         if "rmask" in mask or terms:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
         looped, again = self.in_r_loop and not self.persistent, buffer in self.loaded_later
-        policy = eviction_policy(index, looped, self.persistent, again)
+        policy = eviction_policy(index, looped, self.persistent, again, self.cuda_past_l2)
         if policy:  # [Note: eviction policy] in triton_heuristics.py
             other += f", eviction_policy='{policy}'"
         load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"

@@ -313,31 +313,57 @@ def python_size(size) -> str:
 # looped reductions the same way (TritonKernel.load). Measured on an H100 with the L2 cleared
 # between calls (triton.testing.do_bench), the 4096 x 4096 column sum took 33 us instead of
 # 37 us (Inductor 35 us).
-# A persistent reduction is the other way round: its row is read once, into registers, and
-# marking that load `evict_last` made the softmax and layer_norm forwards on 8192 x 4096 faster
-# on the H100 (9 rounds, the variants taking turns: 95.6 -> 92.9 us and 95.5 -> 92.8 us, with
-# 8 warps; Inductor 94.5 and 93.4 us, whose fastest config for these rows is a one-step loop
-# whose load is marked `evict_last` too), and `evict_first` made them 3% slower. A likely
-# reason: do_bench's clearing, like the kernel before it in a real step, leaves the L2 full
-# of dirty lines, and the hint lets the row's lines, not those, wait to be replaced. With
-# the hint, 16 warps on a row of 4096 were 0.6 us slower than 8. Triton's interpreter
-# ignores the hint.
-def eviction_policy(index: sympy.Expr, looped_r: bool, persistent: bool, loaded_again: bool
-                    ) -> str | None:  # fmt: skip
-    """The eviction hint of a load in a reduction (None: the default): ``evict_first`` for a
-    load that streams through the loop over r of a looped reduction (``looped_r``) and that no
-    later loop reads (``loaded_again``), ``evict_last`` for the row of a ``persistent`` one.
-    Either way the index must move with both r and x: not a weight ``w[r]`` that every row
-    reads, nor a per-row value.
+# Past the L2 cache, a load read once is better marked `evict_last`, on CUDA. Measured on the
+# H100 (50 MB of L2; 7-9 rounds, the variants taking turns, do_bench clearing the L2 before
+# each call as the kernel before it would leave it full): the row load of a persistent
+# reduction so marked ran softmax and layer_norm forward on 8192 x 4096 (128 MB in) in 92.9
+# and 92.8 us instead of 95.6 and 95.5 (Inductor 94.5 and 93.4, whose fastest config for
+# these rows is a one-step loop whose load is `evict_last` too), and the loads of pointwise
+# kernels ran sin²+cos² on 16M-64M floats and bias + GELU on 8192-16384 x 4096 0.8-1.4%
+# faster. Smaller ones went the other way: sin²+cos² on 4M floats (16 MB in) 14.4 -> 16.5 us,
+# the row softmax of 8192 x 1000 (33 MB) 25.0 -> 26.9 us. A likely reason: the hint keeps the
+# input's lines and evicts the output's, which must then be written back to memory during the
+# kernel, not after it; past the L2 they would be anyway. So the hint goes on exactly when the
+# kernel's iteration space, in 4-byte elements, is larger than the GPU's L2 cache (static
+# sizes only). With the hint, 16 warps on a persistent row of 4096 were 0.6 us slower than 8.
+# `evict_first` was 1-3% slower in both kinds of kernel (but for one run of the 16M-float
+# sin²+cos², 3% faster). The interpreter ignores hints, so its kernels (those the notebooks
+# show) are generated without them.
+L2_BYTES = 50 * 2**20  # the H100's L2 cache: the size when no GPU is there to ask
+
+
+def past_l2(kernel: ir.Kernel) -> bool:
+    """Whether ``kernel`` iterates over more 4-byte elements than the GPU's L2 cache holds."""
+    elements = kernel.numel * kernel.rnumel
+    if not indexing.is_static(elements):
+        return False
+    l2 = L2_BYTES
+    if torch.cuda.is_available():
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return int(elements) * 4 > l2
+
+
+def eviction_policy(index: sympy.Expr, looped_r: bool, persistent: bool, loaded_again: bool,
+                    cuda_past_l2: bool = False) -> str | None:  # fmt: skip
+    """The eviction hint of a load (None: the default): in a looped reduction, ``evict_first``
+    for a load that streams through the loop over r (``looped_r``) and that no later loop
+    reads (``loaded_again``), its index moving with both r and x (not a weight ``w[r]`` that
+    every row reads, nor a per-row value); on CUDA past the L2 cache (``cuda_past_l2``),
+    ``evict_last`` for the row of a ``persistent`` reduction and for a pointwise kernel's loads
+    that move with x.
 
     >>> from toycomp.inductor.indexing import r, x
-    >>> eviction_policy(r + 4096 * x, False, True, False), eviction_policy(r, False, True, False)
-    ('evict_last', None)
+    >>> eviction_policy(r + 1024 * x, True, False, False), eviction_policy(r, True, False, False)
+    ('evict_first', None)
+    >>> eviction_policy(r + 4096 * x, False, True, False, cuda_past_l2=True)
+    'evict_last'
     """
-    if not {indexing.x, indexing.r} <= sympy.sympify(index).free_symbols:
+    free = sympy.sympify(index).free_symbols
+    if not looped_r and cuda_past_l2:  # a pointwise kernel, or a persistent reduction's row
+        moves = {indexing.x, indexing.r} <= free if persistent else indexing.x in free
+        return "evict_last" if moves else None
+    if not {indexing.x, indexing.r} <= free:
         return None
-    if persistent:
-        return "evict_last"
     return "evict_first" if looped_r and not loaded_again else None
 
 
