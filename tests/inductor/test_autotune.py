@@ -144,6 +144,26 @@ def test_gpu_pointwise_blocks_give_each_thread_four_floats():
     assert block_sizes(tiny, cuda=True) == {"XBLOCK": 128, "num_warps": 1}  # 4 floats a thread
 
 
+@pytest.mark.parametrize("rnumel", [197, 1000, 4096])
+def test_gpu_persistent_rows_hold_half_the_interpreters_elements(rnumel):
+    """[Note: rows per program on CUDA]: 2048 elements a program at 16 a thread, rows of 4096
+    one a program; the interpreter's larger blocks stay a candidate; a symbolic rnumel's
+    wrapper asks for the CUDA rule too."""
+    x = torch.randn(max(64, 2**17 // rnumel), rnumel)  # enough to be worth autotuning
+    graph = toycomp.explain(softmax_rows, x, backend="triton").graph("forward")
+    kernel = graph.scheduled.steps[0]
+    gpu, interpreted = block_sizes(kernel, cuda=True), block_sizes(kernel)
+    assert gpu["RBLOCK"] == interpreted["RBLOCK"] == next_power_of_2(rnumel)
+    assert gpu["XBLOCK"] == max(1, interpreted["XBLOCK"] // 2)
+    assert gpu["XBLOCK"] * gpu["RBLOCK"] == max(2048, gpu["RBLOCK"])
+    assert gpu["XBLOCK"] * gpu["RBLOCK"] == 16 * 32 * gpu["num_warps"]
+    assert interpreted in candidate_configs(kernel, gpu)
+    dynamic = toycomp.explain(softmax_rows, x, backend="triton", dynamic=True)
+    kernel = dynamic.graph("forward").scheduled.steps[0]
+    assert "cuda=True)" in triton_codegen.generate(kernel, cuda=True).call
+    assert "cuda=True" not in triton_codegen.generate(kernel).call
+
+
 def test_small_and_symbolic_kernels_keep_their_fixed_config():
     _, _, graph = explained("pointwise")
     kernel = graph.scheduled.steps[0]

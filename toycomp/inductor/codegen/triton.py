@@ -384,8 +384,8 @@ def generate(kernel: ir.Kernel, cuda: bool = False) -> GeneratedKernel:
         outer = kernel_hint(kernel) == ReductionHint.OUTER  # persistent iff rnumel <= RBLOCK:
         limit = f"{blocks}['RBLOCK']" if outer else PERSISTENT_MAX_RNUMEL
         pick = f"({name} if {rnumel} <= {limit} else {looped.name})"
-        outer = ", outer=True" if outer else ""
-        call = f"{blocks} = reduction_blocks({numel}, {rnumel}{outer})\n"
+        flags = (", outer=True" if outer else "") + (", cuda=True" if cuda else "")
+        call = f"{blocks} = reduction_blocks({numel}, {rnumel}{flags})\n"
         call += launch(pick, f"(cdiv({numel}, {blocks}['XBLOCK']),)", f"{args}, **{blocks}", cuda)
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
