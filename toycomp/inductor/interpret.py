@@ -162,6 +162,15 @@ def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
             if isinstance(stmt, ir.Reduce):
                 reduced = _REDUCE[stmt.reduction_type](value, dim=1, keepdim=True)
                 env.locals[stmt.name] = reduced.to(stmt.dtype)
+            elif isinstance(stmt, ir.ColumnReduce):  # over each program's rows, at its first
+                rows = kernel.rows_per_program
+                value = _REDUCE[stmt.reduction_type](value.reshape(-1, rows, rnumel), dim=1)
+                env.variables[indexing.x] = torch.arange(0, numel, rows, device=env.device)[:, None]
+                index = torch.as_tensor(_index(stmt.index, env), device=env.device)
+                env.variables[indexing.x] = torch.arange(numel, device=env.device)[:, None]
+                out = env.buffers[stmt.buffer]
+                index = index.broadcast_to(value.shape).reshape(-1)
+                _flat(out)[index] = value.reshape(-1).to(out.dtype)
             else:
                 out = env.buffers[stmt.buffer]
                 _check_dtype(stmt.buffer, out.dtype, value.dtype)

@@ -139,7 +139,10 @@ class ReductionType(Enum):
 
 @dataclass(frozen=True)
 class Reduction:
-    """``name[i...] = reduce over r... of body(i..., r...)``; stored contiguously in ``size``."""
+    """``name[i...] = reduce over r... of body(i..., r...)``; stored contiguously in ``size``.
+    ``mix_order_rows``: nonzero for the partial sums of a column reduction over chunks of that
+    many rows, which the scheduler may fuse into the row reduction's kernel over the same rows
+    (see [Note: mix-order reductions] in split_reduction.py)."""
 
     name: str
     size: tuple[int, ...]
@@ -148,6 +151,7 @@ class Reduction:
     dtype: torch.dtype
     body: Expr
     origins: tuple[str, ...] = ()
+    mix_order_rows: int = 0
 
     def __repr__(self) -> str:
         red = f"{self.reduction_type.value}[r<{list(self.reduction_size)}]"
@@ -264,12 +268,29 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class ColumnReduce:
+    """``buffer[index] = reduce over this program's rows x of value``: a column's partial sum,
+    in a kernel whose programs take ``Kernel.rows_per_program`` rows each (``index`` is over
+    ``r`` and the program's first row ``x``; see [Note: mix-order reductions])."""
+
+    buffer: str
+    index: sympy.Expr
+    reduction_type: ReductionType
+    value: Expr
+    dtype: torch.dtype
+
+    def __repr__(self) -> str:
+        kind = self.reduction_type.value
+        return f"{self.buffer}[{self.index}] = {kind}_over_rows({self.value!r})"
+
+
+@dataclass(frozen=True)
 class Loop:
     """One pass of a kernel: ``over_r=False`` runs once per ``x``; ``over_r=True`` runs for each
     ``r`` in ``range(rnumel)`` (stores) or reduces over it (``Reduce``)."""
 
     over_r: bool
-    body: tuple[Union[Store, Reduce], ...]
+    body: tuple[Union[Store, Reduce, ColumnReduce], ...]
 
     def __repr__(self) -> str:
         header = "for r:" if self.over_r else "once:"
@@ -281,7 +302,8 @@ class Kernel:
     """A fused kernel: for each ``x`` in ``range(numel)`` run ``loops`` in order.
 
     A pointwise kernel has ``rnumel == 1`` and one ``Loop(over_r=False)``; a softmax kernel has
-    ``numel`` rows and ``rnumel`` columns: a max loop, a sum loop, a store loop.
+    ``numel`` rows and ``rnumel`` columns: a max loop, a sum loop, a store loop. A kernel with
+    ``ColumnReduce``s runs ``rows_per_program`` rows in each program (else 0).
     """
 
     name: str
@@ -290,14 +312,19 @@ class Kernel:
     loops: tuple[Loop, ...]
     buffer_dtypes: tuple[tuple[str, torch.dtype], ...]  # every buffer read or written
     origins: tuple[str, ...]  # the FX nodes fused here, for the generated comment
+    rows_per_program: int = 0
 
     def size_symbols(self) -> tuple[sympy.Symbol, ...]:
         """The size symbols (``s0, s1...``) the kernel takes as arguments: those of its numel,
         rnumel and indices (ordered by number; none for a static kernel)."""
         values = [stmt.value for loop in self.loops for stmt in loop.body]
         indices = [e.index for e in walk(*values) if isinstance(e, (Load, IndexValue))]
-        indices += [s.index for loop in self.loops for s in loop.body if isinstance(s, Store)]
+        indices += [s.index for s in self.stores()]
         return tuple(indexing.size_symbols(self.numel, self.rnumel, *indices))
+
+    def stores(self) -> list[Store | ColumnReduce]:
+        """The statements that write a buffer, in order."""
+        return [s for loop in self.loops for s in loop.body if not isinstance(s, Reduce)]
 
     def reads(self) -> tuple[str, ...]:
         """Buffers loaded by this kernel (in first-use order)."""
@@ -306,11 +333,11 @@ class Kernel:
 
     def writes(self) -> tuple[str, ...]:
         """Buffers stored by this kernel."""
-        stores = [s for loop in self.loops for s in loop.body if isinstance(s, Store)]
-        return tuple(dict.fromkeys(s.buffer for s in stores))
+        return tuple(dict.fromkeys(s.buffer for s in self.stores()))
 
     def __repr__(self) -> str:
-        header = f"{self.name}(numel={self.numel}, rnumel={self.rnumel}):  # {self.origins}"
+        rows = f", rows_per_program={self.rows_per_program}" if self.rows_per_program else ""
+        header = f"{self.name}(numel={self.numel}, rnumel={self.rnumel}{rows}):  # {self.origins}"
         return "\n  ".join([header, *(repr(loop).replace("\n", "\n  ") for loop in self.loops)])
 
 

@@ -38,6 +38,7 @@ NB: in PyTorch this lives in torch/_inductor/scheduler.py (``Scheduler.fuse_node
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -67,6 +68,9 @@ from toycomp.inductor.ir import ExternKernel, Pointwise, Reduction
 # Inside a kernel, statements keep the buffer order; a new Loop starts when switching between
 # per-row and per-r statements, or when a statement needs a Reduce of the current loop (so one
 # r-loop may hold both Stores and Reduces: a stored producer and the sum that reads it).
+# One exception to one iteration space: the partial column sums that the Triton split pass
+# marks (``mix_order_rows``) join the row reduction over the same rows, as ``ColumnReduce``s
+# summed over each program's rows (see [Note: mix-order reductions] in split_reduction.py).
 # Limitation: "full" means outer dims -> x, inner dims -> r, so a *realized* producer of a
 # reduction over outer dims (sum over dim 0) is not absorbed; it runs as its own kernel.
 # (Unrealized producers are inlined into the Reduction's body by lowering anyway.)
@@ -98,6 +102,7 @@ class _Group:
     rnumel: int
     entries: list[_Entry] = field(default_factory=list)
     extern: ExternKernel | None = None
+    rows_per_program: int = 0  # [Note: mix-order reductions] in split_reduction.py
 
     def writes(self) -> set[str]:
         if self.extern is not None:
@@ -190,10 +195,12 @@ def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
     """``group`` with ``node`` added, or None if the fusion rules forbid it."""
     numel, rnumel = _node_group(node)
     if isinstance(node, Pointwise) or _same_group((numel, rnumel), (group.numel, group.rnumel)):
-        nodes, (numel, rnumel) = [node], (group.numel, group.rnumel)
-        new = _Group(numel, rnumel, list(group.entries))
+        nodes, new = [node], dataclasses.replace(group, entries=list(group.entries))
     elif indexing.known_equal(group.rnumel, 1):  # a reduction makes it a reduction kernel
         nodes, new = [e.node for e in group.entries] + [node], _Group(numel, rnumel)
+    elif _mixes_into(group, node):
+        new = dataclasses.replace(group, entries=list(group.entries))
+        nodes, new.rows_per_program = [node], node.mix_order_rows
     else:
         return None
     for n in nodes:
@@ -202,6 +209,25 @@ def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
             return None
         new.entries.append(entry)
     return new
+
+
+def _mixes_into(group: _Group, node: Reduction) -> bool:
+    """``node``, the partial of a column sum over chunks of rows, fits ``group``, a row
+    reduction over the same rows (see [Note: mix-order reductions] in split_reduction.py)."""
+    rows = node.mix_order_rows
+    if not rows or group.rows_per_program not in (0, rows):
+        return False
+    if not all(map(indexing.is_static, (group.numel, group.rnumel, *node.size))):
+        return False
+    if not any(isinstance(e.node, Reduction) for e in group.entries):
+        return False
+    programs, cols = node.size[0], indexing.numel(node.size[1:])
+    return (group.numel, group.rnumel) == (programs * rows, cols)
+
+
+def _is_column_partial(node, numel, rnumel) -> bool:
+    """``node`` is a mix-order partial placed in a (numel, rnumel) row kernel."""
+    return isinstance(node, Reduction) and not _same_group(_node_group(node), (numel, rnumel))
 
 
 def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
@@ -227,6 +253,8 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         producer = fused[e.buffer]
         if sympy.expand(index - producer.position) != 0:
             raise _NotFusable
+        if _is_column_partial(producer.node, group.numel, group.rnumel):
+            raise _NotFusable  # (known only after the program's last row)
         return producer.result
 
     try:
@@ -244,6 +272,12 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
     ivars = indexing.index_vars("i", len(node.size))
+    if isinstance(node, Reduction) and node.mix_order_rows:
+        if _is_column_partial(node, numel, rnumel):  # the chunk follows x // rows, and so on
+            rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
+            index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
+            index += unflatten_index(indexing.r, node.size[1:])
+            return dict(zip((ivars[0], r0, *ivars[1:]), index)), True
     if isinstance(node, Reduction):
         if not _same_group(_node_group(node), (numel, rnumel)):
             return None
@@ -309,7 +343,11 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
-        if isinstance(e.node, Reduction):
+        if _is_column_partial(e.node, group.numel, group.rnumel):
+            kind, dtype = e.node.reduction_type, e.node.dtype
+            partial = ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
+            statements.append((True, partial))
+        elif isinstance(e.node, Reduction):
             local = ir.Local(_local_name(e.node), e.node.dtype)
             reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
             statements.append((True, reduce))
@@ -321,7 +359,8 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     loops = _split_loops(statements + pending)
     origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
     return ir.Kernel(
-        name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins
+        name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins,
+        group.rows_per_program,
     )
 
 
@@ -364,7 +403,7 @@ def _buffer_dtypes(loops, group: _Group) -> tuple:
     dtypes = {e.node.name: e.node.dtype for e in group.entries}
     loads = ir.walk(*(s.value for loop in loops for s in loop.body))
     found = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)}
-    stores = [s for loop in loops for s in loop.body if isinstance(s, ir.Store)]
+    stores = [s for loop in loops for s in loop.body if not isinstance(s, ir.Reduce)]
     found.update({s.buffer: dtypes[s.buffer] for s in stores})
     return tuple(found.items())
 

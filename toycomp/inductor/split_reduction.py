@@ -41,6 +41,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
+from toycomp.inductor.scheduler import buffer_reads
 from toycomp.inductor.sizevars import SizeVars
 from toycomp.symbolic_shapes import hint as example_value
 
@@ -164,11 +165,15 @@ def split_reductions(
         return lowered
     nodes: list = []
     for node in lowered.nodes:
+        rows = mix_order_rows(node, lowered) if isinstance(node, ir.Reduction) else 0
+        if rows:
+            nodes.extend(mix_order_split(node, rows))
+            continue
         plan = num_splits(node, hints) if isinstance(node, ir.Reduction) else None
         nodes.extend(split_reduction(node, *plan) if plan else [node])
     if len(nodes) == len(lowered.nodes):
         return lowered
-    return dataclasses.replace(lowered, nodes=tuple(nodes))
+    return dataclasses.replace(lowered, nodes=tuple(_partials_after_their_rows(nodes)))
 
 
 def num_splits(
@@ -266,6 +271,108 @@ def split_reduction(
     index = indexing.linear_index(read, indexing.contiguous_strides(size))
     # (an fp32 body under a bf16 result: the sum of partials accumulates in fp32, then rounds)
     final = dataclasses.replace(node, reduction_size=(splits,), body=ir.Load(name, index, dtype))
+    return [partial, final]
+
+
+# [Note: mix-order reductions]
+# LayerNorm's backward reduces one [N, M] product twice: over each row for the input's gradient
+# (an INNER reduction) and over each column for the weight's and bias's gradients (OUTER). As two
+# kernels, the incoming gradient and the input are read twice: 5 N*M floats move where 3 would
+# do (on the H100 the fwd+bwd row took 348 us against Inductor's 301). Inductor fuses them (its
+# ``MixOrderReduction``): each program of the row kernel takes ``rows`` consecutive rows, keeps
+# one running column sum per column-reduction in registers across them, and stores it as a
+# partial sum, partial[program, column]; a small kernel sums the N / rows partials.
+# Here the split pass writes such a column reduction as that partial (``mix_order_rows`` set,
+# chunks of ``rows`` rows) plus the finishing reduction, when an INNER reduction of the graph
+# covers the same N rows of M <= PERSISTENT_MAX_RNUMEL columns (a persistent row: the program
+# holds the whole row, so each column's sum is per program) and reads a buffer it reads. The
+# scheduler then fuses the partial into the row kernel, mapping the chunk s = x // rows, row in
+# chunk x % rows, column r (``ir.ColumnReduce``); if it cannot (another order of the nodes), the
+# partial runs alone as an ordinary split reduction, still right. Sums of floats only: the
+# per-program order of additions changes the rounding as any split does (within fp32
+# tolerance); max/min and integer sums keep the ordinary split. ``rows`` follows Inductor's
+# rule, about TARGET_PROGRAMS programs, clamped to [16, 128] rows, exact chunks only.
+MIX_ORDER_ROWS = (16, 128)
+
+
+def mix_order_rows(node: ir.Reduction, lowered: ir.LoweredGraph) -> int:
+    """Rows per program if ``node`` is a column sum that can share the kernel of a row
+    reduction over the same rows (see [Note: mix-order reductions]), else 0."""
+    from toycomp.inductor.codegen.triton_heuristics import PERSISTENT_MAX_RNUMEL
+
+    sizes = (indexing.numel(node.size), indexing.numel(node.reduction_size))
+    if node.reduction_type != ir.ReductionType.SUM or not node.dtype.is_floating_point:
+        return 0
+    if not all(map(indexing.is_static, sizes)) or node_hint(node) != ReductionHint.OUTER:
+        return 0
+    cols, rows_total = sizes
+    if not 1 < cols <= PERSISTENT_MAX_RNUMEL:
+        return 0
+    reads = {e.buffer for e in ir.walk(node.body) if isinstance(e, ir.Load)}
+    if not any(_row_reduction_over(other, rows_total, cols, reads) for other in lowered.nodes):
+        return 0
+    low, high = MIX_ORDER_ROWS
+    rows = min(high, max(low, 2 ** max(0, (rows_total // TARGET_PROGRAMS).bit_length() - 1)))
+    while rows >= 4 and rows_total % rows:
+        rows //= 2
+    return rows if rows >= 4 and rows_total >= 2 * rows else 0
+
+
+def _partials_after_their_rows(nodes: list) -> list:
+    """``nodes`` with each mix-order partial (and its finishing sum) moved after the row
+    reduction it is to share a kernel with, when that comes later and nothing in between reads
+    the finishing sum: the scheduler places nodes in order, and fuses a partial into a row
+    kernel that exists already."""
+    nodes = list(nodes)
+    for partial in [n for n in nodes if getattr(n, "mix_order_rows", 0)]:
+        at = nodes.index(partial)
+        final = nodes[at + 1]
+        reads = {e.buffer for e in ir.walk(partial.body) if isinstance(e, ir.Load)}
+        size = (partial.size[0] * partial.mix_order_rows, indexing.numel(partial.size[1:]))
+        rows = [k for k, n in enumerate(nodes) if _row_reduction_over(n, *size, reads)]
+        if not rows or rows[0] < at:
+            continue
+        between = nodes[at + 2 : rows[0] + 1]
+        if any(final.name in buffer_reads(n) for n in between):
+            continue
+        nodes[at : rows[0] + 1] = [*between, partial, final]
+    return nodes
+
+
+def _row_reduction_over(other, rows: int, cols: int, reads: set[str]) -> bool:
+    """``other`` reduces each of ``rows`` rows of ``cols`` elements and reads one of ``reads``."""
+    if not isinstance(other, ir.Reduction) or other.mix_order_rows:
+        return False
+    sizes = (indexing.numel(other.size), indexing.numel(other.reduction_size))
+    if sizes != (rows, cols) or node_hint(other) != ReductionHint.INNER:
+        return False
+    return any(isinstance(e, ir.Load) and e.buffer in reads for e in ir.walk(other.body))
+
+
+def mix_order_split(node: ir.Reduction, rows: int) -> list[ir.Reduction]:
+    """``node`` (a column sum over ``reduction_size``) as partial sums over chunks of ``rows``
+    flattened rows, ``partial[s, i...]`` (``mix_order_rows = rows``), and their sum."""
+    total = indexing.numel(node.reduction_size)
+    programs = total // rows
+    n = len(node.size)
+    s, *out_vars = indexing.index_vars("i", n + 1)
+    (r0,) = indexing.index_vars("r", 1)
+    rvars = indexing.index_vars("r", len(node.reduction_size))
+    row = indexing.unflatten_index(s * rows + r0, node.reduction_size)
+    mapping = dict(zip(indexing.index_vars("i", n), out_vars)) | dict(zip(rvars, row))
+    body = ir.substitute(node.body, mapping)
+    dtype = torch.float32 if node.dtype in (torch.float16, torch.bfloat16) else node.dtype
+    if dtype != node.dtype:  # (partials accumulate in fp32, as split_reduction's do)
+        body = ir.Op("convert_element_type", (body,), dtype)
+    partial = ir.Reduction(
+        f"{node.name}_split", (programs, *node.size), (rows,), node.reduction_type,
+        dtype, body, node.origins, mix_order_rows=rows,
+    )  # fmt: skip
+    read = (r0, *indexing.index_vars("i", n))  # partial[r0, i...]
+    index = indexing.linear_index(read, indexing.contiguous_strides(partial.size))
+    final = dataclasses.replace(
+        node, reduction_size=(programs,), body=ir.Load(partial.name, index, dtype)
+    )
     return [partial, final]
 
 

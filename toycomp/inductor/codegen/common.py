@@ -255,6 +255,9 @@ class KernelCodegen:
             if isinstance(stmt, ir.Store):
                 self.check_index(stmt.index)
                 self.store(stmt.buffer, stmt.index, value, stmt.value)
+            elif isinstance(stmt, ir.ColumnReduce):
+                self.check_index(stmt.index)
+                self.column_reduce(stmt, value)
             else:
                 self.locals[stmt.name] = self.local_name(stmt.name)
                 self.reduce(stmt, value)
@@ -353,6 +356,10 @@ class KernelCodegen:
 
     def reduce(self, red: ir.Reduce, value: str) -> None:
         raise NotImplementedError
+
+    def column_reduce(self, red: ir.ColumnReduce, value: str) -> None:
+        """A mix-order partial: only the Triton backend's kernels take rows per program."""
+        raise NotImplementedError(f"{type(self).__name__}: ColumnReduce {red.buffer}")
 
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
         raise NotImplementedError

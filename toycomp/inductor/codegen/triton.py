@@ -85,6 +85,9 @@ from toycomp.inductor.codegen.triton_helpers import (
     triton_widen,
 )
 
+XSTART = sympy.Symbol("xstart", integer=True, nonnegative=True)  # a program's first row
+
+
 class TritonKernelCodegen(KernelCodegen):
     """Generates one ``@triton.jit`` function for an ``ir.Kernel``."""
 
@@ -98,6 +101,8 @@ class TritonKernelCodegen(KernelCodegen):
         if persistent is None:  # (a symbolic rnumel: generate() asks for both variants)
             persistent = self.blocks.get("RBLOCK", 0) >= kernel.rnumel
         self.persistent = self.is_reduction and persistent
+        if kernel.rows_per_program and not self.persistent:  # (column sums need whole rows)
+            raise ValueError(f"{kernel.name}: rows_per_program needs a persistent reduction")
         one_pass = self.persistent or not self.is_reduction  # [Note: eviction policy]
         self.cuda_past_l2 = cuda and one_pass and past_l2(kernel)
         variant = self.is_reduction and not self.blocks and not persistent
@@ -203,6 +208,18 @@ class TritonKernelCodegen(KernelCodegen):
             self.stores.writeline(f"{partial} = tl.where({take}, {value}, {partial})")
         self.suffix.writelines(final_reduction(acc, partial, kind, dtype))
 
+    def column_reduce(self, red: ir.ColumnReduce, value: str) -> None:
+        """Add this step's rows to the column sums (``{buffer}_acc``, [1, RBLOCK]); stored after
+        the program's last row (see codegen_kernel)."""
+        dtype = compute_dtype(red.dtype)
+        if isinstance(red.value, ir.Constant):
+            value = self.materialize(value, dtype)
+        elif compute_dtype(red.value.dtype) != dtype:
+            value = self.cast(value, red.value.dtype, dtype)
+        masked = self.cse.generate(self.compute, f"tl.where(rmask & xmask, {value}, 0)", dtype)
+        acc = f"{red.buffer}_acc"
+        self.stores.writeline(f"{acc} = {acc} + tl.sum({masked}, 0)[None, :]")
+
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
         if isinstance(value, bool) or dtype == torch.bool:
             return "True" if value else "False"
@@ -259,8 +276,22 @@ class TritonKernelCodegen(KernelCodegen):
         body = IndentedBuffer()
         with body.indent():
             self.codegen_header(body)
-            for i, loop in enumerate(self.kernel.loops):
-                self.codegen_loop_code(body, i, loop)
+            if not self.kernel.rows_per_program:
+                self.codegen_loops(body)
+            else:  # [Note: mix-order reductions] in split_reduction.py
+                partials = [s for s in self.kernel.stores() if isinstance(s, ir.ColumnReduce)]
+                for red in partials:
+                    dtype = triton_type(compute_dtype(red.dtype))
+                    body.writeline(f"{red.buffer}_acc = tl.zeros([1, RBLOCK], {dtype})")
+                body.writeline("for xstep in range(0, RSPLIT, XBLOCK):  # this program's rows")
+                with body.indent():
+                    body.writeline("xoffset = xstart + xstep")
+                    self.codegen_rows(body)
+                    self.codegen_loops(body)
+                for red in partials:  # one partial per column and program
+                    index = sympy.sympify(red.index).subs(indexing.x, XSTART)
+                    pointer = f"{self.args[red.buffer]} + ({self.print_index(index)})"
+                    body.writeline(f"tl.store({pointer}, {red.buffer}_acc, rmask)")
         code = IndentedBuffer()
         code.writeline("@triton.jit")
         code.writeline(f"def {self.name}({', '.join(self.signature())}):")
@@ -279,6 +310,8 @@ class TritonKernelCodegen(KernelCodegen):
         params.append("XBLOCK: tl.constexpr")
         if self.is_reduction:
             params.append("RBLOCK: tl.constexpr")
+        if self.kernel.rows_per_program:
+            params.append("RSPLIT: tl.constexpr")
         if isinstance(self.int64_index, list):
             params.append("INDEX_INT64: tl.constexpr")
         return params + [f"{s}_ALIGN: tl.constexpr" for s in _int_sizes(self.kernel)]
@@ -304,6 +337,10 @@ class TritonKernelCodegen(KernelCodegen):
                 if self.is_reduction and self.kernel.rnumel == s:
                     body.writeline(f"rnumel = {s}")
 
+    def codegen_loops(self, body: IndentedBuffer) -> None:
+        for i, loop in enumerate(self.kernel.loops):
+            self.codegen_loop_code(body, i, loop)
+
     def codegen_header(self, body: IndentedBuffer) -> None:
         body.writeline(f"# FX origins: {self.origins_comment()}")
         self.codegen_alignment(body)
@@ -312,12 +349,10 @@ class TritonKernelCodegen(KernelCodegen):
             body.writelines(["    xoffset = xoffset.to(tl.int64)", "xoffset = xoffset * XBLOCK"])
         else:
             pid = "tl.program_id(0).to(tl.int64)" if self.int64_index else "tl.program_id(0)"
-            body.writeline(f"xoffset = {pid} * XBLOCK")
-        if not self.is_reduction:
-            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)")
-        else:
-            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-        body.writeline("xmask = xindex < xnumel")
+            rows = self.kernel.rows_per_program  # (then xoffset moves by XBLOCK in a loop)
+            body.writeline(f"xstart = {pid} * RSPLIT" if rows else f"xoffset = {pid} * XBLOCK")
+        if not self.kernel.rows_per_program:
+            self.codegen_rows(body)
         if self.is_reduction:
             cast = ".to(tl.int64)" if self.int64_index is True else ""
             body.writeline(f"rbase = tl.arange(0, RBLOCK)[None, :]{cast}")
@@ -325,6 +360,13 @@ class TritonKernelCodegen(KernelCodegen):
                 body.writelines(["if INDEX_INT64:", "    rbase = rbase.to(tl.int64)"])
         if self.persistent:
             body.writelines(["rindex = rbase", "rmask = rindex < rnumel"])
+
+    def codegen_rows(self, body: IndentedBuffer) -> None:
+        if not self.is_reduction:
+            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)")
+        else:
+            body.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        body.writeline("xmask = xindex < xnumel")
 
     def codegen_loop_code(self, body: IndentedBuffer, i: int, loop: ir.Loop) -> None:
         # A persistent reduction has no `for` loop: every ir.Loop runs in the same scope, so
@@ -351,9 +393,11 @@ _NUMBERS_OK = {"add", "sub", "mul", "div", "where"} | (KEEP_ARG_DTYPES - {"logic
 _NUMBERS_OK -= {"logical_and", "convert_element_type"}
 
 
-def _describe(stmt: ir.Store | ir.Reduce) -> str:
+def _describe(stmt: ir.Store | ir.Reduce | ir.ColumnReduce) -> str:
     if isinstance(stmt, ir.Store):
         return f"store {stmt.buffer}"
+    if isinstance(stmt, ir.ColumnReduce):
+        return f"{stmt.reduction_type.value} over rows -> {stmt.buffer}"
     return f"{stmt.reduction_type.value} -> {stmt.name}"
 
 
@@ -390,8 +434,8 @@ def generate(kernel: ir.Kernel, cuda: bool = False) -> GeneratedKernel:
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
         )
-    if indexing.is_static(kernel.numel):
-        grid = f"({-(-kernel.numel // meta['XBLOCK'])},)"
+    if indexing.is_static(kernel.numel):  # (RSPLIT rows a program: a mix-order reduction)
+        grid = f"({-(-kernel.numel // meta.get('RSPLIT', meta['XBLOCK']))},)"
     else:
         grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())

@@ -103,7 +103,11 @@ def block_sizes(kernel: ir.Kernel, cuda: bool = False) -> dict[str, int]:
     if not indexing.is_static(kernel.rnumel):
         return {}
     outer = kernel_hint(kernel) == ReductionHint.OUTER
-    return reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel, outer, cuda)
+    blocks = reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel, outer, cuda)
+    if kernel.rows_per_program:  # RSPLIT rows a program, XBLOCK a step ([Note: mix-order
+        rows = kernel.rows_per_program  # reductions] in split_reduction.py)
+        blocks = {**_reduction_meta(min(blocks["XBLOCK"], rows), blocks["RBLOCK"]), "RSPLIT": rows}
+    return blocks
 
 
 def kernel_hint(kernel: ir.Kernel) -> ReductionHint:
@@ -186,6 +190,8 @@ def candidate_configs(
     sizes = (kernel.numel, kernel.rnumel)
     if not fixed or kernel.size_symbols() or not all(map(indexing.is_static, sizes)):
         return [fixed] if fixed else []
+    if kernel.rows_per_program:  # (its grid follows RSPLIT, which is part of the graph)
+        return [fixed]
     if kernel.numel * kernel.rnumel < AUTOTUNE_MIN_ELEMENTS:
         return [fixed]
     if "RBLOCK" not in fixed:
