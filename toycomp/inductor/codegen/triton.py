@@ -216,7 +216,8 @@ class TritonKernelCodegen(KernelCodegen):
             value = self.materialize(value, dtype)
         elif compute_dtype(red.value.dtype) != dtype:
             value = self.cast(value, red.value.dtype, dtype)
-        masked = self.cse.generate(self.compute, f"tl.where(rmask & xmask, {value}, 0)", dtype)
+        zero = self.constant(0, dtype)  # (the same text as a row sum's: one tl.where for both)
+        masked = self.cse.generate(self.compute, f"tl.where(rmask & xmask, {value}, {zero})", dtype)
         acc = f"{red.buffer}_acc"
         self.stores.writeline(f"{acc} = {acc} + tl.sum({masked}, 0)[None, :]")
 

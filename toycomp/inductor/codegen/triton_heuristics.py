@@ -102,7 +102,7 @@ def block_sizes(kernel: ir.Kernel, cuda: bool = False) -> dict[str, int]:
         return {"XBLOCK": xblock, "num_warps": min(4, max(1, xblock // per_warp))}
     if not indexing.is_static(kernel.rnumel):
         return {}
-    outer = kernel_hint(kernel) == ReductionHint.OUTER
+    outer = kernel_hint(kernel) == ReductionHint.OUTER and not kernel.rows_per_program
     blocks = reduction_blocks(kernel.numel if static_numel else None, kernel.rnumel, outer, cuda)
     if kernel.rows_per_program:  # RSPLIT rows a program, XBLOCK a step ([Note: mix-order
         rows = kernel.rows_per_program  # reductions] in split_reduction.py)
