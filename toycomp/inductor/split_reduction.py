@@ -351,29 +351,17 @@ def _row_reduction_over(other, rows: int, cols: int, reads: set[str]) -> bool:
 
 def mix_order_split(node: ir.Reduction, rows: int) -> list[ir.Reduction]:
     """``node`` (a column sum over ``reduction_size``) as partial sums over chunks of ``rows``
-    flattened rows, ``partial[s, i...]`` (``mix_order_rows = rows``), and their sum."""
+    flattened rows, ``partial[s, i...]`` (``mix_order_rows = rows``), and their sum: the
+    ordinary exact split of ``node`` with its reduced dims flattened into one."""
     total = indexing.numel(node.reduction_size)
-    programs = total // rows
-    n = len(node.size)
-    s, *out_vars = indexing.index_vars("i", n + 1)
     (r0,) = indexing.index_vars("r", 1)
     rvars = indexing.index_vars("r", len(node.reduction_size))
-    row = indexing.unflatten_index(s * rows + r0, node.reduction_size)
-    mapping = dict(zip(indexing.index_vars("i", n), out_vars)) | dict(zip(rvars, row))
-    body = ir.substitute(node.body, mapping)
-    dtype = torch.float32 if node.dtype in (torch.float16, torch.bfloat16) else node.dtype
-    if dtype != node.dtype:  # (partials accumulate in fp32, as split_reduction's do)
-        body = ir.Op("convert_element_type", (body,), dtype)
-    partial = ir.Reduction(
-        f"{node.name}_split", (programs, *node.size), (rows,), node.reduction_type,
-        dtype, body, node.origins, mix_order_rows=rows,
-    )  # fmt: skip
-    read = (r0, *indexing.index_vars("i", n))  # partial[r0, i...]
-    index = indexing.linear_index(read, indexing.contiguous_strides(partial.size))
-    final = dataclasses.replace(
-        node, reduction_size=(programs,), body=ir.Load(partial.name, index, dtype)
+    flat_rows = dict(zip(rvars, indexing.unflatten_index(r0, node.reduction_size)))
+    flat = dataclasses.replace(
+        node, reduction_size=(total,), body=ir.substitute(node.body, flat_rows)
     )
-    return [partial, final]
+    partial, final = split_reduction(flat, 0, total // rows, ReductionHint.OUTER)
+    return [dataclasses.replace(partial, mix_order_rows=rows), final]
 
 
 def _drop_rows_past_end(
