@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
+from toycomp import config
 from toycomp._torch_compat import fake_on_device
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
@@ -158,7 +159,7 @@ class GraphCompiler:
         self, backend: str | None, partition: str, name: str = "fn", mode: str | None = None
     ) -> None:
         self.backend, self.partition, self.name = backend, partition, name
-        self.cudagraphs = CUDAGraphMode(name) if mode == "reduce-overhead" else None
+        self.cudagraphs = CUDAGraphMode(name)  # used where config.triton.cudagraphs is on
         self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
@@ -172,9 +173,10 @@ class GraphCompiler:
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
             _check_layouts(example_inputs)
-            with autotune.requested(self.autotune):
+            cudagraphs = self.cudagraphs if config.triton.cudagraphs else None
+            with autotune.requested(self.autotune or config.max_autotune):
                 aot, graphs = compile_stages_2_to_4(
-                    gm, example_inputs, self.backend, self.partition, self.cudagraphs
+                    gm, example_inputs, self.backend, self.partition, cudagraphs
                 )
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
@@ -230,6 +232,7 @@ class OptimizedFunction:
         partition: str = "min_cut",
         dynamic: bool | None = None,
         mode: str | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.backend = backend
@@ -238,7 +241,12 @@ class OptimizedFunction:
         self.compiler = GraphCompiler(backend, partition, name, mode)
         self.entries = self.compiler.entries
         self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
-        self.frame = self.context.frame_for(frame_target(fn))
+        # Flags are read while compiling: each call runs with options= patched in
+        # (nothing to patch for options=None, so the call path stays the same).
+        if mode == "reduce-overhead":
+            options = {"triton.cudagraphs": True, **(options or {})}
+        self.options = config.check_options(options)
+        self.frame = config.with_options(self.options, self.context.frame_for(frame_target(fn)))
 
     @property
     def compile_count(self) -> int:
@@ -269,6 +277,7 @@ def compile(  # noqa: A001 (torch.compile's name)
     partition: str = "min_cut",
     dynamic: bool | None = None,
     mode: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
@@ -289,7 +298,9 @@ def compile(  # noqa: A001 (torch.compile's name)
             CUDA as a CUDA graph after a warm-up call (toycomp/inductor/cudagraphs.py: static
             shapes only; a graph it cannot apply to runs as compiled, with a warning);
             ``"max-autotune"`` times a few launch configs of each Triton kernel on CUDA at its
-            first call and keeps the fastest (toycomp/inductor/autotune.py).
+            first call and keeps the fastest (toycomp/inductor/opt/autotune.py).
+        options: flags of ``toycomp.config`` for this function only, as ``torch.compile``'s
+            ``options=``: ``options=toycomp.config.teach`` turns every optimisation off.
 
     Returns:
         A callable with the same results, gradients and Python side effects as ``fn``. A new
@@ -301,16 +312,20 @@ def compile(  # noqa: A001 (torch.compile's name)
     check_mode(mode)
     if dynamic not in (None, True, False):
         raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
-    return OptimizedFunction(fn, backend, partition, dynamic, mode)
+    return OptimizedFunction(fn, backend, partition, dynamic, mode, options)
 
 
 def toycomp_backend(
-    gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], backend: str | None = None
+    gm: torch.fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    backend: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Callable:
     """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4.
 
     ``backend`` picks the code generator as in ``toycomp.compile`` (pass it with
-    ``functools.partial(toycomp_backend, backend="triton")``). Graphs with symbolic sizes
+    ``functools.partial(toycomp_backend, backend="triton")``); ``torch.compile``'s ``options=``
+    arrive as ``options`` (flags of ``toycomp.config``). Graphs with symbolic sizes
     (``dynamic=True``, automatic dynamic shapes) are compiled once for every size."""
     for node in gm.graph.nodes:  # AOT treats get_attr tensors as constants (no gradient)
         value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
@@ -323,7 +338,8 @@ def toycomp_backend(
     _check_one_hot_classes(gm)
     examples = dynamo_examples(gm, example_inputs)
     try:
-        aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
+        with config.patch(config.check_options(options)):
+            aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
     except NotImplementedError as e:  # as in GraphCompiler.__call__: runs as captured
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
         return gm.forward
