@@ -60,9 +60,13 @@ class Function:
         return stage_of(self.module)
 
 
+_NOT_FUNCTIONS = {"<module>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"}
+
+
 def _function_of(code: CodeType) -> Function | None:
     path = Path(code.co_filename)
-    if not path.is_relative_to(PACKAGE) or code.co_name == "<module>":
+    # Module bodies are imports; comprehensions are lines of the function around them.
+    if not path.is_relative_to(PACKAGE) or code.co_name in _NOT_FUNCTIONS:
         return None
     try:
         source, first = inspect.getsourcelines(code)
@@ -92,8 +96,9 @@ def trace_functions(run: Callable[[], Any]) -> list[Function]:
 
 
 def _inside_another(f: Function, functions: list[Function]) -> bool:
-    return any(g is not f and g.module == f.module and g.first_line < f.first_line
-               and f.first_line + f.lines <= g.first_line + g.lines for g in functions)  # fmt: skip
+    return any(g is not f and g.module == f.module and g.first_line <= f.first_line
+               and f.first_line + f.lines <= g.first_line + g.lines
+               and g.lines > f.lines for g in functions)  # fmt: skip
 
 
 def running_example(options: dict[str, Any]) -> Callable[[], None]:
