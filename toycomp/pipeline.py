@@ -35,19 +35,19 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp import config
+import toycomp.config as config
 from toycomp._torch_compat import fake_on_device
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
-from toycomp.inductor import autotune
-from toycomp.inductor.cudagraphs import CUDAGraphMode, check_mode
+from toycomp.inductor.opt import autotune
+from toycomp.inductor.opt.cudagraphs import CUDAGraphMode, check_mode
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
-from toycomp.inductor.split_reduction import size_hints, split_reductions
+from toycomp.inductor.opt.split_reduction import size_hints, split_reductions
 from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 from toycomp.symbolic_shapes import is_symbolic
 
@@ -295,7 +295,7 @@ def compile(  # noqa: A001 (torch.compile's name)
             never does. ``toycomp.mark_dynamic(x, dim)`` makes a dimension a symbol in every
             mode. Sizes 0 and 1 are always specialised.
         mode: ``None`` or ``"default"``; ``"reduce-overhead"`` replays each compiled graph on
-            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/cudagraphs.py: static
+            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/opt/cudagraphs.py: static
             shapes only; a graph it cannot apply to runs as compiled, with a warning);
             ``"max-autotune"`` times a few launch configs of each Triton kernel on CUDA at its
             first call and keeps the fastest (toycomp/inductor/opt/autotune.py).

@@ -70,7 +70,7 @@ import sympy
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
-from toycomp.inductor.memory_planning import last_uses, plan_memory
+from toycomp.inductor.opt.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
 from toycomp._torch_compat import LayoutsSeen, empty_strided_cuda
 from toycomp._triton_compat import raw_stream

@@ -58,7 +58,8 @@ import sympy
 import torch
 
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.codegen import cpp_layout, cpp_reduction, cpp_row_buffers, libmvec
+from toycomp.inductor.codegen import cpp_reduction
+from toycomp.inductor.opt import cpp_layout, cpp_row_buffers, libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,

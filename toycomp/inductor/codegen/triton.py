@@ -51,8 +51,8 @@ import torch
 import toycomp.prims as prims
 from toycomp._triton_compat import InterpretedKernel, LeanLauncher
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.autotune import autotuned
-from toycomp.inductor.split_reduction import ReductionHint
+from toycomp.inductor.opt.autotune import autotuned
+from toycomp.inductor.opt.split_reduction import ReductionHint
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
     LOW_PRECISION,
@@ -62,7 +62,7 @@ from toycomp.inductor.codegen.common import (
     compute_dtype,
     operand_dtype,
 )
-from toycomp.inductor.codegen.masked_loads import load_conditions
+from toycomp.inductor.opt.masked_loads import load_conditions
 from toycomp.inductor.codegen.triton_heuristics import (
     PERSISTENT_MAX_RNUMEL,
     block_sizes,
