@@ -91,8 +91,10 @@ def inductor_compiler(
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
         target = resolve_backend(backend, example_inputs)
-        hints = size_hints(example_inputs)  # the sizes' example values choose the splits
-        lowered = split_reductions(lower(prims_gm, example_inputs), target, hints)
+        lowered = lower(prims_gm, example_inputs)
+        if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
+            hints = size_hints(example_inputs)  # the sizes' example values choose the splits
+            lowered = split_reductions(lowered, target, hints)
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
         record.append(
