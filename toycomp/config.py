@@ -31,27 +31,31 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 # --- the flags (their defaults are the fast preset) ---------------------------------------------
-# Reductions: a long reduction with few outputs becomes a partial reduction over chunks plus a
-# small finishing one (Triton; opt/split_reduction.py).
+# A long reduction with few outputs becomes a partial reduction over chunks plus a small
+# finishing one (Triton; after lowering: inductor/opt/split_reduction.py).
 split_reductions = True
-# The wrapper reuses dead buffers for new ones, sized by a plan made at compile time
-# (opt/memory_planning.py).
+# The wrapper reuses dead buffers, in place where safe, and matmuls write into them (with
+# ``out=``); off: each buffer is allocated before its first write (inductor/opt/memory_planning.py).
 memory_planning = True
-# Triton on CUDA: time a few launch configs per kernel at its first call (opt/autotune.py);
-# compile(mode="max-autotune") turns it on. Off in both presets.
+# Triton on CUDA: time a few launch configs per kernel at its first call, keep the fastest
+# (inductor/opt/autotune.py); compile(mode="max-autotune") sets it. Off in both presets.
 max_autotune = False
-# Capture: guards that read the same object share one read (opt/fast_guards.py). (TorchDynamo's
-# counterpart is its C++ guard manager.)
+# Capture: guard paths shared by several lines read once (a regular-expression rewrite of the
+# guard text), and the tensors of a model's attributes checked by one C++ call
+# (capture/guard_check.py: [Note: guards name shared prefixes], [Note: tensor guards in one call]).
+# (TorchDynamo's counterpart is its C++ GuardManager tree.)
 fast_guards = True
 
 
 class cpp:
     """The C++ backend (Inductor: ``config.cpp``)."""
 
-    # Vector width: None = the widest this CPU has (``omp simd`` loops, glibc's vector libm,
-    # toycomp's own sincos; opt/cpp_vector.py); 0 = scalar code, the C++ a student reads.
+    # Vector width: None = this CPU's (``omp simd`` pointwise loops, glibc's vector libm, toycomp's
+    # own sincos: inductor/opt/libmvec.py, opt/cpp_vector_prefix.py); 0 = scalar ``std::sin``,
+    # the C++ a student reads. (Inductor: 0 turns off its vectorised CppVecKernel.)
     simdlen: int | None = None
-    # Reductions over columns and pointwise loops over planes (opt/cpp_layout.py).
+    # Reductions over columns, loops over planes, sibling reductions in one pass
+    # (inductor/opt/cpp_layout.py).
     layouts = True
     # A row's costly values computed once and kept for the next loop (opt/cpp_row_buffers.py).
     row_buffers = True
@@ -60,21 +64,19 @@ class cpp:
 class triton:
     """The Triton backend (Inductor: ``config.triton``)."""
 
-    # mode="reduce-overhead": each compiled graph replayed as one CUDA graph (opt/cudagraphs.py).
+    # Each compiled graph replayed as one CUDA graph (inductor/opt/cudagraphs.py);
+    # compile(mode="reduce-overhead") sets it. Off in both presets.
     cudagraphs = False
-    # A column sum fused with the row reduction of the same input (opt/split_reduction.py).
+    # A column sum fused with a row reduction of the same input (opt/split_reduction.py).
     mix_order_reduction = True
-    # Block sizes, warps and stages from the kernel's shape; off: one fixed config
-    # (opt/triton_heuristics.py).
-    heuristics = True
-    # Loads whose mask is known true drop it; ``other=`` only where a value is read masked
-    # (opt/masked_loads.py).
-    masked_loads = True
-    # evict_first / evict_last hints on loads (opt/triton_heuristics.py).
+    # evict_first / evict_last hints on loads, and the L2-size rule that picks them
+    # (codegen/triton_heuristics.py: [Note: eviction policy]).
     eviction_hints = True
-    # Kernels launched through Triton's low-level launcher, not ``kernel[grid](...)``.
+    # On CUDA, kernels launched through Triton's low-level launcher, ``kernel.run(stream0, ...)``
+    # ([Note: lean launches] in _triton_compat.py); off: ``kernel[grid](...)``, no autotuning.
     lean_launch = True
-    # Sizes divisible by 16 are specialised as such (``s0_ALIGN``) so loads vectorise.
+    # Each integer size also passed as ``s0_ALIGN``, the power of two up to 16 dividing it, so
+    # that Triton knows loads are aligned ([Note: alignment of symbolic sizes] in triton.py).
     divisible_by_16 = True
 
 
