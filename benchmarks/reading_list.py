@@ -17,10 +17,14 @@ NB: tinygrad's sz.py counts a package's lines the same way for its CI budget.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
+import json
+import os
 import sys
+import tempfile
+import threading
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, Callable
@@ -46,7 +50,7 @@ def stage_of(relpath: str) -> str:
     return next(name for name, prefix in STAGES if relpath.startswith(prefix))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Function:
     """One executed toycomp function: where it is and how many source lines it has."""
 
@@ -85,10 +89,12 @@ def trace_functions(run: Callable[[], Any]) -> list[Function]:
             seen[frame.f_code] = None
 
     sys.setprofile(profile)
+    threading.setprofile(profile)  # kernels compile on a thread pool
     try:
         run()
     finally:
         sys.setprofile(None)
+        threading.setprofile(None)
     found = (_function_of(code) for code in seen)
     # Nested functions lie inside their parent's lines: count only the outermost one.
     functions = [f for f in found if f is not None]
@@ -118,12 +124,15 @@ def running_example(options: dict[str, Any]) -> Callable[[], None]:
 
 
 def reading_list(preset: str = "teach") -> list[Function]:
-    """The functions the running example executes under ``toycomp.config.<preset>``."""
+    """The functions the running example executes under ``toycomp.config.<preset>``, in a
+    process that has imported toycomp and compiled nothing yet, with an empty kernel cache
+    (the path of a student's first run: C++ compiled, probes run)."""
     import toycomp
 
     options = getattr(toycomp.config, preset)
-    running_example(options)()  # warm up: imports and one-time tables are not the path
-    return trace_functions(running_example(options))
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["TOYCOMP_CACHE_DIR"] = cache_dir
+        return trace_functions(running_example(options))
 
 
 def stage_totals(functions: list[Function]) -> dict[str, int]:
@@ -167,8 +176,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="teach", choices=["teach", "fast"])
     parser.add_argument("--summary", action="store_true", help="one line per stage")
+    parser.add_argument("--json", action="store_true", help="the functions, as JSON")
     args = parser.parse_args()
-    print_reading_list(reading_list(args.preset), args.summary)
+    functions = reading_list(args.preset)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(f) for f in functions]))
+    else:
+        print_reading_list(functions, args.summary)
 
 
 if __name__ == "__main__":

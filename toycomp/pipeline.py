@@ -28,6 +28,7 @@ torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/com
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -161,7 +162,7 @@ class GraphCompiler:
         self, backend: str | None, partition: str, name: str = "fn", mode: str | None = None
     ) -> None:
         self.backend, self.partition, self.name = backend, partition, name
-        self.cudagraphs = CUDAGraphMode(name)  # used where config.triton.cudagraphs is on
+        self.cudagraphs: CUDAGraphMode | None = None  # made where config.triton.cudagraphs is on
         self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
@@ -175,8 +176,11 @@ class GraphCompiler:
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
             _check_layouts(example_inputs)
+            if config.triton.cudagraphs and self.cudagraphs is None:
+                self.cudagraphs = CUDAGraphMode(self.name)
             cudagraphs = self.cudagraphs if config.triton.cudagraphs else None
-            with autotune.requested(self.autotune or config.max_autotune):
+            tuned = self.autotune or config.max_autotune  # inductor/opt/autotune.py
+            with autotune.requested(True) if tuned else contextlib.nullcontext():
                 aot, graphs = compile_stages_2_to_4(
                     gm, example_inputs, self.backend, self.partition, cudagraphs
                 )

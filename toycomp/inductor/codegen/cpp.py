@@ -409,7 +409,7 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     should that fail to compile or load, it is compiled again with scalar calls, with a warning.
     """
     wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
-    flags = libmvec.vector_math_flags(wanted)
+    flags = libmvec.vector_math_flags(wanted) if wanted else ()  # (none: no probe either)
     try:
         lib = cache.load_cpp_library(generated.source, flags)
     except (cache.CppCompileError, OSError) as e:
