@@ -185,6 +185,21 @@ def column_sum_case(name: str, device: str, m: int, k: int, backward: bool) -> C
     return Case(name, "", column_sum, (_randn(m, k, device=device),), False, (m * k + k) * FLOAT)
 
 
+# One op on 4M floats (issue 29, item 5): a lone op is where a C++ kernel's vector math shows,
+# with nothing fused around it to hide it. CPU rows only (the GPU rows fuse more).
+ONE_OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh, "exp": torch.exp,
+    "log": lambda x: torch.log(x.abs() + 1e-3), "sigmoid": torch.sigmoid, "gelu": F.gelu,
+    "pow": lambda x: torch.pow(x.abs(), 1.7), "sum": torch.sum,
+}  # fmt: skip
+
+
+def one_op_case(name: str, device: str, n: int, backward: bool) -> Case:
+    fn = ONE_OPS[name.split(" ")[0]]
+    out = 1 if fn is torch.sum else n
+    return Case(name, "", fn, (_randn(n, device=device),), False, (n + out) * FLOAT)
+
+
 # [Note: rounds of a host-bound step]
 # A step of a few small kernels (the course's MLP: batch 32) is bound by the host, and the
 # lent GPU machine's host drifts: on the H100 its rounds spread from 0.55 to 0.95 ms for each
@@ -220,6 +235,15 @@ ROWS = [
         {"cuda": (8192, 1000), "cpu": (8192, 1000), "quick": (32, 100)}),
     Row("column sum", column_sum_case,
         {"cuda": (4096, 4096), "cpu": (4096, 4096), "quick": (64, 64)}),
+    Row("sin (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("cos (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("tanh (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("exp (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("log (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("sigmoid (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("gelu (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("pow (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
+    Row("sum (one op)", one_op_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)}),
     Row("sin²+cos² fwd (small)", sin_cos_case, {"cuda": (4 * M,), "cpu": None, "quick": None}),
 ]  # fmt: skip
 

@@ -52,7 +52,8 @@ class cpp:
 
     # Vector width: None = this CPU's (``omp simd`` pointwise loops, glibc's vector libm, toycomp's
     # own sincos: inductor/opt/libmvec.py, opt/cpp_vector_prefix.py); 0 = scalar ``std::sin``,
-    # the C++ a student reads. (Inductor: 0 turns off its vectorised CppVecKernel.)
+    # the C++ a student reads; 256 = AVX2's width on an AVX-512 CPU, as ATEN_CPU_CAPABILITY=avx2
+    # ([Note: forcing AVX2] in cache.py). (Inductor: the same values; 0 turns off CppVecKernel.)
     simdlen: int | None = None
     # Reductions over columns, loops over planes, sibling reductions in one pass
     # (inductor/opt/cpp_layout.py).

@@ -63,6 +63,21 @@ except ImportError:  # not POSIX: no build lock, so concurrent misses may compil
 # friends; it changes no result. Never -ffast-math: it would break NaN propagation in max/min.
 CXXFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
 
+# [Note: forcing AVX2]
+# A machine with AVX-512 can run the code an AVX2-only machine gets: `cpp.simdlen = 256`, or
+# ATEN_CPU_CAPABILITY=avx2 as for eager PyTorch and Inductor (torch/_inductor/cpu_vec_isa.py
+# reads the same variable), adds -mno-avx512f after -march=native: no AVX-512 instruction, so
+# the preamble picks glibc's 8-lane vector functions (_ZGVdN8...) and GCC 8-lane loops, as on an
+# AVX2-only CPU. Other values of the variable (`default`, `avx512`) leave the flags as they are.
+def isa_flags() -> tuple[str, ...]:
+    """The flags that narrow ``-march=native`` to the vector width asked for (x86 only)."""
+    from toycomp import config  # (a leaf module: no cycle)
+
+    wanted = config.cpp.simdlen or {"avx2": 256}.get(os.environ.get("ATEN_CPU_CAPABILITY", ""))
+    if wanted == 256 and platform.machine() in ("x86_64", "AMD64"):
+        return ("-mno-avx512f",)
+    return ()
+
 # [Note: cache security]
 # Loading a cached library runs its code in the user's process: whoever can write the cache can
 # run code as the user. So the directory is the trust boundary. It is created 0700, and a cache
@@ -262,6 +277,7 @@ def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
         CacheDirError: the cache directory is not private (see [Note: cache security]).
     """
     cxx = find_cxx()
+    extra_flags = (*isa_flags(), *extra_flags)
     flags = (*CXXFLAGS, *extra_flags)
     key = content_hash(source, compiler_id(cxx), " ".join(flags), cpu_features())
     lib = _entry_dir("cpp") / f"{key}.so"

@@ -44,7 +44,7 @@ _VECTOR_MATH_CANDIDATES = {
 }  # fmt: skip
 _PROBE_INPUTS = [0.25 + 0.37 * i for i in range(40)]  # 40: vector iterations and a remainder
 _probe_lock = threading.Lock()
-_probed: dict[str, frozenset[str]] = {}  # compiler -> functions that work
+_probed: dict[tuple, frozenset[str]] = {}  # compiler, ISA flags -> functions that work
 
 
 def vector_math_flags(functions: Iterable[str]) -> tuple[str, ...]:
@@ -73,11 +73,12 @@ def vector_math_functions() -> frozenset[str]:
         cxx = cache.find_cxx()
     except cache.CppCompileError:
         return frozenset()
+    key = (cxx, cache.isa_flags())  # AVX2 forced: the 8-lane functions are probed
     with _probe_lock:
-        if cxx not in _probed:
+        if key not in _probed:
             found = probe_vector_math(sorted(_VECTOR_MATH_CANDIDATES))
-            _probed[cxx] = found | ({"sincosf"} if probe_sincos() else set())
-        return _probed[cxx]
+            _probed[key] = found | ({"sincosf"} if probe_sincos() else set())
+        return _probed[key]
 
 
 def probe_vector_math(functions: Sequence[str]) -> frozenset[str]:
