@@ -45,6 +45,9 @@ max_autotune = False
 # (capture/guard_check.py: [Note: guards name shared prefixes], [Note: tensor guards in one call]).
 # (TorchDynamo's counterpart is its C++ GuardManager tree.)
 fast_guards = True
+# The C++ kernels of a graph compile at once, this many compilers side by side (None: one per
+# core; False, 0 or 1: one after another) in a pool of threads (inductor/opt/async_compile.py).
+compile_threads: int | None = None
 
 
 class cpp:
@@ -163,7 +166,7 @@ def with_options(options: dict[str, Any], fn: Callable) -> Callable:
 import sys as _sys  # noqa: E402  (the module itself, for the flat flags)
 
 _module = _sys.modules[__name__]
-_FLAT = ("split_reductions", "memory_planning", "max_autotune", "fast_guards")
+_FLAT = ("split_reductions", "memory_planning", "max_autotune", "fast_guards", "compile_threads")
 DEFAULTS: dict[str, Any] = {name: getattr(_module, name) for name in _FLAT}
 DEFAULTS |= {f"{ns}.{attr}": value for ns, owner in _NAMESPACES.items()
              for attr, value in vars(owner).items() if not attr.startswith("_")}  # fmt: skip

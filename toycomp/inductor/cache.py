@@ -98,7 +98,7 @@ def isa_flags() -> tuple[str, ...]:
 _LIBRARIES: dict[Path, ctypes.CDLL] = {}
 _MODULES: dict[Path, ModuleType] = {}
 _TEMP_DIRS: dict[Path, Path] = {}  # unwritable cache directory -> this process's stand-in
-_temp_lock = threading.Lock()
+_temp_lock = threading.Lock()  # _TEMP_DIRS and _LIBRARIES
 
 
 class CppCompileError(RuntimeError):
@@ -328,9 +328,10 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """Compile (cached) and ``dlopen`` ``source``; the library stays loaded for the process."""
     path = compile_cpp(source, extra_flags)
-    if path not in _LIBRARIES:
-        _LIBRARIES[path] = ctypes.CDLL(str(path))
-    return _LIBRARIES[path]
+    with _temp_lock:  # compile threads (opt/async_compile.py) may load one library at once
+        if path not in _LIBRARIES:
+            _LIBRARIES[path] = ctypes.CDLL(str(path))
+        return _LIBRARIES[path]
 
 
 # --- Python modules (Triton kernels) -------------------------------------------------------------

@@ -59,8 +59,6 @@ torch/_inductor/graph.py (GraphLowering.compile_to_module).
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -71,6 +69,7 @@ import toycomp.config as config
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
+from toycomp.inductor.opt import async_compile
 from toycomp.inductor.opt.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
 from toycomp._torch_compat import LayoutsSeen, empty_strided_cuda
@@ -202,9 +201,10 @@ def _check_backend(backend: str, device: torch.device) -> None:
 def _load_kernels(
     generated: list[GeneratedKernel], backend: str, device: torch.device
 ) -> dict[str, Any]:
-    if backend == "cpp":  # compilers run in parallel: the GIL is released while they work
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            loaded = list(pool.map(cpp.load, generated))
+    if backend == "cpp" and config.compile_threads in (False, 0, 1):
+        loaded = [cpp.load(g) for g in generated]
+    elif backend == "cpp":  # the compilers side by side (opt/async_compile.py)
+        loaded = async_compile.compile_all(cpp.load, generated)
     else:
         return {n: triton.load(g, device, n) for g in generated for n in (g.name, *g.variants)}
     return {g.name: fn for g, fn in zip(generated, loaded)}
