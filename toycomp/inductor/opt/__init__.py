@@ -16,6 +16,8 @@ values and gradients are the same (docs/passes.md lists the passes, flags and ho
                               triton.divisible_by_16
     at launch (CUDA)          triton.lean_launch            codegen/triton.py, _triton_compat.py
     in the wrapper            memory_planning               memory_planning.py
+                              compile_threads               async_compile.py (kernels compiled
+                                                              in a pool of threads)
     at launch (CUDA)          max_autotune                  autotune.py
     around the compiled graph triton.cudagraphs             cudagraphs.py
 
