@@ -1,0 +1,209 @@
+"""``F.scaled_dot_product_attention`` through toycomp with every kernel PyTorch may pick (issue 32).
+
+Each case forces one kernel with ``torch.nn.attention.sdpa_kernel`` and runs a forward and a
+backward through ``toycomp.compile`` and ``torch.compile(backend="toycomp")``:
+
+- on the CPU (CI): the math kernel (decomposed: matmul externs, fused softmax) and the CPU flash
+  kernel (an extern), in fp32, bf16 and fp16; causal, an additive mask, a boolean mask,
+  grouped-query attention, dropout; and under CPU autocast (bf16);
+- on CUDA (skipped without it): math, flash, memory-efficient and cuDNN. A combination the
+  kernel does not support (flash in fp32, a mask with flash...) is skipped when eager refuses it
+  under the same ``sdpa_kernel``, so the skips list what this GPU and PyTorch lack;
+- the CUDA kernels' kinds of results (ints, None, RNG state on either device) on the CPU, through
+  stand-ins that return what they return (tests/aot/cuda_attention_standins.py).
+
+Tolerances are PyTorch's own for SDPA (``get_tolerances`` in test/test_transformers.py): the
+reference runs in float64 with the math kernel; eager in the tested dtype and kernel deviates from
+it by some amount; toycomp may deviate by ``FUDGE`` times that (at least the dtype's default
+atol), with the dtype's default rtol.
+Dropout: with a seed, the random stream is eager's (compare); without relying on that, the
+fraction dropped matches ``dropout_p`` and the backward's mask is the forward's (``v`` the
+identity: the output is the dropped attention matrix, and ``grad_v`` must be ``out^T @ w``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import toycomp
+from tests.aot import cuda_attention_standins
+
+aten = torch.ops.aten
+CUDA = torch.cuda.is_available()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# test/test_transformers.py's default_atol / default_rtol, and a fudge factor as its tests use
+DEFAULT_ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}
+DEFAULT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6}
+FUDGE = 2.0
+# the ATen op each kernel leaves in AOT's forward graph (math: none, it is decomposed)
+KERNEL_OPS = {
+    SDPBackend.FLASH_ATTENTION: {aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                 aten._scaled_dot_product_flash_attention.default},
+    SDPBackend.EFFICIENT_ATTENTION: {aten._scaled_dot_product_efficient_attention.default},
+    SDPBackend.CUDNN_ATTENTION: {aten._scaled_dot_product_cudnn_attention.default},
+    SDPBackend.MATH: set(),
+}  # fmt: skip
+SDPA_OPS = set().union(*KERNEL_OPS.values())
+VARIANTS = ["plain", "causal", "float_mask", "bool_mask", "gqa"]
+
+
+def get_tolerances(true, computed, fudge=FUDGE):
+    """test/test_transformers.py's atol: ``computed``'s largest deviation from ``true`` (at least
+    the dtype's default), times ``fudge``. Its rtol (the largest relative deviation) reaches 17
+    for bf16 gradients here, which would let anything pass: we keep the dtype's default."""
+    atol = (true - computed.to(true.dtype)).abs().max().item()
+    return fudge * max(atol, DEFAULT_ATOL[computed.dtype]), fudge * DEFAULT_RTOL[computed.dtype]
+
+
+# -- the attention functions and their inputs -------------------------------------------------
+def attention(variant: str, dropout_p: float = 0.0):
+    """The function to compile: SDPA with ``variant``'s options; a mask is an input."""
+    causal, gqa = variant == "causal", variant == "gqa"
+
+    def sdpa(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=causal, enable_gqa=gqa)  # fmt: skip
+
+    return sdpa
+
+
+def make_inputs(variant, dtype, device, b=2, h=4, lq=6, lk=10, e=8, seed=0):
+    """q, k, v (and the mask) in ``dtype`` on ``device``, q, k and v requiring grad."""
+    gen = torch.Generator().manual_seed(seed)
+    hk = h // 2 if variant == "gqa" else h
+    shapes = [(b, h, lq, e), (b, hk, lk, e), (b, hk, lk, e)]
+    qkv = [torch.randn(s, generator=gen).to(device, dtype).requires_grad_() for s in shapes]
+    if variant == "float_mask":
+        return [*qkv, torch.randn(lq, lk, generator=gen).to(device, dtype)]
+    if variant == "bool_mask":
+        mask = torch.rand(b, 1, lq, lk, generator=gen) > 0.4
+        mask[..., 0] = True  # no query masked out whole (the fused kernels would give NaN)
+        return [*qkv, mask.to(device)]
+    return qkv
+
+
+def run(fn, inputs, backend):
+    """``fn``'s output and the gradients of ``sum(out * w)`` for its float inputs that require
+    grad, under ``sdpa_kernel(backend)``."""
+    inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    with sdpa_kernel([backend]):
+        out = fn(*inputs)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        wrt = [x for x in inputs if x.requires_grad]
+        grads = torch.autograd.grad((out * w).sum(), wrt)
+    return out.detach(), grads
+
+
+def compiled(fn, path):
+    return toycomp.compile(fn) if path == "toycomp" else torch.compile(fn, backend="toycomp")
+
+
+def check_sdpa(variant, dtype, backend, path, device, **sizes):
+    """Compiled forward and gradients against the float64 math reference, within the tolerance
+    eager's own deviation from that reference gives (``get_tolerances``)."""
+    fn = attention(variant)
+    inputs = make_inputs(variant, dtype, device, **sizes)
+    try:
+        eager = run(fn, inputs, backend)
+    except RuntimeError as e:  # "No available kernel": this kernel cannot take this case
+        pytest.skip(f"eager has no {backend.name} kernel for this: {str(e).splitlines()[0]}")
+    as64 = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x
+            for x in inputs]  # fmt: skip
+    reference = run(fn, as64, SDPBackend.MATH)
+    torch._dynamo.reset()
+    ours = run(compiled(fn, path), inputs, backend)
+    names = ["out", "grad_q", "grad_k", "grad_v"]
+    for name, ref, lp, got in zip(names, [reference[0], *reference[1]], [eager[0], *eager[1]],
+                                  [ours[0], *ours[1]]):  # fmt: skip
+        assert got.dtype == lp.dtype and got.shape == lp.shape, name
+        atol, rtol = get_tolerances(ref, lp)
+        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol, msg=name)
+    return fn, inputs
+
+
+def forward_targets(fn, inputs, backend):
+    """The call targets of the forward graph that toycomp.compile makes of ``fn``."""
+    with sdpa_kernel([backend]):
+        compiled_fn = toycomp.compile(fn)
+        compiled_fn(*inputs)
+    entry = compiled_fn.entries[0]
+    fallbacks = [f for g in entry.graphs for f in g.fallbacks]
+    return {n.target for n in entry.aot.forward.graph.nodes if n.op == "call_function"}, fallbacks
+
+
+# -- CPU: math and flash (CI) -----------------------------------------------------------------
+CPU_BACKENDS = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+def test_cpu_sdpa_toycomp_compile(backend, dtype, variant):
+    fn, inputs = check_sdpa(variant, dtype, backend, "toycomp", "cpu")
+    if dtype is torch.float32:  # the kernel forced is the one compiled, and nothing falls back
+        targets, fallbacks = forward_targets(fn, inputs, backend)
+        assert targets & SDPA_OPS == KERNEL_OPS[backend] & targets and not fallbacks, fallbacks
+        assert (targets & SDPA_OPS) or backend is SDPBackend.MATH
+
+
+@pytest.mark.parametrize("variant", ["causal", "bool_mask", "gqa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+def test_cpu_sdpa_torch_compile(backend, dtype, variant):
+    check_sdpa(variant, dtype, backend, "dynamo", "cpu")
+
+
+def test_cpu_flash_kernel_is_an_extern_in_both_graphs():
+    fn, inputs = attention("causal"), make_inputs("causal", torch.float32, "cpu")
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        ex = toycomp.explain(fn, *inputs)
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default in _targets(ex.forward)
+    assert aten._scaled_dot_product_flash_attention_for_cpu_backward.default in _targets(
+        ex.backward)
+    assert not ex.fallbacks
+
+
+def _targets(gm):
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_math_kernel_with_a_query_masked_out_whole():
+    # the math kernel's _safe_softmax gives zeros for such a row (eager's), not NaN
+    fn = attention("bool_mask")
+    q, k, v, mask = make_inputs("bool_mask", torch.float32, "cpu")
+    mask[0, 0, 2] = False
+    check_sdpa_inputs = [q, k, v, mask]
+    eager = run(fn, check_sdpa_inputs, SDPBackend.MATH)
+    ours = run(toycomp.compile(fn), check_sdpa_inputs, SDPBackend.MATH)
+    assert not eager[0].isnan().any()
+    for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+def test_cpu_sdpa_under_autocast_bf16(path):
+    torch.manual_seed(0)
+    qkv, proj = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def block(x):
+        q, k, v = qkv(x).view(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return proj(y.transpose(1, 2).reshape(2, 10, 32))
+
+    def autocast_block(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return block(x)
+
+    x = torch.randn(2, 10, 32, requires_grad=True)
+    eager = run(autocast_block, [x], SDPBackend.FLASH_ATTENTION)
+    ours = run(compiled(autocast_block, path), [x], SDPBackend.FLASH_ATTENTION)
+    assert ours[0].dtype == eager[0].dtype == torch.bfloat16
+    qkv.double(), proj.double()
+    reference = run(block, [x.double()], SDPBackend.MATH)
+    for name, ref, lp, got in zip(["out", "grad_x"], [reference[0], *reference[1]],
+                                  [eager[0], *eager[1]], [ours[0], *ours[1]]):  # fmt: skip
+        atol, rtol = get_tolerances(ref, lp.to(torch.bfloat16))  # bf16's precision
+        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol, msg=name)
