@@ -55,13 +55,14 @@ for real" below computes metadata only; given real tensors it really computes.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import TorchDispatchMode, schema_of, tree_map
+from toycomp._torch_compat import TorchDispatchMode, is_fake, schema_of, tree_flatten, tree_map
 from toycomp.aot.functional_utils import (
     AS_STRIDED_OPS,
     DATA_DEPENDENT_OPS,
@@ -117,7 +118,8 @@ class FunctionalRecorder(TorchDispatchMode):
         nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
         if mutated:
             self.tracker.snapshot([t for _, t in mutated])
-        out = func(*args, **kwargs)
+        with _draws_nothing(func, args, kwargs):
+            out = func(*args, **kwargs)
         if not mutated:
             node = self.tracker.emit(func, nargs, nkwargs, out)
             results = self.tracker.emit_results(node, out)
@@ -363,3 +365,21 @@ def _as_list(value: Any) -> list:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
+
+
+# [Note: random ops draw nothing while tracing]
+# Traced on real tensors (Dynamo hands AOT its real example inputs), each op runs once at
+# compile time. A random op (bernoulli, native_dropout, an attention kernel with dropout: ATen
+# tags them nondeterministic_seeded) would then draw from the user's generator, and the
+# compiled function's first call would get the numbers eager's second call gets. So the
+# generators' state is put back after it, as if nothing had been drawn. (On fake tensors
+# nothing is drawn.)
+def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A context that restores the RNG state of the devices of ``func``'s tensor arguments."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return contextlib.nullcontext()
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    if any(is_fake(t) for t in tensors):
+        return contextlib.nullcontext()
+    cuda = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    return torch.random.fork_rng(devices=cuda, device_type="cuda")
