@@ -31,6 +31,7 @@ import contextlib
 import math
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 aten = torch.ops.aten
 
@@ -42,8 +43,10 @@ def _mask(seed: int, shape, p: float) -> torch.Tensor:
 
 
 def _draw_seed() -> int:
-    """A seed from the global generator: seeded runs draw the same, as CUDA's Philox offset."""
-    return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    """A seed from the global generator: seeded runs draw the same, as CUDA's Philox offset.
+    (Drawn outside any dispatch mode: a tracer running this kernel must not record its ops.)"""
+    with _disable_current_modes():
+        return int(torch.randint(0, 2**62, (), dtype=torch.int64))
 
 
 def _scores(q, k, bias, causal, scale):
@@ -80,7 +83,8 @@ def _backward(grad, q, k, v, bias, lse, causal, scale, p, seed):
 
 
 def _seed_of(seed: torch.Tensor) -> int:
-    return int(seed.flatten()[0].to(torch.int64))
+    with _disable_current_modes():
+        return int(seed.flatten()[0].to(torch.int64))
 
 
 # -- flash ------------------------------------------------------------------------------------
@@ -104,6 +108,10 @@ def flash_backward(grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_
 # -- memory-efficient ----------------------------------------------------------------------------
 def efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *,
               scale=None):  # fmt: skip
+    if attn_bias is not None:  # the CUDA kernel's check_supported: rows 16-byte aligned
+        assert attn_bias.stride(-1) == 1 and all(
+            st % 8 == 0 for n, st in zip(attn_bias.shape[:-1], attn_bias.stride()) if n > 1
+        ), f"attn_bias is not correctly aligned: strides {attn_bias.stride()}"
     seed = _draw_seed() if dropout_p > 0 else 0
     out, lse = _forward(q, k, v, attn_bias, is_causal, scale, dropout_p, seed)
     b, h, lq = lse.shape
@@ -119,7 +127,7 @@ def efficient_backward(grad, q, k, v, attn_bias, out, lse, seed, offset, dropout
     assert seed.shape == () and seed.dtype == torch.int64
     lq = q.shape[2]
     grads = _backward(grad, q, k, v, attn_bias, lse[..., :lq], is_causal, scale, dropout_p,
-                      int(seed))  # fmt: skip
+                      _seed_of(seed))  # fmt: skip
     grad_bias = None
     if attn_bias is not None and grad_input_mask[3]:
         grad_bias = grads[3].to(attn_bias.dtype)
@@ -140,7 +148,7 @@ def cudnn_backward(grad, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_
     assert (cum_q, cum_k, max_q, max_k) == (None, None, q.shape[2], k.shape[2])
     assert seed.shape == () and seed.dtype == torch.int64
     grads = _backward(grad, q, k, v, attn_bias, lse[..., 0], is_causal, scale, dropout_p,
-                      int(seed))  # fmt: skip
+                      _seed_of(seed))  # fmt: skip
     return grads[:3]
 
 

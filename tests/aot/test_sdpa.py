@@ -31,6 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import toycomp
 from tests.aot import cuda_attention_standins
 
+# a graph that toycomp gave up on and ran eagerly would pass any comparison with eager: an error
+pytestmark = pytest.mark.filterwarnings("error:toycomp. a graph .*runs eagerly")
 aten = torch.ops.aten
 CUDA = torch.cuda.is_available()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -98,7 +100,12 @@ def run(fn, inputs, backend):
 
 
 def compiled(fn, path):
-    return toycomp.compile(fn) if path == "toycomp" else torch.compile(fn, backend="toycomp")
+    if path == "toycomp":
+        return toycomp.compile(fn)
+    # a fresh Dynamo: a function compiled before with another dropout_p would recompile with a
+    # dynamic float (read with .item(), which toycomp's AOT refuses: the graph runs eagerly)
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="toycomp")
 
 
 def check_sdpa(variant, dtype, backend, path, device, **sizes):
@@ -113,7 +120,6 @@ def check_sdpa(variant, dtype, backend, path, device, **sizes):
     as64 = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x
             for x in inputs]  # fmt: skip
     reference = run(fn, as64, SDPBackend.MATH)
-    torch._dynamo.reset()
     ours = run(compiled(fn, path), inputs, backend)
     names = ["out", "grad_q", "grad_k", "grad_v"]
     for name, ref, lp, got in zip(names, [reference[0], *reference[1]], [eager[0], *eager[1]],
@@ -207,3 +213,194 @@ def test_cpu_sdpa_under_autocast_bf16(path):
                                   [eager[0], *eager[1]], [ours[0], *ours[1]]):  # fmt: skip
         atol, rtol = get_tolerances(ref, lp.to(torch.bfloat16))  # bf16's precision
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol, msg=name)
+
+
+# -- dropout: the random stream, the fraction dropped, the backward's mask ---------------------
+def check_dropout(backend, path, device, p=0.3, seed=7):
+    """Seeded: toycomp draws eager's numbers. Any draw: about ``p`` of the attention weights
+    are dropped, and the backward drops the same ones as the forward (``v`` the identity)."""
+    fn = attention("plain", dropout_p=p)
+    gen = torch.Generator().manual_seed(0)
+    q, k = [torch.randn(2, 4, n, 16, generator=gen).to(device).requires_grad_() for n in (6, 16)]
+    v = torch.eye(16, device=device).expand(2, 4, 16, 16).clone().requires_grad_()
+    torch.manual_seed(seed)
+    try:
+        eager = run(fn, [q, k, v], backend)
+    except RuntimeError as e:
+        pytest.skip(f"eager has no {backend.name} kernel with dropout: {str(e).splitlines()[0]}")
+    fn_compiled = compiled(fn, path)
+    torch.manual_seed(seed)
+    ours = run(fn_compiled, [q, k, v], backend)
+    for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    q, k, v = [x.detach().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel([backend]):
+        out = fn_compiled(q, k, v)  # v = I: out is the dropped, rescaled attention matrix
+        w = torch.randn_like(out)
+        grad_v, = torch.autograd.grad((out * w).sum(), v)
+    torch.testing.assert_close(grad_v, out.detach().transpose(-2, -1) @ w, rtol=1e-4, atol=1e-5)
+    dropped = (out == 0).float().mean().item()  # softmax weights are never 0 themselves
+    assert abs(dropped - p) < 0.08, dropped  # 768 weights: 5 standard deviations
+
+
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+def test_cpu_sdpa_dropout(backend, path):
+    check_dropout(backend, path, "cpu")
+
+
+# -- the CUDA kernels' results on the CPU: ints, None, RNG state (stand-ins) -------------------
+def standin_call(kernel, dropout_p, bias=None):
+    """The user function calling ``kernel``'s ATen op directly (F.sdpa on the CPU cannot pick it)."""
+
+    def flash(q, k, v):
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[0]
+
+    def efficient(q, k, v, *bias):
+        return aten._scaled_dot_product_efficient_attention(q, k, v, *bias or [None], True,
+                                                            dropout_p, not bias)[0]  # fmt: skip
+
+    def cudnn(q, k, v, *bias):
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, *bias or [None], True,
+                                                        dropout_p, not bias)[0]  # fmt: skip
+
+    return {"flash": flash, "efficient": efficient, "cudnn": cudnn}[kernel]
+
+
+@pytest.fixture
+def standins():
+    with cuda_attention_standins.registered():
+        yield
+
+
+def standin_inputs(lq=5, lk=7, e=8):
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2, 3, lq, e), (2, 3, lk, e), (2, 3, lk, e)]
+    return [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+
+
+def check_same_as_eager(fn, inputs, path, seed=3):
+    torch.manual_seed(seed)
+    eager = run(fn, inputs, SDPBackend.MATH)
+    torch.manual_seed(seed)
+    ours = run(compiled(fn, path), inputs, SDPBackend.MATH)
+    for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+def test_cuda_kernel_results_reach_the_backward(standins, kernel, path, dropout_p):
+    # with dropout, a backward given another seed than its forward's computes other gradients
+    check_same_as_eager(standin_call(kernel, dropout_p), standin_inputs(), path)
+
+
+@pytest.mark.parametrize("kernel", ["efficient", "cudnn"])
+def test_cuda_kernel_with_a_padded_mask(standins, kernel):
+    # scaled_dot_product_attention pads a mask whose rows are not 8-aligned, then slices and
+    # expands it (preprocess_mask): the kernel must get that layout, and the mask a gradient
+    def fn(q, k, v, mask):
+        lq, lk = mask.shape
+        padded = F.pad(mask, (0, 8 - lk % 8))[..., :lk].expand(2, 3, lq, lk)
+        return standin_call(kernel, 0.0)(q, k, v, padded)
+
+    mask = torch.randn(5, 7, generator=torch.Generator().manual_seed(1))
+    mask.requires_grad_(kernel == "efficient")  # (cuDNN's backward gives the mask no gradient)
+    check_same_as_eager(fn, [*standin_inputs(), mask], "toycomp")
+
+
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_cuda_kernel_sequence_lengths_with_dynamic_shapes(standins, kernel):
+    # max_q and max_k are SymInts: the backward takes them as sizes, for every length
+    fn = standin_call(kernel, 0.0)
+    compiled_fn = toycomp.compile(fn, dynamic=True)
+    for lq, lk in [(5, 7), (9, 4), (12, 12)]:
+        inputs = standin_inputs(lq, lk)
+        eager, ours = run(fn, inputs, SDPBackend.MATH), run(compiled_fn, inputs, SDPBackend.MATH)
+        for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert compiled_fn.compile_count == 1
+
+
+def test_cudnn_backward_holds_the_lengths_and_gets_the_seed(standins):
+    # [Note: results that are not tensors]: the ints are literals of the backward, the Nones
+    # stay None; the seed and offset tensors are saved as the forward made them
+    ex = toycomp.explain(standin_call("cudnn", 0.3), *standin_inputs(5, 7))
+    backward, = [n for n in ex.backward.graph.nodes
+                 if n.target is aten._scaled_dot_product_cudnn_attention_backward.default]
+    assert backward.args[8:13] == (None, None, None, 5, 7)
+    seed, offset = backward.args[6:8]
+    assert seed.name in ex.saved_values and offset.name in ex.saved_values
+    assert seed.meta["val"].shape == () and seed.meta["val"].dtype == torch.int64
+    assert not ex.fallbacks
+
+
+# -- CUDA (skipped without it; run on the lent GPU) ---------------------------------------------
+cuda_only = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+CUDA_BACKENDS = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.CUDNN_ATTENTION]  # fmt: skip
+CUDA_SIZES = dict(b=2, h=4, lq=32, lk=48, e=64)
+
+
+@cuda_only
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", CUDA_BACKENDS, ids=lambda b: b.name)
+def test_cuda_sdpa(backend, dtype, variant, path):
+    fn, inputs = check_sdpa(variant, dtype, backend, path, "cuda", **CUDA_SIZES)
+    if path == "toycomp":  # the kernel forced is the one compiled, and nothing falls back
+        targets, fallbacks = forward_targets(fn, inputs, backend)
+        assert targets & SDPA_OPS == KERNEL_OPS[backend] & targets and not fallbacks, fallbacks
+        assert (targets & SDPA_OPS) or backend is SDPBackend.MATH
+
+
+@cuda_only
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+@pytest.mark.parametrize("backend", CUDA_BACKENDS, ids=lambda b: b.name)
+def test_cuda_sdpa_dropout(backend, path):
+    check_dropout(backend, path, "cuda")
+
+
+@cuda_only
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+def test_cuda_sdpa_under_autocast_bf16(path):
+    torch.manual_seed(0)
+    qkv, proj = torch.nn.Linear(256, 768).cuda(), torch.nn.Linear(256, 256).cuda()
+
+    def block(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            q, k, v = qkv(x).view(2, 64, 3, 4, 64).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+            return proj(y.transpose(1, 2).reshape(2, 64, 256))
+
+    x = torch.randn(2, 64, 256, device="cuda", requires_grad=True)
+    torch.manual_seed(1)
+    eager = block(x)
+    eager_grad, = torch.autograd.grad(eager.float().square().sum(), x)
+    torch.manual_seed(1)
+    ours = compiled(block, path)(x)
+    grad, = torch.autograd.grad(ours.float().square().sum(), x)
+    assert ours.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, eager, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(grad, eager_grad, rtol=1.6e-2, atol=1e-2)
+
+
+# -- AOT on real tensors ----------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["dropout", "sdpa"])
+def test_tracing_on_real_tensors_draws_no_random_numbers(op):
+    # [Note: random ops draw nothing while tracing]: the first compiled call draws what eager's
+    # first call draws (aot_function traces on the real tensors it is given)
+    from toycomp.aot.aot_autograd import aot_function
+
+    if op == "dropout":
+        fn, inputs = (lambda x: F.dropout(x, 0.5) * 2), [torch.randn(64, requires_grad=True)]
+    else:
+        fn = attention("plain", dropout_p=0.5)
+        inputs = make_inputs("plain", torch.float32, "cpu")
+    torch.manual_seed(0)
+    with sdpa_kernel([SDPBackend.MATH]):
+        out, = aot_function(fn, inputs)(*inputs)
+        torch.manual_seed(0)
+        assert torch.equal(out, fn(*inputs))
