@@ -296,6 +296,18 @@ def test_cuda_kernel_results_reach_the_backward(standins, kernel, path, dropout_
     check_same_as_eager(standin_call(kernel, dropout_p), standin_inputs(), path)
 
 
+def test_cuda_kernel_results_through_the_triton_backend(standins):
+    # what CUDA runs: Triton's wrapper takes the ints, the Nones and the uint64 RNG state too
+    for kernel in ["flash", "efficient", "cudnn"]:
+        fn, inputs = standin_call(kernel, 0.3), standin_inputs()
+        torch.manual_seed(3)
+        eager = run(fn, inputs, SDPBackend.MATH)
+        torch.manual_seed(3)
+        ours = run(toycomp.compile(fn, backend="triton"), inputs, SDPBackend.MATH)
+        for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["efficient", "cudnn"])
 def test_cuda_kernel_with_a_padded_mask(standins, kernel):
     # scaled_dot_product_attention pads a mask whose rows are not 8-aligned, then slices and
