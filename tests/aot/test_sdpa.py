@@ -416,3 +416,44 @@ def test_tracing_on_real_tensors_draws_no_random_numbers(op):
         out, = aot_function(fn, inputs)(*inputs)
         torch.manual_seed(0)
         assert torch.equal(out, fn(*inputs))
+
+
+@pytest.mark.parametrize("path", ["aot", "toycomp", "dynamo"])
+def test_dropout_of_a_transposed_tensor_drops_what_eager_drops(path):
+    # [Note: random ops draw in memory order]: bernoulli_ on empty_like of a transposed tensor
+    # fills it in memory order; a contiguous bernoulli.p would put the numbers elsewhere
+    from toycomp.aot.aot_autograd import aot_function
+
+    def fn(x, w):
+        return F.layer_norm(x + F.dropout((x @ w).transpose(0, 1), 0.3).transpose(0, 1), (8,))
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 3, 8, generator=gen), torch.randn(8, 8, generator=gen)
+    inputs = [x.requires_grad_(), w.requires_grad_()]
+    torch.manual_seed(0)
+    ours_fn = aot_function(fn, inputs) if path == "aot" else compiled(fn, path)
+    ours = run(lambda *a: ours_fn(*a)[0] if path == "aot" else ours_fn(*a), inputs, SDPBackend.MATH)
+    torch.manual_seed(0)
+    eager = run(fn, inputs, SDPBackend.MATH)
+    for a, b in zip([ours[0], *ours[1]], [eager[0], *eager[1]]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["toycomp", "dynamo"])
+def test_transformer_encoder_layer_training_step_with_dropout(path):
+    # nn.MultiheadAttention's SDPA and dropout on the attention's transposed output (dropout1)
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    x = torch.randn(2, 10, 32, requires_grad=True)
+    params = [x, *layer.parameters()]
+
+    def step(x):
+        return layer(x).square().mean()
+
+    torch.manual_seed(5)
+    loss = compiled(step, path)(x)
+    grads = torch.autograd.grad(loss, params)
+    torch.manual_seed(5)
+    loss_ref = step(x)
+    for got, want in zip([loss, *grads], [loss_ref, *torch.autograd.grad(loss_ref, params)]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
