@@ -47,11 +47,12 @@ NB: PyTorch has no counterpart; this plays the part of nbgrader's autograded tes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -149,11 +150,12 @@ class NotSolved(Exception):
 
 
 class StudentError(Exception):
-    """The student's code raised an exception (other than NotImplementedError) on ``case``."""
+    """The student's code raised an exception (other than the stub's) on ``case``; ``hint``
+    (set by :func:`hint_on_error`) says what usually causes it."""
 
-    def __init__(self, case: str, error: BaseException):
+    def __init__(self, case: str, error: BaseException, hint: str = ""):
         super().__init__(case)
-        self.case, self.error = case, error
+        self.case, self.error, self.hint = case, error, hint
 
 
 def call(case: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -170,6 +172,17 @@ def call(case: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         raise
     except Exception as e:  # noqa: BLE001  (any error of the student's code is a verdict)
         raise StudentError(case, e) from e
+
+
+@contextlib.contextmanager
+def hint_on_error(hint: str | Callable[[BaseException], str]) -> Iterator[None]:
+    """Give the verdict of an exception raised by the student's code inside the block a hint:
+    a text, or a function of the exception (a raw message alone rarely says what to change)."""
+    try:
+        yield
+    except StudentError as e:
+        e.hint = e.hint or (hint(e.error) if callable(hint) else hint)
+        raise
 
 
 def expect(ok: bool, case: str, expected: Any = None, got: Any = None, hint: str = "") -> None:
@@ -302,7 +315,8 @@ def judge(ex: Exercise, check: Callable, args: tuple, kwargs: dict) -> Verdict:
     except StudentError as e:
         kind = type(e.error).__name__
         head = shorten(f"✗ {ex.label}: your code raised {kind} on case {e.case!r}", WIDTH)
-        text = "\n".join([head, labelled("message:", str(e.error) or kind, raw=True)])
+        lines = [head, labelled("message:", str(e.error) or kind, raw=True)]
+        text = "\n".join(lines + [labelled("hint:", e.hint, raw=True)] * bool(e.hint))
         return Verdict(ex, "error", text, counter.count)
     TRIES[ex.id] = max(TRIES.get(ex.id, 0), REVEAL_AFTER)  # passed: no prediction left to hide
     n = counter.count
