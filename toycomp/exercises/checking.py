@@ -10,7 +10,12 @@ returns it. It never lets an exception out, so a student notebook runs to the en
 - every case passed: ``✓ nb02 ex1 default_partition: passed (3 cases)``;
 - a case failed: ``✗ ...: wrong on case 'mlp'`` then ``expected:``, ``got:`` and ``hint:`` lines;
 - the student's code raised a bare ``NotImplementedError()`` (the stub): ``… ...: not solved yet``;
-- the student's code raised another exception: the case, the exception's type and message.
+- the student's code raised another exception: the case, the exception's type and message,
+  and a hint where the check gives one (:func:`hint_on_error`).
+
+A prediction ("how many graphs does this make?") is checked with :func:`expect_prediction`,
+which names a wrong prediction but shows the expected value only after a correct answer or
+``REVEAL_AFTER`` wrong tries of that exercise in the kernel.
 
 Example (a check for ``double(t) = 2 * t``, written as in ``nb0N.py``):
 
