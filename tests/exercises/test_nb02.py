@@ -17,7 +17,8 @@ aten = torch.ops.aten
 
 
 def solution(name: str):
-    return reference.solution("02", name, aten=aten, torch=torch, fx=fx, extract_graph=extract_graph)
+    names = {"aten": aten, "torch": torch, "fx": fx, "extract_graph": extract_graph}
+    return reference.solution("02", name, **names)
 
 
 # -- 1. tanh's joint graph --------------------------------------------------------------------
@@ -71,7 +72,8 @@ def partition_saving_only_primals(joint):  # wrong: the backward recomputes from
     fwd_outputs, grads = outputs[:n_fwd], [g for g in outputs[n_fwd:] if g is not None]
     reached = ancestors(grads, stop=set(primals))
     saved = [n for n in primals if n in reached]
-    forward = extract_graph(joint, primals, fwd_outputs + saved, ancestors(fwd_outputs) | set(primals))
+    fwd_nodes = ancestors(fwd_outputs) | set(primals)
+    forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, grads, (reached - set(saved)) | set(tangents))
     return forward, backward, [n.name for n in saved]
 
