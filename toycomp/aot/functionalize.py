@@ -370,8 +370,6 @@ def _as_list(value: Any) -> list:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
-
-
 # [Note: random ops draw nothing while tracing]
 # Traced on real tensors (Dynamo hands AOT its real example inputs), each op runs once at
 # compile time. A random op (bernoulli, native_dropout, an attention kernel with dropout: ATen
