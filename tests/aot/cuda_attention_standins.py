@@ -1,4 +1,4 @@
-"""CPU stand-ins for the CUDA attention kernels, so that CI can run what they return through toycomp.
+"""CPU stand-ins for the CUDA attention kernels: CI runs what they return through toycomp.
 
 Input -> output: nothing; ``registered()`` is a context manager that gives
 ``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` (and their backwards) a CPU

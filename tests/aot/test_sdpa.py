@@ -251,7 +251,7 @@ def test_cpu_sdpa_dropout(backend, path):
 
 # -- the CUDA kernels' results on the CPU: ints, None, RNG state (stand-ins) -------------------
 def standin_call(kernel, dropout_p, bias=None):
-    """The user function calling ``kernel``'s ATen op directly (F.sdpa on the CPU cannot pick it)."""
+    """A function calling ``kernel``'s ATen op directly (F.sdpa on the CPU cannot pick it)."""
 
     def flash(q, k, v):
         return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[0]
