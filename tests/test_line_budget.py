@@ -40,15 +40,15 @@ TEACH_PATH_TOTAL = 4400
 # Lines of the package's modules, per stage and in all (wc -l).
 PACKAGE_BUDGET = {
     "capture": 5500,
-    "aot": 2150,
+    "aot": 2200,
     "prims": 3450,
     "inductor": 4000,
-    "inductor/codegen": 2450,
+    "inductor/codegen": 2550,
     "inductor/opt": 2450,
-    "exercises": 1600,
+    "exercises": 1700,
     "glue": 2300,
 }
-PACKAGE_TOTAL = 23500
+PACKAGE_TOTAL = 23800
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 
