@@ -114,8 +114,16 @@ class UserMethodVariable(UserFunctionVariable):
         super().__init__(fn, source)
         self.obj = obj
 
+    def python_type(self):
+        return types.MethodType
+
     def call_function(self, tx, args, kwargs):
         return super().call_function(tx, [self.obj, *args], kwargs)
+
+    def reconstruct(self, codegen):
+        """Bound again to its object (``source`` is the function's, read from the class)."""
+        fn = codegen.source(self.source) if self.source is not None else codegen.constant(self.fn)
+        return f"{codegen.constant(types.MethodType)}({fn}, {codegen.reconstruct(self.obj)})"
 
 
 @dataclass(eq=False)  # trackers compare by identity
