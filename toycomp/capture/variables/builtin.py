@@ -48,6 +48,11 @@ TENSOR_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not 
                     and k not in ("is_", "is_not", "not_", "truth", "contains", "countOf",
                                   "indexOf", "attrgetter", "itemgetter", "methodcaller",
                                   "length_hint", "call", "index")} | {abs}
+# ``a += b`` where ``a`` is not a tensor (``k = 1; k += x``): Python falls back to ``a + b``, and
+# a graph node ``operator.iadd(1, x)`` would print as ``1 += x``, which is not Python.
+OUT_OF_PLACE = {getattr(operator, f"i{name.rstrip('_')}"): getattr(operator, name) for name in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_", "xor",
+    "lshift", "rshift")}
 # Operators on containers: the tracker's method that does it.
 CONTAINER_METHODS = {operator.add: "__add__", operator.iadd: "__iadd__", operator.mul: "__mul__",
                      operator.getitem: "__getitem__", operator.setitem: "__setitem__",
@@ -77,9 +82,14 @@ class BuiltinVariable(VariableTracker):
                 method = "__add__"
             return args[0].call_method(tx, method, list(args[1:]), {})
         if any(isinstance(a, TensorVariable) for a in args):
-            if self.fn in TENSOR_OPERATORS:
-                return tx.output.create_call("call_function", self.fn, args, kwargs)
+            fn = self.fn
+            if fn in OUT_OF_PLACE and not isinstance(args[0], TensorVariable):
+                fn = OUT_OF_PLACE[fn]
+            if fn in TENSOR_OPERATORS:
+                return tx.output.create_call("call_function", fn, args, kwargs)
             raise Unsupported(f"{self.fn.__name__}() on a tensor")
+        if self.fn is operator.getitem and isinstance(getattr(args[0], "fn", None), type):
+            return fold(self.fn, args, kwargs)  # a type hint: list[torch.Tensor]
         if self.fn in CONTAINER_METHODS and not isinstance(args[0], ConstantVariable):
             return args[0].call_method(tx, CONTAINER_METHODS[self.fn], list(args[1:]), {})
         return fold(self.fn, args, kwargs)

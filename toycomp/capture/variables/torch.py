@@ -65,6 +65,8 @@ class TorchVariable(ValueVariable):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if any(fn is f for f in TRACING_STATE):
             return ConstantVariable(TRACING_STATE[fn])
+        if fn is torch.jit.annotate:  # a type hint for TorchScript: the value itself
+            return args[1]
         if fn is torch.is_tensor:
             return ConstantVariable(isinstance(args[0], TensorVariable))
         if fn in CONSTANT_FUNCTIONS:
