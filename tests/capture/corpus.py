@@ -822,3 +822,5 @@ def multihead_attention_inference_takes_the_composite_path(x):
 
 
 ATTENTION_EVAL = copy.deepcopy(ATTENTION).eval()
+
+from tests.capture import corpus_python  # noqa: E402,F401  (more cases, registered on import)

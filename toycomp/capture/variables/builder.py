@@ -21,6 +21,7 @@ NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder
 from __future__ import annotations
 
 import builtins
+import collections
 import math
 import operator
 import types
@@ -36,9 +37,11 @@ from toycomp.capture.variables.lists import (
     DictVariable,
     ListIteratorVariable,
     ListVariable,
+    NamedTupleVariable,
     TupleVariable,
 )
 from toycomp.capture.variables.objects import (
+    NamedTupleClassVariable,
     NNModuleVariable,
     PythonModuleVariable,
     SkipFunctionVariable,
@@ -118,8 +121,10 @@ class VariableBuilder:
         if isinstance(value, tuple):
             g and g.type_match(source, value)
             g and g.length_match(source, len(value))
-            return TupleVariable([self(v, source and GetItemSource(source, i))
-                                  for i, v in enumerate(value)], source)
+            items = [self(v, source and GetItemSource(source, i)) for i, v in enumerate(value)]
+            if hasattr(type(value), "_fields") or hasattr(type(value), "n_fields"):
+                return NamedTupleVariable(items, type(value), source)
+            return TupleVariable(items, source)
         if isinstance(value, list):
             g and g.type_match(source, value)
             return ListVariable(None, source, value)
@@ -129,7 +134,7 @@ class VariableBuilder:
             g and g.type_match(source, value)
             g and g.dict_keys_match(source, list(value))
             return DictVariable({k: self(v, source and GetItemSource(source, k))
-                                 for k, v in value.items()}, source)
+                                 for k, v in value.items()}, source, type(value))
         if type(value) in ITERATOR_TYPES:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
@@ -154,8 +159,11 @@ class VariableBuilder:
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
         if isinstance(value, type):
-            if value in vars(builtins).values():
+            if value in vars(builtins).values() or value is collections.OrderedDict:
                 return BuiltinVariable(value, source)
+            if issubclass(value, tuple) and hasattr(value, "_fields"):
+                g and g.id_match(source, value)
+                return NamedTupleClassVariable(value, source)
             if is_torch_function(value):
                 return TorchVariable(value, source)
             g and g.id_match(source, value)

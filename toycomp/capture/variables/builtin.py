@@ -17,6 +17,7 @@ NB: in PyTorch this lives in torch/_dynamo/variables/builtin.py (BuiltinVariable
 from __future__ import annotations
 
 import builtins
+import collections
 import math
 import operator
 
@@ -71,6 +72,11 @@ class BuiltinVariable(VariableTracker):
 
     def as_python_constant(self):
         return self.fn
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.fn, name))
+        return super().var_getattr(tx, name)
 
     def call_function(self, tx, args, kwargs):
         rule = RULES.get(self.fn)
@@ -193,14 +199,13 @@ def _sequence(kind):
     return rule
 
 
-def _dict(tx, *args, **kwargs):
-    items = dict(args[0].items) if args and isinstance(args[0], DictVariable) else {}
-    if args and not isinstance(args[0], DictVariable):
-        for pair in args[0].unpack_var_sequence(tx):
-            k, v = pair.unpack_var_sequence(tx)
-            items[k.as_python_constant()] = v
-    items.update(kwargs)
-    return DictVariable(items)
+def _dict(user_cls):
+    """``dict(...)`` or ``collections.OrderedDict(...)``: a new dict of that class."""
+    def rule(tx, *args, **kwargs):
+        new = DictVariable({}, user_cls=user_cls)
+        new.mutate(tx, "update", list(args), kwargs)
+        return new
+    return rule
 
 
 def _sum(tx, seq, start=ConstantVariable(0)):
@@ -310,7 +315,7 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict, sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
+    dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict), sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,

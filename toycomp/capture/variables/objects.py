@@ -28,7 +28,11 @@ from toycomp.capture.variables.base import (
     VariableTracker,
 )
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
-from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
+from toycomp.capture.variables.lists import (
+    ListIteratorVariable,
+    NamedTupleVariable,
+    TupleVariable,
+)
 
 
 MISSING = object()
@@ -224,6 +228,22 @@ class UserDefinedClassVariable(ValueVariable):
         init_source = self.source and AttrSource(self.source, "__init__")
         UserMethodVariable(init, obj, init_source).call_function(tx, args, kwargs)
         return obj
+
+
+class NamedTupleClassVariable(UserDefinedClassVariable):
+    """A ``collections.namedtuple`` / ``typing.NamedTuple`` class: calling it makes a
+    ``NamedTupleVariable``, its arguments bound to the fields as ``cls.__new__`` binds them."""
+
+    def call_function(self, tx, args, kwargs):
+        cls = self.value
+        try:
+            bound = inspect.signature(cls).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise Unsupported(f"{cls.__qualname__}(): {e}") from None
+        defaults = getattr(cls, "_field_defaults", {})
+        items = [bound[f] if f in bound else tx.output.wrap(defaults[f], None)
+                 for f in cls._fields]
+        return NamedTupleVariable(items, cls)
 
 
 def why_not_constructible(cls) -> str | None:

@@ -1,0 +1,251 @@
+"""The capture corpus, continued: Python's own semantics as Dynamo keeps them (dict views,
+OrderedDict and NamedTuple across a graph break, sets, itertools, functools, NumPy, random...).
+Registered into ``tests.capture.corpus.CASES`` (see that module for ``Case``)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import random
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from tests.capture.corpus import KW, Case, case, t, three  # noqa: F401
+
+# ----- dict views are live ---------------------------------------------------------------------
+
+
+@case(three(3))
+def dict_views_see_later_inserts(x):
+    d = {"a": x}
+    keys, values, items = d.keys(), d.values(), d.items()
+    d["b"] = x * 2
+    d.update(c=x + 1)
+    return len(keys), list(keys), sum(values), [k for k, _ in items], "c" in keys
+
+
+@case(three(3))
+def dict_views_across_a_break(x):
+    d = {"a": x}
+    keys, values = d.keys(), d.values()
+    print("break")
+    d["b"] = x * 2
+    del d["a"]
+    return list(keys), list(values), len(values)
+
+
+# ----- OrderedDict, NamedTuple, namedtuple across a break --------------------------------------
+
+
+@case(three(3))
+def ordered_dict_built(x):
+    d = collections.OrderedDict()
+    d["b"] = x
+    d["a"] = x * 2
+    e = collections.OrderedDict(d)
+    e.move_to_end("b")
+    return type(e).__name__, list(e), e["a"] + e["b"], isinstance(e, dict)
+
+
+@case(three(3), dynamo_differs="Dynamo 2.13 does not trace the resume function when an object "
+      "made in the frame is live across the break (1 graph); toycomp captures it (2)")
+def ordered_dict_across_a_break(x):
+    d = {"a": x, "b": x + 1}
+    e = collections.OrderedDict(d)
+    print("break")
+    return type(e).__name__, isinstance(e, collections.OrderedDict), list(e), e["a"] * e["b"]
+
+
+class Pair(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+@case(three(3))
+def named_tuple_across_a_break(x):
+    p = Pair(x, x * 2)
+    print("break")
+    return (isinstance(p, tuple), type(p).__name__, p._fields, list(p._asdict()),
+            p.first + p[1], len(p))
+
+
+Coords = collections.namedtuple("Coords", ["u", "v"])
+
+
+@case(three(3))
+def namedtuple_attribute_access(x):
+    c = Coords(x, x + 1)
+    u, v = c
+    return c.u * c.v + u - v, c._fields, c._replace(u=x * 3).u
+
+
+# ----- gradients and requires_grad --------------------------------------------------------------
+
+
+def _two_grad_inputs():
+    return [(t(3, seed=i, grad=True), t(3, seed=i + 5, grad=True)) for i in range(3)]
+
+
+@case(_two_grad_inputs, grad=True)
+def unused_input_keeps_grad_none(x, unused):
+    return x * 2
+
+
+@case(_two_grad_inputs, grad=True)
+def input_used_only_without_grad_keeps_grad_none(x, y):
+    with torch.no_grad():
+        k = y.sum()
+    return x * k
+
+
+class Holder:
+    pass
+
+
+HOLDER = Holder()
+
+
+@case(three(3, grad=True), grad=True,
+      state=lambda: (HOLDER.last.requires_grad, HOLDER.last.grad_fn is None,
+                     HOLDER.plain.requires_grad, HOLDER.last.detach().clone()))
+def tensor_stored_on_an_object(x):
+    y = x * 2
+    HOLDER.last = y
+    HOLDER.plain = y.detach() + 1
+    return y.sin()
+
+
+@case(three(3, grad=True), grad=True)
+def grad_mode_blocks_requires_grad(x):
+    with torch.no_grad():
+        a = x * 2
+    with torch.enable_grad():
+        b = x * 3
+    with torch.set_grad_enabled(False):
+        c = x + 1
+    return a, b, c, a.requires_grad, b.requires_grad, c.requires_grad
+
+
+@case(three(3))
+def ordered_dict_isinstance_after_a_break(x):
+    e = collections.OrderedDict({"a": x})
+    print("break")
+    e["b"] = x + 1
+    return isinstance(e, collections.OrderedDict), e["a"] * e["b"]
+
+
+@case(three(3))
+def named_tuple_isinstance_after_a_break(x):
+    p = Pair(x, x * 2)
+    print("break")
+    return isinstance(p, tuple), isinstance(p, Pair), p.first + p.second
+
+
+# ----- needless errors -----------------------------------------------------------------------
+
+
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+
+@case(three(3))
+def bound_method_of_new_object_across_a_break(x):
+    s = Scale(3.0)
+    f = s.apply
+    print("break")
+    return f(x)
+
+
+@case(three(3))
+def augmented_assignment_to_a_literal(x):
+    x0 = 1
+    x0 += x
+    x1 = 2.0
+    x1 *= x
+    return x0 + x1
+
+
+@case(three(3))
+def jit_annotate(x):
+    y = torch.jit.annotate(Any, x + 1)
+    z = torch.jit.annotate(list[torch.Tensor], [y, x])
+    return y * 2 + z[1]
+
+
+@case(three(3, grad=True), grad=True)
+def no_grad_block_reads_a_local(x):
+    scale = 2.0
+    y = x * 3
+    with torch.no_grad():
+        z = y * scale
+        w = z + scale
+    return y * w
+
+
+@case(three(3))
+def from_numpy_round_trip(x):
+    y = x * 2
+    z = torch.from_numpy(y.numpy())
+    return z + 1
+
+
+@case(three(3))
+def add_with_out_and_no_tensor_operand(x):
+    out = torch.empty(())
+    torch.add(2, 3, out=out)
+    return x * out
+
+
+@case(lambda: [(t(2, 3, seed=i),) for i in range(3)])
+def arange_of_product_of_sizes(x):
+    n, m = x.shape
+    r = torch.arange(n * m)
+    return r, r.dtype, x.reshape(-1) + r
+
+
+@case(three(3))
+def resume_reads_stack_before_rebuilding(x):
+    a = x * 2
+    z = (a.sin(), print("break"))[0]  # z is the resume function's __stack0
+    w = (a.cos(), print("again"))[0]  # the second break rebuilds its own stack
+    b = a + len([print("once"), print("twice"), a.sum()]) + a
+    return z, w, b
+
+
+def _grad_mode_per_call(i):
+    torch.set_grad_enabled(i != 1)
+
+
+@case(three(3, grad=True), grad=True, before=_grad_mode_per_call,
+      state=torch.is_grad_enabled, reset=lambda: torch.set_grad_enabled(True))
+def enable_grad_inside_a_call_under_no_grad(x):
+    with torch.no_grad():
+        a = x * 2
+    with torch.enable_grad():
+        b = x * 3 + a
+    c = x.sin()
+    return a, b, c, b.requires_grad, c.requires_grad
+
+
+@case(three(3))
+def numpy_array_of_a_tensor_returned_and_across_a_break(x):
+    y = x * 2
+    a = y.numpy()
+    print("break")
+    z = torch.from_numpy(a) + 1
+    return a.shape, z, y.numpy()
+
+
+@case(three(3))
+def numpy_method_on_a_tensors_data_breaks_naming_it(x):
+    y = x * 2
+    s = y.numpy().sum()
+    return y + float(s)
