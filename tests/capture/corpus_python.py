@@ -204,11 +204,12 @@ def add_with_out_and_no_tensor_operand(x):
     return x * out
 
 
-@case(lambda: [(t(2, 3, seed=i),) for i in range(3)])
+@case(lambda: [(t(2, 3),), (t(3, 4, seed=1),), (t(4, 5, seed=2),)])  # sizes become symbols
 def arange_of_product_of_sizes(x):
     n, m = x.shape
     r = torch.arange(n * m)
-    return r, r.dtype, x.reshape(-1) + r
+    s = torch.arange(1, n, 1)
+    return r, r.dtype, x.reshape(-1) + r, s, torch.arange(float(m)).dtype
 
 
 @case(three(3))

@@ -18,7 +18,7 @@ PIPELINE_CASES = [
     "tensor_stored_on_an_object", "grad_mode_blocks_requires_grad",
     "enable_grad_inside_a_call_under_no_grad", "set_grad_enabled_as_a_call_outlives_the_frame",
     "break_inside_set_grad_enabled", "no_grad_block_reads_a_local",
-    "named_tuple_across_a_break", "dict_views_see_later_inserts",
+    "named_tuple_across_a_break", "dict_views_see_later_inserts", "arange_of_product_of_sizes",
 ]
 
 

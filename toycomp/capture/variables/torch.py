@@ -84,6 +84,10 @@ class TorchVariable(ValueVariable):
             return AutocastVariable(args, kwargs)
         if isinstance(fn, type):
             raise Unsupported(f"creating a {fn.__qualname__}")
+        if fn is torch.arange and "dtype" not in kwargs and all(
+                isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
+            # integer bounds give int64; written out, so that sizes (SymInts) keep it
+            kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
         if fn is torch.nn.functional.one_hot:
             args = _checked_one_hot_args(tx, args, kwargs)
         return tx.output.create_call("call_function", fn, args, kwargs)
