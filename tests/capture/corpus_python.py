@@ -250,3 +250,131 @@ def numpy_method_on_a_tensors_data_breaks_naming_it(x):
     y = x * 2
     s = y.numpy().sum()
     return y + float(s)
+
+
+# ----- whole frames that Dynamo compiles as one graph -------------------------------------------
+
+
+@case(three(3))
+def set_literals_and_methods(x):
+    s = {1, 2, 3}
+    s.add(4)
+    s.discard(1)
+    u = s | {7}
+    both = s & {2, 4, 9}
+    return x * len(u) + sum(sorted(both)), 3 in s, sorted(s - {2}), len(set([1, 1, 2]))
+
+
+@case(three(3))
+def itertools_chain_product_combinations_islice(x):
+    total = x
+    for a, b in itertools.product([1, 2], [3, 4]):
+        total = total + a * b
+    for k in itertools.chain([1, 2], (3,)):
+        total = total * k
+    pairs = list(itertools.combinations(range(4), 2))
+    firsts = list(itertools.islice(itertools.count(5), 3))
+    return total + len(pairs), firsts, pairs[-1]
+
+
+@case(three(3))
+def numpy_constants_finfo_iinfo(x):
+    eps = np.finfo(np.float32).eps
+    big = np.iinfo(np.int32).max
+    return x.clamp(min=float(eps)) + (big % 7), float(np.pi)
+
+
+@case(lambda: [(t(3, seed=i), t(3, seed=i + 5)) for i in range(3)])
+def max_min_of_tensors(x, y):
+    return max(x, y) if False else torch.maximum(x, y), max([x.sum(), y.sum()])
+
+
+@case(three(3))
+def reversed_list(x):
+    ys = [x, x * 2, x * 3]
+    out = []
+    for y in reversed(ys):
+        out.append(y + len(out))
+    return out, list(reversed([1, 2, 3]))
+
+
+@case(three(3))
+def lambda_alive_across_a_break(x):
+    k = 2.0
+    f = lambda v: v * k + 1  # noqa: E731
+    g = lambda v: v - 1  # noqa: E731
+    print("break")
+    return f(x) + g(x)
+
+
+class Bag:
+    def __init__(self, *items):
+        self.items = list(items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __radd__(self, other):
+        return other + sum(self.items)
+
+
+@case(three(3))
+def user_object_with_iter(x):
+    bag = Bag(x, x * 2)
+    total = 0
+    for v in bag:
+        total = total + v
+    return total, [v * 1 for v in bag], list(Bag(1, 2))
+
+
+BAG = Bag(1.0, 2.0)
+
+
+@case(three(3))
+def user_object_with_radd(x):
+    bag = Bag(x, x * 2)
+    return (x + bag) * (3 + BAG), 1 + Bag(2, 3)
+
+
+def _add(a, b):
+    return a + b
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_scale(n):
+    return n * 2
+
+
+LINEAR = nn.Linear(3, 3)
+
+
+def _apply(module, x, scale):
+    return module(x) * scale
+
+
+@case(three(3))
+def functools_reduce_lru_cache_partial_of_module(x):
+    total = functools.reduce(_add, [x, x * 2, x * 3])
+    total = functools.reduce(lambda a, b: a * b, [1, 2, 3], total)
+    run = functools.partial(_apply, LINEAR, scale=2.0)
+    return total * _cached_scale(3) + run(x)
+
+
+@case(three(3))
+def dict_update_forms(x):
+    d = {"a": x}
+    d.update({"b": x * 2})
+    d.update([("c", x + 1)], e=x - 1)
+    d.update(f=3)
+    d |= {"g": x}
+    return {k: v * 2 for k, v in d.items()}, len(d)
+
+
+@case(three(3), dynamo_differs="Dynamo 2.13 compiles no graph for this frame (0); toycomp breaks "
+      "at each random call, as Dynamo does, and compiles the arithmetic after them (1); both "
+      "draw eager's random numbers")
+def random_calls(x):
+    a = random.random()
+    b = random.randint(1, 10)
+    c = random.uniform(0.5, 1.5)
+    return x * a + b * c

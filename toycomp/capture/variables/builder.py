@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import math
 import operator
 import types
@@ -31,7 +32,8 @@ import torch
 
 from toycomp.capture.sources import AttrSource, GetItemSource, IteratorSeqSource, Source
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
-from toycomp.capture.variables.builtin import BuiltinVariable
+from toycomp.capture.variables.builtin import RULES, BuiltinVariable
+from toycomp.capture.variables.iter import PartialVariable
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import (
     DictVariable,
@@ -76,6 +78,14 @@ def is_torch_function(value: Any) -> bool:
 def is_literal_tuple(value: Any) -> bool:
     """A tuple (not a subclass) of ints, floats, bools, strings and None: guarded in one line."""
     return type(value) is tuple and all(type(v) in LITERAL_TYPES for v in value)
+
+
+def is_hashable(value: Any) -> bool:
+    try:
+        hash(value)
+        return True
+    except TypeError:
+        return False
 
 
 def is_skipped(value: Any) -> bool:
@@ -145,6 +155,16 @@ class VariableBuilder:
             return PythonModuleVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
 
+    def wrap_partial(self, value, source, g) -> PartialVariable:
+        g and g.type_match(source, value)
+        src = lambda name, key: source and GetItemSource(AttrSource(source, name), key)  # noqa
+        args = [self(a, src("args", i)) for i, a in enumerate(value.args)]
+        kwargs = {k: self(v, src("keywords", k)) for k, v in value.keywords.items()}
+        g and g.length_match(AttrSource(source, "args"), len(value.args))
+        g and g.dict_keys_match(AttrSource(source, "keywords"), list(value.keywords))
+        return PartialVariable(self(value.func, source and AttrSource(source, "func")), args,
+                               kwargs, source)
+
     def wrap_iterator(self, value, source) -> ListIteratorVariable:
         """A list / tuple / range iterator (a resume function's loop): its remaining items."""
         _, (seq,), position = value.__reduce__()
@@ -158,6 +178,14 @@ class VariableBuilder:
                                      for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
+        if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
+            return BuiltinVariable(value, source)
+        if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo
+            return self(value.__wrapped__, source and AttrSource(source, "__wrapped__"))
+        if isinstance(value, functools.partial):
+            return self.wrap_partial(value, source, g)
+        if is_skipped(value):  # numpy, random...: np.finfo(np.float32) folds on constants
+            return SkipFunctionVariable(value, source)
         if isinstance(value, type):
             if value in vars(builtins).values() or value is collections.OrderedDict:
                 return BuiltinVariable(value, source)
@@ -177,7 +205,13 @@ class VariableBuilder:
         if is_skipped(value):
             return SkipFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
-            g and g.id_match(source, value)
+            if g is not None and "<locals>" in value.__qualname__:
+                # a function made by a call (a lambda handed over at a graph break): a new
+                # object each call, guarded by its code; its cells and defaults are read
+                # through the source, each with its own guard
+                g.id_match(AttrSource(source, "__code__"), value.__code__)
+            elif g is not None:
+                g.id_match(source, value)
             return UserFunctionVariable(value, source)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             obj = self(value.__self__, source and AttrSource(source, "__self__"))

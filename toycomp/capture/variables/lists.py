@@ -229,6 +229,13 @@ class DictVariable(VariableTracker):
         return bool(self.items)
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "__ior__":  # d |= e
+            self.mutate(tx, "update", args, {})
+            return self
+        if name == "__or__" and isinstance(args[0], DictVariable):  # d | e: a new dict
+            new = DictVariable(self.items, user_cls=self.user_cls)
+            new.items.update(args[0].items)
+            return new
         if name in _MUTATING:
             return self.mutate(tx, name, args, kwargs)
         keys = [ConstantVariable(k) for k in self.items]

@@ -30,6 +30,7 @@ from toycomp.capture.variables.base import (
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import (
     ListIteratorVariable,
+    as_iterator,
     NamedTupleVariable,
     TupleVariable,
 )
@@ -137,6 +138,16 @@ class UserDefinedObjectVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
+
+    def defines(self, name: str) -> bool:
+        """Does the class define the special method ``name`` in Python (to inline)?"""
+        return isinstance(class_lookup(self.python_type(), name), types.FunctionType)
+
+    def unpack_var_sequence(self, tx):
+        if not self.defines("__iter__"):
+            raise Unsupported(f"iterating over {self}")
+        return as_iterator(tx, self.class_attr(tx, "__iter__").call_function(tx, [], {})) \
+            .unpack_var_sequence(tx)
 
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__})"
