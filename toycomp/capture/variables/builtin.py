@@ -376,7 +376,8 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict), sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
+    dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict), sum: _sum,
+    all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr, reversed: _reversed,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,

@@ -152,7 +152,8 @@ class PartialVariable(VariableTracker):
             return codegen.source(self.source)
         parts = [codegen.reconstruct(self.fn), *map(codegen.reconstruct, self.args)]
         parts += [f"{k}={codegen.reconstruct(v)}" for k, v in self.kwargs.items()]
-        return codegen.new_object(self, f"{codegen.constant(functools.partial)}({', '.join(parts)})")
+        partial = codegen.constant(functools.partial)
+        return codegen.new_object(self, f"{partial}({', '.join(parts)})")
 
     def __repr__(self):
         return f"PartialVariable({self.fn})"
