@@ -378,3 +378,29 @@ def random_calls(x):
     b = random.randint(1, 10)
     c = random.uniform(0.5, 1.5)
     return x * a + b * c
+
+
+APPLY_LINEAR = functools.partial(_apply, LINEAR, scale=3.0)
+
+
+@case(three(3), grad=True)
+def global_partial_holding_a_module(x):
+    return APPLY_LINEAR(x) + APPLY_LINEAR(x * 2, scale=0.5)
+
+
+@case(lambda: [(t(3, seed=i), collections.OrderedDict(a=t(3, seed=i + 1), b=2.0))
+               for i in range(3)])
+def ordered_dict_argument_mutated(x, d):
+    d.move_to_end("a")
+    d["c"] = x * d["b"]
+    e = d.copy()
+    return type(d).__name__, list(d), e, x + d["a"], isinstance(e, collections.OrderedDict)
+
+
+@case(three(3))
+def dict_from_pairs_and_zip(x):
+    d = dict(zip(["a", "b"], [x, x * 2]))
+    d.update(zip(["c"], [x + 1]))
+    o = collections.OrderedDict([("z", x), ("y", x - 1)])
+    o.update(d)
+    return list(o), o.popitem(last=False)[0], list(reversed(o)), sum(o.values())

@@ -25,6 +25,7 @@ torch/_dynamo/variables/lazy.py (LazyVariableTracker).
 
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any
 
@@ -282,7 +283,8 @@ class DictVariable(VariableTracker):
         elif name == "clear":
             self.items.clear()
         elif name == "popitem":
-            last = args[0].as_python_constant() if args else True
+            last = (args[0] if args else kwargs.get("last", ConstantVariable(True)))
+            last = last.as_python_constant()
             key = list(self.items)[-1 if last else 0]
             return TupleVariable([ConstantVariable(key), self.items.pop(key)])
         elif name == "move_to_end" and self.user_cls is not dict:
@@ -300,6 +302,8 @@ class DictVariable(VariableTracker):
             return codegen.source(self.source)
         parts = [f"{k!r}: {codegen.reconstruct(v)}" for k, v in self.items.items()]
         literal = "{" + ", ".join(parts) + "}"
+        if self.user_cls not in (dict, collections.OrderedDict):  # (a defaultdict's factory...)
+            raise Unsupported(f"rebuilding a new {self.user_cls.__name__} after the graph")
         if self.user_cls is not dict:  # collections.OrderedDict({...})
             literal = f"{codegen.constant(self.user_cls)}({literal})"
         return codegen.new_object(self, literal)
