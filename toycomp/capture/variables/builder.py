@@ -28,9 +28,16 @@ import operator
 import types
 from typing import Any
 
+import numpy as np
 import torch
 
-from toycomp.capture.sources import AttrSource, GetItemSource, IteratorSeqSource, Source
+from toycomp.capture.sources import (
+    AttrSource,
+    GetItemSource,
+    IteratorSeqSource,
+    NumpyTensorSource,
+    Source,
+)
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
 from toycomp.capture.variables.builtin import RULES, BuiltinVariable
 from toycomp.capture.variables.iter import PartialVariable
@@ -50,6 +57,7 @@ from toycomp.capture.variables.objects import (
     UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
@@ -78,6 +86,15 @@ def is_torch_function(value: Any) -> bool:
 def is_literal_tuple(value: Any) -> bool:
     """A tuple (not a subclass) of ints, floats, bools, strings and None: guarded in one line."""
     return type(value) is tuple and all(type(v) in LITERAL_TYPES for v in value)
+
+
+# NumPy dtypes torch.from_numpy takes (the guards compare an array's dtype by name).
+NUMPY_TENSOR_DTYPES = tuple(np.dtype(n) for n in ("float64", "float32", "float16", "int64",
+                                                   "int32", "int16", "int8", "uint8", "bool"))
+
+
+def codegen_numpy_dtype(dtype) -> str:
+    return f"{dtype.name!r}"
 
 
 def is_hashable(value: Any) -> bool:
@@ -145,6 +162,11 @@ class VariableBuilder:
             g and g.dict_keys_match(source, list(value))
             return DictVariable({k: self(v, source and GetItemSource(source, k))
                                  for k, v in value.items()}, source, type(value))
+        if type(value) is np.ndarray and g is not None and value.dtype in NUMPY_TENSOR_DTYPES:
+            g.type_match(source, value)  # (before the tensor's guards, which convert it)
+            g.add(f"{source.name()}.dtype == {codegen_numpy_dtype(value.dtype)}")
+            tensor = self.output.add_input(torch.from_numpy(value), NumpyTensorSource(source))
+            return NumpyArrayVariable(tensor)
         if type(value) in ITERATOR_TYPES:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):

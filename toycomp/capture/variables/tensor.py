@@ -121,8 +121,10 @@ class NumpyArrayVariable(VariableTracker):
         return np.ndarray
 
     def var_getattr(self, tx, name):
-        if name in ("shape", "ndim", "size"):
-            return ConstantVariable(getattr(np.empty(self.tensor.example.shape), name))
+        example = self.tensor.example
+        if name in ("shape", "ndim", "size"):  # (sizes may be symbols: no np.empty here)
+            return ConstantVariable({"shape": tuple(example.shape), "ndim": example.dim(),
+                                     "size": example.numel()}[name])
         if callable(getattr(np.ndarray, name, None)):
             return MethodVariable(self, name)  # a break at the call, which can resume after it
         raise Unsupported(f"NumPy ndarray.{name} of a tensor's data (toycomp does not trace "
