@@ -57,3 +57,15 @@ def test_numpy_on_a_tensor_breaks_naming_the_call_and_line():
     assert "NumPy ndarray.sum()" in reason and "s = y.numpy().sum()" in reason, reason
     torch.testing.assert_close(out.out, torch.ones(3) * 2 + 6)
     assert isinstance(np.asarray(out.out), np.ndarray)
+
+
+def _numpy_function_of_tensor(x):
+    return torch.from_numpy(np.cos(x.numpy())) + 1
+
+
+def test_numpy_function_on_a_tensor_breaks_naming_it():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = explain(_numpy_function_of_tensor, torch.ones(3))
+    assert "numpy.cos() on a tensor's data" in out.break_reasons[0], out.break_reasons
+    torch.testing.assert_close(out.out, _numpy_function_of_tensor(torch.ones(3)))

@@ -30,10 +30,11 @@ from toycomp.capture.variables.base import (
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import (
     ListIteratorVariable,
-    as_iterator,
     NamedTupleVariable,
     TupleVariable,
+    as_iterator,
 )
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 
 
 MISSING = object()
@@ -386,4 +387,7 @@ class SkipFunctionVariable(VariableTracker):
             return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
                                                            for k, v in kwargs.items()}))
         name = getattr(self.value, "__qualname__", repr(self.value))
+        if any(isinstance(a, NumpyArrayVariable) for a in operands):
+            raise Unsupported(f"{module}.{name}() on a tensor's data (toycomp does not trace "
+                              "NumPy; Dynamo does, through torch._numpy)")
         raise Unsupported(f"call to {module}.{name}: not traceable")
