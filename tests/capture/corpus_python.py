@@ -272,6 +272,7 @@ def itertools_chain_product_combinations_islice(x):
         total = total + a * b
     for k in itertools.chain([1, 2], (3,)):
         total = total * k
+    total = total + sum(itertools.chain.from_iterable([[x], [x * 2, 1]]))
     pairs = list(itertools.combinations(range(4), 2))
     firsts = list(itertools.islice(itertools.count(5), 3))
     return total + len(pairs), firsts, pairs[-1]

@@ -84,8 +84,8 @@ class BuiltinVariable(VariableTracker):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(self.fn, name))
         attr = getattr(self.fn, name, None)
-        if attr is not None and attr in RULES:  # itertools.chain.from_iterable
-            return BuiltinVariable(attr)
+        if callable(attr) and any(attr == rule for rule in RULES):  # chain.from_iterable
+            return BuiltinVariable(next(rule for rule in RULES if attr == rule))
         return super().var_getattr(tx, name)
 
     def call_function(self, tx, args, kwargs):
