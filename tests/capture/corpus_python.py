@@ -5,6 +5,7 @@ Registered into ``tests.capture.corpus.CASES`` (see that module for ``Case``).""
 from __future__ import annotations
 
 import collections
+import collections.abc
 import functools
 import itertools
 import random
@@ -25,7 +26,9 @@ def dict_views_see_later_inserts(x):
     keys, values, items = d.keys(), d.values(), d.items()
     d["b"] = x * 2
     d.update(c=x + 1)
-    return len(keys), list(keys), sum(values), [k for k, _ in items], "c" in keys
+    d.pop("a")
+    return (len(keys), list(keys), sum(values), [k for k, _ in items], "c" in keys,
+            sorted(keys - {"b"}), dict(items), isinstance(keys, collections.abc.KeysView))
 
 
 @case(three(3))

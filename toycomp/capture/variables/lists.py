@@ -328,6 +328,8 @@ class DictViewVariable(VariableTracker):
         return list(d.items.values()) if self.kind == "values" else d.pairs()
 
     def as_python_constant(self):
+        if self.kind == "keys":  # (the keys are constants whatever the values are)
+            return dict.fromkeys(self.dict_var.items).keys()
         return getattr(self.dict_var.as_python_constant(), self.kind)()
 
     def unpack_var_sequence(self, tx):
