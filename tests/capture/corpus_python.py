@@ -20,7 +20,7 @@ from tests.capture.corpus import KW, Case, case, t, three  # noqa: F401
 # ----- dict views are live ---------------------------------------------------------------------
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def dict_views_see_later_inserts(x):
     d = {"a": x}
     keys, values, items = d.keys(), d.values(), d.items()
@@ -44,7 +44,7 @@ def dict_views_across_a_break(x):
 # ----- OrderedDict, NamedTuple, namedtuple across a break --------------------------------------
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def ordered_dict_built(x):
     d = collections.OrderedDict()
     d["b"] = x
@@ -79,11 +79,12 @@ def named_tuple_across_a_break(x):
 Coords = collections.namedtuple("Coords", ["u", "v"])
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def namedtuple_attribute_access(x):
     c = Coords(x, x + 1)
     u, v = c
-    return c.u * c.v + u - v, c._fields, c._replace(u=x * 3).u
+    k = Coords(2, 3)
+    return c.u * c.v + u - v, c._fields, c._replace(u=x * 3).u, k, k._asdict(), k == (2, 3)
 
 
 # ----- gradients and requires_grad --------------------------------------------------------------
@@ -93,7 +94,7 @@ def _two_grad_inputs():
     return [(t(3, seed=i, grad=True), t(3, seed=i + 5, grad=True)) for i in range(3)]
 
 
-@case(_two_grad_inputs, grad=True)
+@case(_two_grad_inputs, grad=True, whole_frame=True)
 def unused_input_keeps_grad_none(x, unused):
     return x * 2
 
@@ -114,7 +115,7 @@ HOLDER = Holder()
 
 @case(three(3, grad=True), grad=True,
       state=lambda: (HOLDER.last.requires_grad, HOLDER.last.grad_fn is None,
-                     HOLDER.plain.requires_grad, HOLDER.last.detach().clone()))
+                     HOLDER.plain.requires_grad, HOLDER.last.detach().clone()), whole_frame=True)
 def tensor_stored_on_an_object(x):
     y = x * 2
     HOLDER.last = y
@@ -122,7 +123,7 @@ def tensor_stored_on_an_object(x):
     return y.sin()
 
 
-@case(three(3, grad=True), grad=True)
+@case(three(3, grad=True), grad=True, whole_frame=True)
 def grad_mode_blocks_requires_grad(x):
     with torch.no_grad():
         a = x * 2
@@ -167,7 +168,7 @@ def bound_method_of_new_object_across_a_break(x):
     return f(x)
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def augmented_assignment_to_a_literal(x):
     x0 = 1
     x0 += x
@@ -176,14 +177,14 @@ def augmented_assignment_to_a_literal(x):
     return x0 + x1
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def jit_annotate(x):
     y = torch.jit.annotate(Any, x + 1)
     z = torch.jit.annotate(list[torch.Tensor], [y, x])
     return y * 2 + z[1]
 
 
-@case(three(3, grad=True), grad=True)
+@case(three(3, grad=True), grad=True, whole_frame=True)
 def no_grad_block_reads_a_local(x):
     scale = 2.0
     y = x * 3
@@ -193,7 +194,7 @@ def no_grad_block_reads_a_local(x):
     return y * w
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def from_numpy_round_trip(x):
     y = x * 2
     z = torch.from_numpy(y.numpy())
@@ -207,7 +208,8 @@ def add_with_out_and_no_tensor_operand(x):
     return x * out
 
 
-@case(lambda: [(t(2, 3),), (t(3, 4, seed=1),), (t(4, 5, seed=2),)])  # sizes become symbols
+@case(lambda: [(t(2, 3),), (t(3, 4, seed=1),), (t(4, 5, seed=2),)],  # sizes become symbols
+      whole_frame=True)
 def arange_of_product_of_sizes(x):
     n, m = x.shape
     r = torch.arange(n * m)
@@ -258,7 +260,7 @@ def numpy_method_on_a_tensors_data_breaks_naming_it(x):
 # ----- whole frames that Dynamo compiles as one graph -------------------------------------------
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def set_literals_and_methods(x):
     s = {1, 2, 3}
     s.add(4)
@@ -268,7 +270,7 @@ def set_literals_and_methods(x):
     return x * len(u) + sum(sorted(both)), 3 in s, sorted(s - {2}), len(set([1, 1, 2]))
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def itertools_chain_product_combinations_islice(x):
     total = x
     for a, b in itertools.product([1, 2], [3, 4]):
@@ -281,19 +283,19 @@ def itertools_chain_product_combinations_islice(x):
     return total + len(pairs), firsts, pairs[-1]
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def numpy_constants_finfo_iinfo(x):
     eps = np.finfo(np.float32).eps
     big = np.iinfo(np.int32).max
     return x.clamp(min=float(eps)) + (big % 7), float(np.pi)
 
 
-@case(lambda: [(t(3, seed=i), t(3, seed=i + 5)) for i in range(3)])
+@case(lambda: [(t(3, seed=i), t(3, seed=i + 5)) for i in range(3)], whole_frame=True)
 def max_min_of_tensors(x, y):
     return max(x, y) if False else torch.maximum(x, y), max([x.sum(), y.sum()])
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def reversed_list(x):
     ys = [x, x * 2, x * 3]
     out = []
@@ -322,7 +324,7 @@ class Bag:
         return other + sum(self.items)
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def user_object_with_iter(x):
     bag = Bag(x, x * 2)
     total = 0
@@ -334,7 +336,7 @@ def user_object_with_iter(x):
 BAG = Bag(1.0, 2.0)
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def user_object_with_radd(x):
     bag = Bag(x, x * 2)
     return (x + bag) * (3 + BAG), 1 + Bag(2, 3)
@@ -356,7 +358,7 @@ def _apply(module, x, scale):
     return module(x) * scale
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def functools_reduce_lru_cache_partial_of_module(x):
     total = functools.reduce(_add, [x, x * 2, x * 3])
     total = functools.reduce(lambda a, b: a * b, [1, 2, 3], total)
@@ -364,7 +366,7 @@ def functools_reduce_lru_cache_partial_of_module(x):
     return total * _cached_scale(3) + run(x)
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def dict_update_forms(x):
     d = {"a": x}
     d.update({"b": x * 2})
@@ -387,13 +389,13 @@ def random_calls(x):
 APPLY_LINEAR = functools.partial(_apply, LINEAR, scale=3.0)
 
 
-@case(three(3), grad=True)
+@case(three(3), grad=True, whole_frame=True)
 def global_partial_holding_a_module(x):
     return APPLY_LINEAR(x) + APPLY_LINEAR(x * 2, scale=0.5)
 
 
 @case(lambda: [(t(3, seed=i), collections.OrderedDict(a=t(3, seed=i + 1), b=2.0))
-               for i in range(3)])
+               for i in range(3)], whole_frame=True)
 def ordered_dict_argument_mutated(x, d):
     d.move_to_end("a")
     d["c"] = x * d["b"]
@@ -401,7 +403,7 @@ def ordered_dict_argument_mutated(x, d):
     return type(d).__name__, list(d), e, x + d["a"], isinstance(e, collections.OrderedDict)
 
 
-@case(three(3))
+@case(three(3), whole_frame=True)
 def dict_from_pairs_and_zip(x):
     d = dict(zip(["a", "b"], [x, x * 2]))
     d.update(zip(["c"], [x + 1]))

@@ -67,7 +67,8 @@ class BaseListVariable(VariableTracker):
     def as_python_constant(self):
         if self._items is None:
             raise Unsupported("unread list")
-        return self.python_type()(v.as_python_constant() for v in self._items)
+        kind = list if isinstance(self, ListVariable) else tuple  # (a named tuple: its items)
+        return kind(v.as_python_constant() for v in self._items)
 
     def unpack_var_sequence(self, tx):
         return list(self.items(tx))
@@ -144,7 +145,8 @@ class NamedTupleVariable(TupleVariable):
         return self.tuple_cls
 
     def as_python_constant(self):
-        return self.tuple_cls(super().as_python_constant())
+        items = super().as_python_constant()
+        return self.tuple_cls(items) if self.is_structseq() else self.tuple_cls(*items)
 
     def is_structseq(self) -> bool:
         return not hasattr(self.tuple_cls, "_fields")
