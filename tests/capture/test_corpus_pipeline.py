@@ -19,6 +19,8 @@ PIPELINE_CASES = [
     "enable_grad_inside_a_call_under_no_grad", "set_grad_enabled_as_a_call_outlives_the_frame",
     "break_inside_set_grad_enabled", "no_grad_block_reads_a_local",
     "named_tuple_across_a_break", "dict_views_see_later_inserts", "arange_of_product_of_sizes",
+    "max_min_of_tensors", "lambda_alive_across_a_break",
+    "numpy_array_of_a_tensor_returned_and_across_a_break",
 ]
 
 
