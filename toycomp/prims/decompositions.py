@@ -223,9 +223,12 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
     try:
         out = tracer.emit(target, args, kwargs)
     except RuntimeError:  # no meta kernel: trust the value recorded when the graph was traced
-        if not isinstance(node.meta.get("val"), torch.Tensor) or node.target is not target:
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]  # _histogramdd_bin_edges
+        if not vals or not all(isinstance(v, torch.Tensor) for v in vals) or node.target is not target:
             raise
-        out = tracer.emit(target, args, kwargs, val=_to_meta(node.meta["val"]))
+        meta = [_to_meta(v) for v in vals]
+        out = tracer.emit(target, args, kwargs, val=meta if isinstance(val, (tuple, list)) else meta[0])
     out.node.meta["fallback_reason"] = reason
     return out
 
