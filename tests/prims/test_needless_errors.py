@@ -13,6 +13,12 @@ import toycomp
 BACKENDS = ["cpp", "triton"]
 
 
+def _compile(fn, path):
+    if path == "toycomp.compile":
+        return toycomp.compile(fn)
+    return torch.compile(fn, backend="toycomp")
+
+
 def _grads(params):
     return [p.grad.clone() if p.grad is not None else None for p in params]
 
@@ -82,3 +88,74 @@ def test_complex_in_the_gradient_pass(fn, backend):
     got.backward()
     torch.testing.assert_close(a2.grad, a.grad)
     torch.testing.assert_close(b2.grad, b.grad)
+
+
+# --- x[mask] = v with gradients: the backward's x.grad[mask] has a data-dependent size -------
+# The graph runs as captured (a visible fallback with a reason), never a FakeTensor error.
+def _run_with_grads(fn, args, compiled):
+    args = [a.detach().clone().requires_grad_(a.requires_grad) if a.is_floating_point() else a
+            for a in args]  # fmt: skip
+    out = compiled(*args)
+    (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    return out, [a.grad for a in args if a.requires_grad]
+
+
+@pytest.mark.parametrize("path", ["toycomp.compile", "torch.compile"])
+@pytest.mark.parametrize(
+    "fn, value_shape",
+    [
+        (lambda x, m, v: torch.index_put(x * 2, (m,), v), ()),
+        (lambda x, m, v: x.clone().index_put_((m,), v, accumulate=True) * x, ()),
+        (lambda x, m, v: torch.where(m, 0.0, x).index_put((m,), v.expand(m.shape)[m]), (6,)),
+    ],
+    ids=["index_put", "accumulate", "values_from_mask"],
+)
+def test_bool_mask_index_put_with_grad(fn, value_shape, path):
+    torch.manual_seed(0)
+    x, m = torch.randn(6, requires_grad=True), torch.rand(6) > 0.5
+    v = torch.randn(value_shape, requires_grad=True)
+    compiled = _compile(fn, path)
+    expected, expected_grads = _run_with_grads(fn, [x, m, v], fn)
+    got, got_grads = _run_with_grads(fn, [x, m, v], compiled)
+    torch.testing.assert_close(got, expected)
+    for e, g in zip(expected_grads, got_grads, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_bool_mask_setitem_with_grad_is_a_visible_fallback():
+    def fn(x, m, v):
+        y = x.clone()
+        y[m] = v
+        return y
+
+    x, m, v = torch.randn(5, requires_grad=True), torch.rand(5) > 0.5, torch.tensor(2.0)
+    v.requires_grad_()
+    explanation = toycomp.explain(fn, x, m, v)
+    assert "data-dependent" in (explanation.eager_reason or "")
+    got, expected = toycomp.compile(fn)(x, m, v), fn(x, m, v)
+    torch.testing.assert_close(got, expected)
+
+
+# --- _embedding_bag: the CPU kernel's sizes, not the meta kernel's ---------------------------
+@pytest.mark.parametrize("path", ["toycomp.compile", "torch.compile"])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["sum", "mean", "max"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "per_sample_weights"])
+def test_embedding_bag(mode, weighted, path):
+    if weighted and mode != 0:
+        pytest.skip("per_sample_weights only with mode sum (eager's error)")
+    torch.manual_seed(0)
+    w, idx = torch.randn(10, 3, requires_grad=True), torch.randint(0, 10, (8,))
+    off, psw = torch.tensor([0, 3, 5]), (torch.rand(8) if weighted else None)
+
+    def fn(w, idx, off):
+        out = torch.ops.aten._embedding_bag(w, idx, off, False, mode, False, psw)
+        return out[0] * 2, out[2]  # the bags, and bag_size (an output the meta kernel sizes too)
+
+    compiled = _compile(fn, path)
+    w2 = w.detach().clone().requires_grad_()
+    expected, got = fn(w, idx, off), compiled(w2, idx, off)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)
+    expected[0].sum().backward()
+    got[0].sum().backward()
+    torch.testing.assert_close(w2.grad, w.grad)
