@@ -190,6 +190,8 @@ def var(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = Fals
     if not a.dtype.is_floating_point:
         raise Unsupported(f"var of {a.dtype}")
     x, dtype = upcast(a)
+    if x.dtype == torch.float32 and a.dtype == torch.float32 and a.device.type == "cpu":
+        x = convert(x, torch.float64)  # eager's CPU kernels accumulate a float var in double
     dims = reduction_dims(a, dim)
     count = math.prod(a.shape[d] for d in dims)
     _, m2 = corrected_moments(x, dims, count)
