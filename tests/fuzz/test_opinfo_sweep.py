@@ -52,6 +52,7 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
 EXTRA_OPINFOS: dict[str, list[str]] = {
+    "_embedding_bag": ["nn.functional.embedding_bag"],
     "_log_softmax_backward_data": ["log_softmax"],
     "_native_batch_norm_legit_functional": ["nn.functional.batch_norm"],
     "_native_batch_norm_legit_no_training": ["nn.functional.batch_norm"],
