@@ -61,9 +61,10 @@ run again on a fresh kernel.
 def solution_lines(solved: list[Path] | None = None) -> dict[str, str]:
     """The distinctive lines of every solution: {stripped line: "02_aot_autograd.ipynb"}.
 
-    A solution line is distinctive unless it is short (``MIN_LINE``) or the student has it anyway:
-    in the compiler's own modules (``toycomp/`` but ``toycomp/exercises/``: the notebooks teach
-    them, and many exercises rebuild a piece of them), or elsewhere in a solved notebook.
+    A solution line is distinctive unless it is short (``MIN_LINE``) or the student has it (or
+    the value it assigns) anyway: in the compiler's own modules (``toycomp/`` but
+    ``toycomp/exercises/``: the notebooks teach them, and many exercises rebuild a piece of them),
+    or elsewhere in a solved notebook.
     """
     solved = solved if solved is not None else solved_notebooks()
     lines, shown = {}, []
@@ -83,7 +84,16 @@ def solution_lines(solved: list[Path] | None = None) -> dict[str, str]:
     shown += [file_text(p) for p in package.rglob("*.py") if package / "exercises" not in p.parents]
     shown_text = "\n".join(shown)
     return {line: source for line, source in lines.items()
-            if len(line) >= MIN_LINE and line not in shown_text}  # fmt: skip
+            if len(line) >= MIN_LINE and not any(part in shown_text for part in parts(line))}
+
+
+def parts(line: str) -> list[str]:
+    """What of a line the student may have read: the line, and the value of an assignment
+    (``n = joint.meta["num_fwd_outputs"]`` gives nothing away when the notebook shows
+    ``joint.meta["num_fwd_outputs"]``: the name is all the answer adds)."""
+    target, eq, value = line.partition(" = ")
+    simple = eq and target.replace("_", "").replace(", ", "").isalnum()
+    return [line, value] if simple and len(value) >= MIN_LINE else [line]
 
 
 def file_text(path: Path) -> str:
