@@ -114,6 +114,15 @@ def test_a_crash_before_the_check_does_not_stop_the_run(tmp_path, solved_dir):
     assert grade_small(tmp_path, solved_dir, nb) == [("check_double", "error", 0, 2)]
 
 
+def test_a_cell_that_never_ends_is_interrupted_and_the_run_goes_on(tmp_path, solved_dir):
+    nb = small_notebook()
+    nb.cells.insert(1, nbformat.v4.new_code_cell("while True:\n    pass"))
+    path = tmp_path / "99_loop.ipynb"
+    nbformat.write(nb, path)
+    rows = grading.grade(path, solved=solved_dir, timeout=30)  # importing torch fits
+    assert [(r.name, r.status, r.score) for r in rows] == [("double", "passed", 2)]
+
+
 def test_a_notebook_of_no_course_is_refused(tmp_path, solved_dir):
     nb = small_notebook()
     for cell in nb.cells:

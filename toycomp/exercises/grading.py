@@ -41,7 +41,7 @@ from pathlib import Path
 import nbformat
 
 from toycomp.exercises import checking
-from toycomp.exercises.notebooks import SOLUTIONS, execute
+from toycomp.exercises.notebooks import SOLUTIONS, TIMEOUT, execute
 
 # [Note: what grading trusts]
 # The check cells run in the same kernel as the student's code, so a student who monkeypatches
@@ -161,15 +161,17 @@ def judge(check: Check, cells: list[nbformat.NotebookNode]) -> tuple[str, dict]:
     return status, record
 
 
-def grade(path: str | Path, run: bool = True, solved: str | Path = SOLUTIONS) -> list[Row]:
+def grade(path: str | Path, run: bool = True, solved: str | Path = SOLUTIONS,
+          timeout: int = TIMEOUT) -> list[Row]:  # fmt: skip
     """The score table of one notebook, executed first unless ``run`` is False. ``solved`` is the
-    folder of solved notebooks to match it against (or one solved notebook)."""
+    folder of solved notebooks to match it against (or one solved notebook); a cell that runs
+    past ``timeout`` seconds is interrupted, and the run goes on."""
     nb = nbformat.read(Path(path), as_version=4)
     source = find_solved(nb, Path(solved))
     checks = read_checks(nbformat.read(source, as_version=4))
     if run:
         missing = restore_check_cells(nb, checks)
-        nb = execute(nb, allow_errors=True)
+        nb = execute(nb, allow_errors=True, timeout=timeout)
     else:  # the saved outputs, of the check cells that still have the solved source only
         sources = {c.grade_id: c.source for c in checks}
         for cell in nb.cells:
