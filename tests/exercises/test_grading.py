@@ -37,7 +37,8 @@ def forged(exercise_id: str, number: int, name: str, points: int) -> str:
 
 def small_notebook() -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python",
+                                 "display_name": "Python 3"}  # fmt: skip
     solution = nbformat.v4.new_code_cell(SOLUTION)
     solution.metadata["nbgrader"] = {"solution": True, "grade": False, "locked": False,
                                      "grade_id": "double", "schema_version": 3}
@@ -88,8 +89,8 @@ def test_solved_notebook_gets_full_marks_and_student_notebook_zero(tmp_path, sol
 def test_verdicts_shown_by_other_cells_count_for_nothing(tmp_path, solved_dir):
     student = notebooks.student_version(small_notebook())
     right = "def right(t):\n    return 2 * t\n\ncheck_double(right)"  # a checker on a copied answer
-    hook = ("def forge(*args):\n    " + forged("nb99.double", 1, "double", 2).replace("\n", "\n    ")
-            + "\nget_ipython().events.register('pre_run_cell', forge)")  # fmt: skip
+    forge = forged("nb99.double", 1, "double", 2).replace("\n", "\n    ")
+    hook = f"def forge(*args):\n    {forge}\nget_ipython().events.register('pre_run_cell', forge)"
     student.cells[3:3] = [nbformat.v4.new_code_cell(forged("nb99.double", 1, "double", 2)),
                           nbformat.v4.new_code_cell(right)]  # fmt: skip
     assert grade_small(tmp_path, solved_dir, student) == [("double", "not solved", 0, 2)]

@@ -131,8 +131,8 @@ def restore_check_cells(nb: nbformat.NotebookNode, checks: list[Check]) -> list[
     missing = []
     for check in checks:
         cell = nbformat.v4.new_code_cell(check.source)
-        cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
-                                     "grade_id": check.grade_id, "points": check.points}  # fmt: skip
+        meta = {"grade": True, "solution": False, "locked": True, "points": check.points}
+        cell.metadata["nbgrader"] = {"grade_id": check.grade_id, **meta}
         places = [i for i, c in enumerate(nb.cells) if nbgrader_id(c) == check.grade_id]
         for i in places:  # whatever the student made of it (even a markdown cell)
             nb.cells[i] = copy.deepcopy(cell)
