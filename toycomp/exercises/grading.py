@@ -44,12 +44,12 @@ from toycomp.exercises import checking
 from toycomp.exercises.notebooks import SOLUTIONS, TIMEOUT, execute
 
 # [Note: what grading trusts]
-# The check cells run in the same kernel as the student's code, so a student who monkeypatches
-# the checker modules, or who displays a record from an IPython event hook, could still forge a
-# verdict. The first shows in the notebook's source (read it when a grade looks too good); the
-# second is caught by the "exactly one verdict per check cell" rule above. What no longer works is
-# anything that needs no such effort: a verdict displayed from another cell, an edited, moved
-# or renamed check cell, a renamed notebook, deleted exercise cells.
+# The check cells run in the same kernel as the student's code. A record displayed by an IPython
+# event hook lands in the check cell's outputs beside the real verdict: `judge` grades a cell with
+# two verdicts "invalid". A student who monkeypatches the checker modules could still forge one;
+# that needs deliberate code, which shows in the notebook's source (read it when a grade looks too
+# good). What needs no such effort no longer works: a verdict displayed by another cell, an edited
+# or deleted check cell, a renamed notebook, deleted exercise cells (graded "missing").
 
 
 @dataclasses.dataclass
