@@ -147,6 +147,7 @@ class CppKernelCodegen(KernelCodegen):
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
+        self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
         self.column = cpp_layout.use_column_layout(kernel)
@@ -278,7 +279,7 @@ class CppKernelCodegen(KernelCodegen):
         kept = cpp_row_buffers.RowBuffers(k)  # see [Note: a row's costly values, kept]
         for i, loop in enumerate(k.loops):
             self.new_sections()
-            self.loop_reductions = []
+            self.loop_reductions, self.row_sums = [], []
             kept.before_loop(self, i)
             self.codegen_loop(loop)
             kept.after_loop(self, i)
