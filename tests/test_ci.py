@@ -1,4 +1,4 @@
-"""CI's entry point, ``.ci/run``, on a stand-in ``dev.sh`` (its two passes, what fails it), and
+"""CI's entry point, ``.ci/run``, on a stand-in ``dev.sh`` (its passes, what fails it), and
 the plugin that prints each notebook's run time, on a one-cell notebook."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STAND_IN = """#!/usr/bin/env bash
 echo "dev.sh $* ATEN=${ATEN_CPU_CAPABILITY:-} OMP=${OMP_NUM_THREADS:-}"
+[ "$1" = site ] && exit "${RC3:-0}"
 [ $# -le 1 ] && exit "${RC1:-0}" || exit "${RC2:-0}"
 """
 
@@ -32,8 +33,8 @@ def checkout(tmp_path) -> Path:
     return tmp_path
 
 
-def ci(checkout: Path, rc1: int, rc2: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RC1=str(rc1), RC2=str(rc2))
+def ci(checkout: Path, rc1: int, rc2: int, rc3: int = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RC1=str(rc1), RC2=str(rc2), RC3=str(rc3))
     env.pop("ATEN_CPU_CAPABILITY", None), env.pop("OMP_NUM_THREADS", None)
     return subprocess.run([str(checkout / ".ci" / "run")], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
@@ -45,7 +46,8 @@ def test_ci_runs_the_tests_then_the_notebooks_on_other_kernels(checkout):
     lines = [line for line in run.stdout.splitlines() if line.startswith("dev.sh")]
     assert lines == ["dev.sh test ATEN= OMP=",
                      "dev.sh test notebooks/solutions/01_a.ipynb notebooks/02_b.ipynb "
-                     "ATEN=default OMP=1"]  # fmt: skip
+                     "ATEN=default OMP=1",
+                     "dev.sh site --check ATEN= OMP="]  # fmt: skip
 
 
 @pytest.mark.parametrize("rc1, rc2", [(1, 0), (0, 1), (5, 0), (0, 5), (2, 5)])
@@ -56,6 +58,11 @@ def test_ci_fails_when_either_pass_fails_or_collects_nothing(checkout, rc1, rc2)
     assert len(stand_in) == 2  # the second pass runs all the same
     if 5 in (rc1, rc2):
         assert "collected no tests" in run.stdout
+
+
+def test_ci_fails_when_the_site_check_fails(checkout):
+    run = ci(checkout, 0, 0, rc3=1)
+    assert run.returncode != 0 and "site: ./dev.sh site --check: exit 1" in run.stdout
 
 
 def test_ci_fails_without_notebooks(checkout):

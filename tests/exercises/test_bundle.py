@@ -68,21 +68,13 @@ def test_every_exercise_has_distinctive_solution_lines():
                 assert found, f"{solved.name} {meta['grade_id']}: no distinctive line"
 
 
-# Files known to hold solution lines, being fixed elsewhere under issue 27 (nb04.py's docstring
-# solves 04.1; its fusion check builds a hint with a line of 04.2's answer). A leak in any other
-# file fails; these xfail until they are fixed, then the test passes: empty this set then.
-PENDING = {"toycomp/exercises/nb04.py"}
-
-
 def test_release_holds_no_solution_line(release):
     lines = bundle.solution_lines()
     leaks = [(path.relative_to(release).as_posix(), line) for path, text in texts(release)
              for line in lines if line in text]  # fmt: skip
     report = "solution lines in the student release:\n" + "\n".join(
         f"{path}: {line!r}" for path, line in leaks)
-    assert not [p for p, _ in leaks if p not in PENDING], report
-    if leaks:
-        pytest.xfail(report)
+    assert not leaks, report
 
 
 def test_the_leak_search_finds_a_solution_wherever_it_hides(tmp_path):

@@ -171,8 +171,8 @@ def check_can_fuse(can_fuse: Callable[[ir.Reduction, ir.Pointwise], bool]) -> No
         producer, consumer = lowered.nodes
         got = call(case, can_fuse, producer, consumer)
         expect(isinstance(got, bool), case, "True or False", got, "return a bool")
-        loads = [e for e in ir.walk(consumer.body) if isinstance(e, ir.Load)]
-        reads = ", ".join(repr(e) for e in loads if e.buffer == producer.name)
+        reads = ", ".join(repr(e) for e in ir.walk(consumer.body)
+                          if getattr(e, "buffer", None) == producer.name)  # its loads of it
         hint = (f"{producer.name} has {indexing.numel(producer.size)} rows; the consumer "
                 f"{list(consumer.size)} reads {reads}")  # fmt: skip
         expect_equal(case, got, fused, hint)
