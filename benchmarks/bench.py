@@ -62,7 +62,7 @@ import timing  # noqa: E402
 from workloads import ROWS, Case, tensor_bytes  # noqa: E402
 
 import toycomp  # noqa: E402
-from toycomp.inductor import autotune  # noqa: E402
+from toycomp.inductor.opt import autotune  # noqa: E402
 
 COMPILERS = ("eager", "torch.compile", "toycomp")
 RTOL, ATOL, NORM_TOL = 1e-4, 1e-5, 1e-4

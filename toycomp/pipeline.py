@@ -28,6 +28,7 @@ torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/com
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -35,18 +36,19 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
+import toycomp.config as config
 from toycomp._torch_compat import fake_on_device
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
-from toycomp.inductor import autotune
-from toycomp.inductor.cudagraphs import CUDAGraphMode, check_mode
+from toycomp.inductor.opt import autotune
+from toycomp.inductor.opt.cudagraphs import CUDAGraphMode, check_mode
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
-from toycomp.inductor.split_reduction import size_hints, split_reductions
+from toycomp.inductor.opt.split_reduction import size_hints, split_reductions
 from toycomp.inductor.wrapper import BACKENDS, CompiledGraph, compile_graph
 from toycomp.symbolic_shapes import is_symbolic
 
@@ -90,8 +92,10 @@ def inductor_compiler(
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
         target = resolve_backend(backend, example_inputs)
-        hints = size_hints(example_inputs)  # the sizes' example values choose the splits
-        lowered = split_reductions(lower(prims_gm, example_inputs), target, hints)
+        lowered = lower(prims_gm, example_inputs)
+        if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
+            hints = size_hints(example_inputs)  # the sizes' example values choose the splits
+            lowered = split_reductions(lowered, target, hints)
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
         record.append(
@@ -158,7 +162,7 @@ class GraphCompiler:
         self, backend: str | None, partition: str, name: str = "fn", mode: str | None = None
     ) -> None:
         self.backend, self.partition, self.name = backend, partition, name
-        self.cudagraphs = CUDAGraphMode(name) if mode == "reduce-overhead" else None
+        self.cudagraphs: CUDAGraphMode | None = None  # made where config.triton.cudagraphs is on
         self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
@@ -172,9 +176,13 @@ class GraphCompiler:
                               if isinstance(t, torch.Tensor) else t for t in example_inputs]
         try:
             _check_layouts(example_inputs)
-            with autotune.requested(self.autotune):
+            if config.triton.cudagraphs and self.cudagraphs is None:
+                self.cudagraphs = CUDAGraphMode(self.name)
+            cudagraphs = self.cudagraphs if config.triton.cudagraphs else None
+            tuned = self.autotune or config.max_autotune  # inductor/opt/autotune.py
+            with autotune.requested(True) if tuned else contextlib.nullcontext():
                 aot, graphs = compile_stages_2_to_4(
-                    gm, example_inputs, self.backend, self.partition, self.cudagraphs
+                    gm, example_inputs, self.backend, self.partition, cudagraphs
                 )
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
             self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
@@ -230,6 +238,7 @@ class OptimizedFunction:
         partition: str = "min_cut",
         dynamic: bool | None = None,
         mode: str | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.backend = backend
@@ -238,7 +247,12 @@ class OptimizedFunction:
         self.compiler = GraphCompiler(backend, partition, name, mode)
         self.entries = self.compiler.entries
         self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
-        self.frame = self.context.frame_for(frame_target(fn))
+        # Flags are read while compiling: each call runs with options= patched in
+        # (nothing to patch for options=None, so the call path stays the same).
+        if mode == "reduce-overhead":
+            options = {"triton.cudagraphs": True, **(options or {})}
+        self.options = config.check_options(options)
+        self.frame = config.with_options(self.options, self.context.frame_for(frame_target(fn)))
 
     @property
     def compile_count(self) -> int:
@@ -269,6 +283,7 @@ def compile(  # noqa: A001 (torch.compile's name)
     partition: str = "min_cut",
     dynamic: bool | None = None,
     mode: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
@@ -286,10 +301,12 @@ def compile(  # noqa: A001 (torch.compile's name)
             never does. ``toycomp.mark_dynamic(x, dim)`` makes a dimension a symbol in every
             mode. Sizes 0 and 1 are always specialised.
         mode: ``None`` or ``"default"``; ``"reduce-overhead"`` replays each compiled graph on
-            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/cudagraphs.py: static
+            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/opt/cudagraphs.py: static
             shapes only; a graph it cannot apply to runs as compiled, with a warning);
             ``"max-autotune"`` times a few launch configs of each Triton kernel on CUDA at its
-            first call and keeps the fastest (toycomp/inductor/autotune.py).
+            first call and keeps the fastest (toycomp/inductor/opt/autotune.py).
+        options: flags of ``toycomp.config`` for this function only, as ``torch.compile``'s
+            ``options=``: ``options=toycomp.config.teach`` turns every optimisation off.
 
     Returns:
         A callable with the same results, gradients and Python side effects as ``fn``. A new
@@ -298,19 +315,24 @@ def compile(  # noqa: A001 (torch.compile's name)
         frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
     """
     check_choices(backend, partition)
-    check_mode(mode)
+    if mode is not None:
+        check_mode(mode)
     if dynamic not in (None, True, False):
         raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
-    return OptimizedFunction(fn, backend, partition, dynamic, mode)
+    return OptimizedFunction(fn, backend, partition, dynamic, mode, options)
 
 
 def toycomp_backend(
-    gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], backend: str | None = None
+    gm: torch.fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    backend: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Callable:
     """``torch.compile(fn, backend="toycomp")``: Dynamo captured ``gm``, toycomp does stages 2-4.
 
     ``backend`` picks the code generator as in ``toycomp.compile`` (pass it with
-    ``functools.partial(toycomp_backend, backend="triton")``). Graphs with symbolic sizes
+    ``functools.partial(toycomp_backend, backend="triton")``); ``torch.compile``'s ``options=``
+    arrive as ``options`` (flags of ``toycomp.config``). Graphs with symbolic sizes
     (``dynamic=True``, automatic dynamic shapes) are compiled once for every size."""
     for node in gm.graph.nodes:  # AOT treats get_attr tensors as constants (no gradient)
         value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
@@ -323,7 +345,8 @@ def toycomp_backend(
     _check_one_hot_classes(gm)
     examples = dynamo_examples(gm, example_inputs)
     try:
-        aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
+        with config.patch(config.check_options(options)):
+            aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
     except NotImplementedError as e:  # as in GraphCompiler.__call__: runs as captured
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
         return gm.forward

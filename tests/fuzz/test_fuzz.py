@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import toycomp
 from tests.fuzz import programs
 
 # Seeds that fail today, keyed (backend, seed), valued by the failure's signature ("restride":
@@ -29,22 +30,29 @@ KNOWN_FAILURES: dict[tuple[str, int], str] = {
 # kernel cache: this file takes about 2.5 minutes, test_opinfo_sweep.py about 1.3.
 CPP_SEEDS = range(0, 150)
 TRITON_SEEDS = range(0, 50)
+# The teach preset (toycomp.config.teach: every optimisation off) must be as correct: a share of
+# the same seeds, to keep CI time (about a minute more).
+TEACH_SEEDS = {"cpp": range(0, 50), "triton": range(0, 20)}
 
 
 def _cases() -> list:
     cases = []
-    for backend, seeds in (("cpp", CPP_SEEDS), ("triton", TRITON_SEEDS)):
-        for seed in seeds:
-            reason = KNOWN_FAILURES.get((backend, seed))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            cases.append(pytest.param(backend, seed, marks=marks, id=f"{backend}-{seed}"))
+    fast = {"cpp": CPP_SEEDS, "triton": TRITON_SEEDS}
+    for preset, table in (("fast", fast), ("teach", TEACH_SEEDS)):
+        for backend, seeds in table.items():
+            for seed in seeds:
+                reason = KNOWN_FAILURES.get((backend, seed))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                name = f"{backend}-{seed}" if preset == "fast" else f"{backend}-teach-{seed}"
+                cases.append(pytest.param(backend, seed, preset, marks=marks, id=name))
     return cases
 
 
-@pytest.mark.parametrize("backend, seed", _cases())
-def test_random_program(backend: str, seed: int) -> None:
+@pytest.mark.parametrize("backend, seed, preset", _cases())
+def test_random_program(backend: str, seed: int, preset: str) -> None:
     program = programs.generate(seed)
-    outcome = programs.check(program, backend)
+    with toycomp.config.patch(**getattr(toycomp.config, preset)):
+        outcome = programs.check(program, backend)
     if outcome.cls in programs.FAILURES:
         pytest.fail(
             f"{outcome.cls}: {outcome.signature}\n{outcome.detail[:3000]}\n\n"
@@ -53,7 +61,7 @@ def test_random_program(backend: str, seed: int) -> None:
             pytrace=False,
         )
     if outcome.cls in ("clear error", "fallback", "signed zero"):
-        warnings.warn(f"fuzz seed {seed} [{backend}]: {outcome.cls}: {outcome.signature}")
+        warnings.warn(f"fuzz seed {seed} [{backend}, {preset}]: {outcome.cls}: {outcome.signature}")
 
 
 # --- the generator itself (no compilation) ------------------------------------------------------

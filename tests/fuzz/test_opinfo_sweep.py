@@ -149,11 +149,11 @@ def opinfos_by_aten_name() -> dict[str, list[Any]]:
 def _cases() -> list:
     infos = {_opinfo_id(i): i for group in opinfos_by_aten_name().values() for i in group}
     cases = []
-    for backend in ("cpp", "triton"):
+    for backend in ("cpp", "triton", "cpp-teach"):  # cpp-teach: toycomp.config.teach on C++
         for key in sorted(infos):
             if backend == "triton" and key not in TRITON_OPINFOS:
                 continue
-            reason = KNOWN_FAILURES.get((backend, key))
+            reason = KNOWN_FAILURES.get((backend.removesuffix("-teach"), key))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
             cases.append(pytest.param(backend, infos[key], marks=marks, id=f"{backend}-{key}"))
     return cases
@@ -371,10 +371,13 @@ def _tensors_of(sample: Any) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("backend, info", _cases())
 def test_opinfo(backend: str, info: Any) -> None:
-    limit = MAX_SAMPLES if backend == "cpp" else TRITON_SAMPLES
+    limit = MAX_SAMPLES if backend == "cpp" else TRITON_SAMPLES  # (teach: as Triton, fewer)
+    preset = "teach" if backend.endswith("-teach") else "fast"
+    backend = backend.removesuffix("-teach")
     failures, notes = [], collections.defaultdict(list)
     for k, sample in samples(info, limit):
-        outcome = check_sample(info, sample, backend)
+        with toycomp.config.patch(**getattr(toycomp.config, preset)):
+            outcome = check_sample(info, sample, backend)
         if outcome.cls in programs.FAILURES:
             failures.append((k, sample, outcome))
         elif outcome.cls in ("clear error", "fallback", "signed zero"):
@@ -385,7 +388,8 @@ def test_opinfo(backend: str, info: Any) -> None:
         k, sample, outcome = failures[0]
         others = "".join(f"\n  sample {j}: {o.cls}: {o.signature}" for j, _, o in failures[1:])
         pytest.fail(
-            f"{outcome.cls}: {outcome.signature}\n{outcome.detail[:2500]}{others}\n\n"
+            f"[preset {preset}] {outcome.cls}: {outcome.signature}\n{outcome.detail[:2500]}"
+            f"{others}\n\n"
             f"Reproducer:\n{_reproducer(info, k, backend, SampleFunction(info, sample))}",
             pytrace=False,
         )

@@ -1,4 +1,4 @@
-"""Autotuning of Triton launch configs (toycomp/inductor/autotune.py, [Note: autotuning]; the
+"""Autotuning of Triton launch configs (toycomp/inductor/opt/autotune.py, [Note: autotuning]; the
 candidates: [Note: autotuning candidates] in codegen/triton_heuristics.py).
 
 On the CPU the kernels run in Triton's interpreter, which never autotunes; here an ``Autotuner``
@@ -20,8 +20,9 @@ import triton.language as tl
 
 import toycomp
 from toycomp._triton_compat import InterpretedKernel
-from toycomp.inductor import autotune, cache
-from toycomp.inductor.autotune import Autotuner
+from toycomp.inductor import cache
+from toycomp.inductor.opt import autotune
+from toycomp.inductor.opt.autotune import Autotuner
 from toycomp.inductor.codegen import triton as triton_codegen
 from toycomp.inductor.codegen.triton_heuristics import (
     BLOCK_ELEMENTS,
@@ -31,7 +32,7 @@ from toycomp.inductor.codegen.triton_heuristics import (
     kernel_hint,
     next_power_of_2,
 )
-from toycomp.inductor.split_reduction import ReductionHint
+from toycomp.inductor.opt.split_reduction import ReductionHint
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

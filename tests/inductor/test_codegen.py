@@ -16,7 +16,8 @@ import torch
 import toycomp
 import toycomp.prims as prims
 from toycomp.inductor import cache, indexing, wrapper
-from toycomp.inductor.codegen import common as codegen, cpp, libmvec, triton, triton_heuristics
+from toycomp.inductor.codegen import common as codegen, cpp, triton, triton_heuristics
+from toycomp.inductor.opt import libmvec
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,

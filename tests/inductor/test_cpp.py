@@ -221,7 +221,7 @@ def test_broadcasts_over_planes_match_eager(shape, dims):
 
 @pytest.mark.parametrize("plane, numel", [(12, 96), (16, 256), (36, 288)])
 def test_plane_index_is_the_same_element(plane, numel):
-    from toycomp.inductor.codegen.cpp_layout import plane_index
+    from toycomp.inductor.opt.cpp_layout import plane_index
 
     FloorDiv = indexing.FloorDiv
     index = 3 * x + FloorDiv(x, plane) - 2 * FloorDiv(x, 2 * plane) + 7 * FloorDiv(x, numel // 2)

@@ -1,6 +1,6 @@
 """C++ reductions over planes equal eager (issue 9: BatchNorm's per-channel sums on a conv net).
 
-See [Note: reductions over planes] in toycomp/inductor/codegen/cpp_layout.py: a row reduction
+See [Note: reductions over planes] in toycomp/inductor/opt/cpp_layout.py: a row reduction
 whose r index divides r only by multiples of one extent P (H*W of an (N, C, H, W) tensor)
 runs ``for r0 < rnumel/P: for r1 < P``. Eager is the oracle for values and gradients; H*W is
 49, 196 and 15 (one plane each), 1 (no division at all), and a slice whose divisions share no
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import toycomp
 from toycomp.inductor import indexing, ir
-from toycomp.inductor.codegen import cpp, cpp_layout
+from toycomp.inductor.codegen import cpp
+from toycomp.inductor.opt import cpp_layout
 
 FloorDiv, r, x = indexing.FloorDiv, indexing.r, indexing.x
 DIMS = (0, 2, 3)  # a per-channel reduction of (N, C, H, W)

@@ -16,7 +16,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import toycomp
 from toycomp.inductor import ir
-from toycomp.inductor.codegen import cpp, cpp_layout, cpp_reduction
+from toycomp.inductor.codegen import cpp, cpp_reduction
+from toycomp.inductor.opt import cpp_layout
 from toycomp.inductor.lowering import lower
 from toycomp.inductor.scheduler import schedule
 from toycomp.inductor.wrapper import compile_graph

@@ -1,6 +1,6 @@
 """Float sin and cos in C++ kernels: toycomp's own, one sincos call for both (issue 9, CPU).
 
-See [Note: one sincos for sin and cos] in toycomp/inductor/codegen/libmvec.py. Eager PyTorch is
+See [Note: one sincos for sin and cos] in toycomp/inductor/opt/libmvec.py. Eager PyTorch is
 the oracle for values (within 4 ulp: eager calls Sleef's 3.5-ulp functions); the bits of a
 value must not depend on whether its cosine is computed too, on vectorisation, or on the kernel.
 """
@@ -16,7 +16,8 @@ import torch
 
 from tests.inductor.test_cpp import compile_cpp
 from toycomp.inductor import cache
-from toycomp.inductor.codegen import common, cpp, libmvec
+from toycomp.inductor.codegen import common, cpp
+from toycomp.inductor.opt import libmvec
 from toycomp.inductor.indexing import r, x
 from toycomp.inductor.ir import (
     Constant,

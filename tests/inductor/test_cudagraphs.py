@@ -1,4 +1,4 @@
-"""toycomp/inductor/cudagraphs.py: ``toycomp.compile(fn, mode="reduce-overhead")``.
+"""toycomp/inductor/opt/cudagraphs.py: ``toycomp.compile(fn, mode="reduce-overhead")``.
 
 Eager PyTorch is the oracle. The runner's bookkeeping (static inputs, copies, clones, inputs
 captured in place, captures again) is checked twice: on CUDA with real CUDA graphs, and on the
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import toycomp
-from toycomp.inductor import cudagraphs
+from toycomp.inductor.opt import cudagraphs
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""Memory planning (toycomp/inductor/memory_planning.py): reuse, in place, matmuls with out=.
+"""Memory planning (toycomp/inductor/opt/memory_planning.py): reuse, in place, matmuls with out=.
 
 Eager PyTorch is the oracle: every graph where a buffer is (or must not be) reused is run and
 compared with eager, on both backends (Triton through its interpreter on CPU tensors). A reuse
@@ -16,7 +16,8 @@ import torch
 import toycomp
 import toycomp.pipeline as pipeline
 from benchmarks.timing import cpu_peak_memory_bytes
-from toycomp.inductor import memory_planning, wrapper
+from toycomp.inductor import wrapper
+from toycomp.inductor.opt import memory_planning
 from toycomp.inductor.ir import (
     AllocatedBuffer,
     Constant,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import toycomp
 from toycomp.inductor import ir
 from toycomp.inductor.interpret import run_scheduled
-from toycomp.inductor.split_reduction import MIX_ORDER_ROWS
+from toycomp.inductor.opt.split_reduction import MIX_ORDER_ROWS
 
 RTOL, ATOL = 1e-4, 1e-4
 

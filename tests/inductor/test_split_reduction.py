@@ -18,7 +18,7 @@ from toycomp.inductor.codegen.common import IndexPrinter
 from toycomp.inductor.codegen.cpp import CppPrinter
 from toycomp.inductor.indexing import index_bounds, index_vars, r, size_symbol, x
 from toycomp.inductor.scheduler import schedule
-from toycomp.inductor.split_reduction import (
+from toycomp.inductor.opt.split_reduction import (
     ReductionHint,
     node_hint,
     num_splits,

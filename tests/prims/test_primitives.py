@@ -63,7 +63,7 @@ PRIM_CHECKS = {  # name -> (args, what the prim must equal, computed another way
 
 
 def test_prim_set_is_closed_and_covered():
-    assert 30 <= len(prims.PRIMS) <= 40
+    # (how many there may be is a budget: tests/test_line_budget.py)
     assert set(PRIM_CHECKS) == set(prims.PRIMS)
 
 

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+import toycomp.config as config
 from toycomp.capture.codegen import known_text
 from toycomp.capture.guard_check import TensorBatch, compile_check
 from toycomp.capture.sources import (
@@ -154,7 +155,7 @@ class GuardBuilder:
         v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
         chained = "." in v or v.count("[") > 1
-        if chained and sizes is None and _batchable(t):
+        if chained and sizes is None and config.fast_guards and _batchable(t):
             self.batch.append((v, t, [f"type({v}) is {cls}", *self.layout_lines(v, t)]))
             return
         if chained:  # an attribute chain: read it once, name it (t0, ...)

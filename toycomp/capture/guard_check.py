@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 
 import toycomp._torch_compat as compat
+import toycomp.config as config
 
 # [Note: guards name shared prefixes]
 # A module's guards repeat long paths: ``type(L['self'].encoder.layers._modules['encoder_layer_3'
@@ -155,7 +156,9 @@ def compile_check(
     """One function ``check(L, G)`` of all ``conditions``; ``named``: the names the builder
     gave to values (t0 -> its path), ``readable``: paths as read -> as the user writes them."""
     named = dict(named or {})
-    shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G", "F", "B"})
+    shared, prefixes = list(conditions), {}
+    if config.fast_guards:  # a speed-up only: [Note: guards name shared prefixes]
+        shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G", "F", "B"})
     named.update(prefixes)
     body = "\n            and ".join(shared) or "True"
     source = (

@@ -36,15 +36,13 @@ Files, in reading order:
   kernels;
 * ``tensor_value.py``, ``lowering_table.py``, ``lowering_rules.py``, ``lowering_meta.py``,
   ``lowering.py``: lowering, one rule per prim; views are index maps, never copies;
-* ``split_reduction.py``: (Triton) a reduction with few outputs and a long range becomes a
-  partial reduction over chunks plus a small finishing one;
 * ``scheduler.py``: fusion into kernels; ``interpret.py`` runs any of these IRs with torch;
 * ``codegen/``: kernels -> source text (shared part, C++, Triton);
 * ``runtime.py``, ``wrapper.py``: the ``call(args)`` function and what it calls at run time;
-* ``cudagraphs.py``: ``mode="reduce-overhead"``: a compiled graph replayed as one CUDA graph;
-* ``autotune.py``: (Triton on CUDA, ``mode="max-autotune"``) the fastest of a few launch
-  configs per kernel, timed once;
-* ``cache.py``: compiled kernels on disk.
+* ``cache.py``: compiled kernels on disk;
+* ``opt/``: the optimisations, one pass a file behind a flag of ``toycomp.config`` (split
+  reductions, memory planning, vector math, C++ layouts, CUDA graphs, autotuning...), entered at
+  named hook points; none runs in the ``teach`` preset.
 
 NB: in PyTorch this lives in torch/_inductor: lowering.py (the ``lowerings`` table), graph.py
 (``GraphLowering``), ir.py, scheduler.py, codegen/common.py, codegen/cpp.py, codegen/triton.py,

@@ -32,7 +32,7 @@ Input IR -> output: the scheduler's kernels, extern calls and buffers -> readabl
 
 The matmul writes into a buffer the wrapper allocated (``out=``), and the relu kernel writes
 its result over the matmul's, which it reads at the same index and which is dead after it:
-``memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
+``opt/memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
 ``args.clear()`` and ``del a, w`` free the inputs once dead when the caller hands them over
 (``CompiledGraph.call_boxed``: the AOT backward does, for the saved activations).
 
@@ -67,10 +67,11 @@ import torch
 
 import sympy
 
+import toycomp.config as config
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
-from toycomp.inductor.memory_planning import last_uses, plan_memory
+from toycomp.inductor.opt.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
 from toycomp._torch_compat import LayoutsSeen, empty_strided_cuda
 from toycomp._triton_compat import raw_stream
@@ -135,7 +136,7 @@ class CompiledGraph:
 
 
 def compile_graph(
-    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool = True
+    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
     """Generate kernels and the wrapper for ``scheduled``; compile and load everything.
 
@@ -144,7 +145,10 @@ def compile_graph(
         backend: ``"cpp"`` (CPU tensors only) or ``"triton"`` (CUDA, or CPU via Triton's
             interpreter).
         memory_planning: reuse dead buffers and write matmuls into planned buffers (see
-            [Note: memory planning] in memory_planning.py); False allocates every buffer.
+            [Note: memory planning] in opt/memory_planning.py); False allocates every buffer
+            and frees it at its last use; None (the default): ``toycomp.config.memory_planning``,
+            and where that is off (``teach``), each buffer is allocated before the step that
+            first writes it and lives until ``call`` returns.
 
     Returns:
         A ``CompiledGraph`` mapping a list of input tensors to the list of outputs.
@@ -158,7 +162,9 @@ def compile_graph(
         generated = [cpp.generate(k) for k in kernels]
     else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
         generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
-    source = WrapperCodegen(scheduled, generated, memory_planning).generate()
+    plain = memory_planning is None and not config.memory_planning
+    planned = memory_planning is not False
+    source = WrapperCodegen(scheduled, generated, planned, plain).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
@@ -212,9 +218,12 @@ class WrapperCodegen:
         scheduled: ir.ScheduledGraph,
         generated: list[GeneratedKernel],
         memory_planning: bool = True,
+        plain: bool = False,
     ) -> None:
         self.graph = scheduled
-        self.memory_planning = memory_planning
+        self.memory_planning = memory_planning and not plain
+        self.plain = plain  # no plan at all: see _write_plain_steps
+        self.out_variants: dict[str, str] = {}  # extern calls writing into planned buffers
         self.calls = {g.name: g.call for g in generated}
         self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.constants = {c.name for c in scheduled.constants}
@@ -287,6 +296,8 @@ class WrapperCodegen:
 
     def _write_steps(self, code: IndentedBuffer) -> None:
         """The steps, each with its allocations and frees, then the ``return``."""
+        if self.plain:
+            return self._write_plain_steps(code)
         allocs = {a.name: a for a in self.graph.allocations}
         keep = {b.name for b in self.graph.inputs} | self.constants
         if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
@@ -294,6 +305,7 @@ class WrapperCodegen:
         last = last_uses(self.graph, keep)
         on_cuda = torch.device(self.graph.device).type == "cuda"  # no in place there
         self.plan = plan_memory(self.graph, last, self.memory_planning, in_place=not on_cuda)
+        self.out_variants = self.plan.out_variants
         for i, step in enumerate(self.graph.steps):
             for line in self.plan.before[i]:  # [Note: memory planning]
                 allocs.pop(line.name, None)
@@ -305,6 +317,22 @@ class WrapperCodegen:
                 code.writeline(self.plan.after[i].codegen())
         for name, a in allocs.items():  # written by no step (e.g. empty outputs)
             code.writeline(_empty(a))
+        self._write_return(code)
+
+    def _write_plain_steps(self, code: IndentedBuffer) -> None:
+        """The steps with no memory plan: each buffer allocated before the step that first
+        writes it (Python frees them all when ``call`` returns), then the ``return``."""
+        allocs = {a.name: a for a in self.graph.allocations}
+        for step in self.graph.steps:
+            if isinstance(step, ir.Kernel):
+                code.writelines([_empty(allocs.pop(b)) for b in step.writes() if b in allocs])
+            code.writelines(self._step_line(step).split("\n"))
+            if isinstance(step, ir.ExternKernel):
+                code.writelines(_check_extern_lines(step))
+        code.writelines([_empty(a) for a in allocs.values()])  # written by no step
+        self._write_return(code)
+
+    def _write_return(self, code: IndentedBuffer) -> None:
         strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
         outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
         code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
@@ -315,8 +343,8 @@ class WrapperCodegen:
         target = extern_name(step.kernel)
         args = [self._render(a) for a in step.args]
         args += [f"{k}={self._render(v)}" for k, v in step.kwargs]
-        if step.name in self.plan.out_variants:  # writes into its planned buffer
-            target, args = self.plan.out_variants[step.name], [*args, f"out={step.name}"]
+        if step.name in self.out_variants:  # writes into its planned buffer
+            target, args = self.out_variants[step.name], [*args, f"out={step.name}"]
         return f"{step.name} = {target}({', '.join(args)})"
 
     def _output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:

@@ -14,7 +14,7 @@ and ``cos`` are toycomp's own, computed together by one call where a kernel need
     >>> import torch, toycomp
     >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
     >>> kernel = toycomp.explain(f, torch.empty(4194304)).graph("forward").scheduled.steps[0]
-    >>> print(generate(kernel).source.removeprefix(PREAMBLE).strip())
+    >>> print(generate(kernel).source.removeprefix(preamble()).strip())
     // kernel_0 (FX origins: sin, mul, cos, mul_1, add)
     #if defined(TOYCOMP_SIMD_sincosf) && defined(TOYCOMP_SINCOSF)
     TOYCOMP_SINCOSF(sincosf)
@@ -57,15 +57,18 @@ from typing import Callable
 import sympy
 import torch
 
+import toycomp.config as config
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.codegen import cpp_layout, cpp_reduction, cpp_row_buffers, libmvec
+from toycomp.inductor.codegen import cpp_reduction
+from toycomp.inductor.opt import cpp_layout, cpp_row_buffers, libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
     KernelCodegen,
     compute_dtype,
 )
-from toycomp.inductor.codegen.cpp_prefix import PREAMBLE
+from toycomp.inductor.codegen.cpp_prefix import PREAMBLE as CORE_PREAMBLE
+from toycomp.inductor.opt.cpp_vector_prefix import VECTOR_PREAMBLE
 from toycomp.inductor.codegen.cpp_utils import (  # noqa: F401  (re-exported: cpp.CPP_TYPES)
     CPP_OPS,
     CPP_TYPES,
@@ -131,6 +134,20 @@ PARALLEL_MIN_ELEMENTS = 16384
 # rounded once in one kernel and twice in another, so again values that must compare equal did
 # not. PREAMBLE turns contraction off (`fp-contract=off`): every op rounds once, in every kernel,
 # as eager PyTorch does, where each op is its own kernel.
+# The preamble of the fast preset's kernels (``preamble()``: the current flags' one).
+PREAMBLE = VECTOR_PREAMBLE
+
+
+def vector_math() -> bool:
+    """Whether kernels call vector math (``toycomp.config.cpp.simdlen``, off in ``teach``)."""
+    return config.cpp.simdlen != 0
+
+
+def preamble() -> str:
+    """The text every C++ kernel starts with: the core, then the vector math macros."""
+    return VECTOR_PREAMBLE if vector_math() else CORE_PREAMBLE
+
+
 VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
     "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "tanh": ("tanhf", 1),
     "erf": ("erff", 1), "pow": ("powf", 2),
@@ -150,7 +167,8 @@ class CppKernelCodegen(KernelCodegen):
         self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
-        self.column = cpp_layout.use_column_layout(kernel)
+        self.layouts = config.cpp.layouts  # columns and planes: opt/cpp_layout.py
+        self.column = self.layouts and cpp_layout.use_column_layout(kernel)
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
         self.plane: int | None = None  # see [Note: pointwise kernels over planes]
@@ -159,7 +177,7 @@ class CppKernelCodegen(KernelCodegen):
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
         for every element of every kernel (see [Note: vectorised libm])."""
-        if compute_dtype(expr.dtype) == torch.float32:
+        if vector_math() and compute_dtype(expr.dtype) == torch.float32:
             if expr.name in VECTOR_MATH:
                 fn, arity = VECTOR_MATH[expr.name]
                 self.vector_math[fn] = arity
@@ -170,7 +188,8 @@ class CppKernelCodegen(KernelCodegen):
 
     def codegen_loop(self, loop: ir.Loop) -> None:
         super().codegen_loop(loop)
-        libmvec.fuse_sin_cos(self.compute)  # see [Note: one sincos for sin and cos]
+        if vector_math():
+            libmvec.fuse_sin_cos(self.compute)  # see [Note: one sincos for sin and cos]
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         code = f"{self.args[buffer]}[{self.print_index(index)}]"
@@ -228,7 +247,8 @@ class CppKernelCodegen(KernelCodegen):
     # --- layout ----------------------------------------------------------------------------------
     def codegen_kernel(self) -> str:
         k = self.kernel
-        parts = cpp_layout.split_by_layout(k)  # see [Note: a kernel of rows and columns]
+        parts = cpp_layout.split_by_layout(k) if self.layouts else [k]  # [Note: a kernel of
+        # rows and columns] in opt/cpp_layout.py
         if len(parts) == 1:
             functions = [self.codegen_function(k.name, self.codegen_body())]
         else:
@@ -250,7 +270,7 @@ class CppKernelCodegen(KernelCodegen):
             code.writelines(libmvec.declare_sin_cos(fn))
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
-        return PREAMBLE + "\n" + code.getvalue() + "".join(functions)
+        return preamble() + "\n" + code.getvalue() + "".join(functions)
 
     def codegen_function(self, name: str, body: IndentedBuffer, linkage='extern "C" ') -> str:
         code = IndentedBuffer()
@@ -271,18 +291,22 @@ class CppKernelCodegen(KernelCodegen):
     def codegen_row_body(self, parallel: str | None) -> IndentedBuffer:
         """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
         k, body = self.kernel, IndentedBuffer()
-        self.plane = cpp_layout.pointwise_plane(k)
-        self.rplane = cpp_layout.reduction_plane(k)
+        if self.layouts:
+            self.plane = cpp_layout.pointwise_plane(k)
+            self.rplane = cpp_layout.reduction_plane(k)
         parallel_r = None
         if indexing.known_equal(k.numel, 1):
             parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
-        kept = cpp_row_buffers.RowBuffers(k)  # see [Note: a row's costly values, kept]
+        # a row's costly values, kept: opt/cpp_row_buffers.py (config.cpp.row_buffers)
+        kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
         for i, loop in enumerate(k.loops):
             self.new_sections()
             self.loop_reductions, self.row_sums = [], []
-            kept.before_loop(self, i)
+            if kept:
+                kept.before_loop(self, i)
             self.codegen_loop(loop)
-            kept.after_loop(self, i)
+            if kept:
+                kept.after_loop(self, i)
             if loop.over_r:
                 cpp_reduction.codegen_row_loop(self, body, loop, parallel_r)
             else:
@@ -295,7 +319,7 @@ class CppKernelCodegen(KernelCodegen):
             return code
         # A pointwise kernel's x loop is its only loop: vectorise it too.
         independent = cpp_layout.independent_iterations
-        simd = all(not loop.over_r and independent(loop) for loop in k.loops)
+        simd = vector_math() and all(not loop.over_r and independent(loop) for loop in k.loops)
         if self.plane is not None:  # planes on the cores, each plane's elements vectorised
             outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
             inner = "#pragma omp simd" if simd else None
@@ -369,7 +393,9 @@ def _literal_dtype(value: ir.Number) -> torch.dtype:
 # --- compile and call -------------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
-    cg = CppKernelCodegen(cpp_layout.merge_reduction_loops(kernel))
+    if config.cpp.layouts:  # one pass for sibling reductions (opt/cpp_layout.py)
+        kernel = cpp_layout.merge_reduction_loops(kernel)
+    cg = CppKernelCodegen(kernel)
     source = cg.codegen_kernel()
     args = [f"{buffer}.data_ptr()" for buffer in cg.args]
     args += [str(s) for s in kernel.size_symbols()]  # dynamic shapes: the sizes, at call time
@@ -384,7 +410,7 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     should that fail to compile or load, it is compiled again with scalar calls, with a warning.
     """
     wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
-    flags = libmvec.vector_math_flags(wanted)
+    flags = libmvec.vector_math_flags(wanted) if wanted else ()  # (none: no probe either)
     try:
         lib = cache.load_cpp_library(generated.source, flags)
     except (cache.CppCompileError, OSError) as e:

@@ -46,7 +46,7 @@ import torch
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
-from toycomp.inductor.codegen.cpp_layout import independent_iterations, plane_loops
+from toycomp.inductor.opt.cpp_layout import independent_iterations, plane_loops
 
 # [Note: row and column reductions]
 # A reduction kernel runs, for each output x, its loops over r. Where the memory it reads lies

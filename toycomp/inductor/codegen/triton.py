@@ -48,11 +48,12 @@ from typing import Any
 import sympy
 import torch
 
+import toycomp.config as config
 import toycomp.prims as prims
 from toycomp._triton_compat import InterpretedKernel, LeanLauncher
 from toycomp.inductor import cache, indexing, ir
-from toycomp.inductor.autotune import autotuned
-from toycomp.inductor.split_reduction import ReductionHint
+from toycomp.inductor.opt.autotune import autotuned
+from toycomp.inductor.opt.split_reduction import ReductionHint
 from toycomp.inductor.codegen.common import (
     KEEP_ARG_DTYPES,
     LOW_PRECISION,
@@ -156,7 +157,9 @@ class TritonKernelCodegen(KernelCodegen):
         if "rmask" in mask or terms:
             other = ", other=" + self.constant(0, self.dtypes[buffer])
         looped, again = self.in_r_loop and not self.persistent, buffer in self.loaded_later
-        policy = eviction_policy(index, looped, self.persistent, again, self.cuda_past_l2)
+        policy = None
+        if config.triton.eviction_hints:
+            policy = eviction_policy(index, looped, self.persistent, again, self.cuda_past_l2)
         if policy:  # [Note: eviction policy] in triton_heuristics.py
             other += f", eviction_policy='{policy}'"
         load = f"tl.load({self.pointer(buffer, index)}, {mask}{other})"
@@ -407,7 +410,10 @@ def _describe(stmt: ir.Store | ir.Reduce | ir.ColumnReduce) -> str:
 
 
 def _int_sizes(kernel: ir.Kernel) -> list:
-    """The kernel's integer size arguments (``s0``; not a float ``f0`` made from sizes)."""
+    """The kernel's integer size arguments (``s0``; not a float ``f0`` made from sizes) that
+    take an ``_ALIGN`` (config.triton.divisible_by_16: [Note: alignment of symbolic sizes])."""
+    if not config.triton.divisible_by_16:
+        return []
     return [s for s in kernel.size_symbols() if not indexing.is_scalar_symbol(s)]
 
 
@@ -435,7 +441,8 @@ def generate(kernel: ir.Kernel, cuda: bool = False) -> GeneratedKernel:
         pick = f"({name} if {rnumel} <= {limit} else {looped.name})"
         flags = (", outer=True" if outer else "") + (", cuda=True" if cuda else "")
         call = f"{blocks} = reduction_blocks({numel}, {rnumel}{flags})\n"
-        call += launch(pick, f"(cdiv({numel}, {blocks}['XBLOCK']),)", f"{args}, **{blocks}", cuda)
+        grid = f"(cdiv({numel}, {blocks}['XBLOCK']),)"
+        call += launch(pick, grid, f"{args}, **{blocks}", cuda and config.triton.lean_launch)
         return GeneratedKernel(
             kernel.name, "triton", source, kernel.origins, call, variants=(looped.name,)
         )
@@ -444,7 +451,7 @@ def generate(kernel: ir.Kernel, cuda: bool = False) -> GeneratedKernel:
     else:
         grid = f"(cdiv({numel}, {meta['XBLOCK']}),)"
     kwargs = ", ".join(f"{k}={v}" for k, v in meta.items())
-    call = launch(kernel.name, grid, f"{args}, {kwargs}", cuda)
+    call = launch(kernel.name, grid, f"{args}, {kwargs}", cuda and config.triton.lean_launch)
     # what CUDA may launch instead: see [Note: autotuning candidates] in triton_heuristics.py
     configs = tuple(candidate_configs(kernel, dict(meta), cg.int64_index))
     return GeneratedKernel(kernel.name, "triton", source, kernel.origins, call, configs=configs)
@@ -464,8 +471,11 @@ def load(generated: GeneratedKernel, device: torch.device, name: str | None = No
         raise RuntimeError("backend='triton' needs the triton package (pip install triton)") from e
     module = cache.load_python_module(generated.source, "triton")
     kernel = getattr(module, name or generated.name)
-    if device.type == "cuda":  # lean launches of the fastest config: [Note: lean launches],
-        return autotuned(LeanLauncher(kernel, device), kernel, generated)  # [Note: autotuning]
+    lean = ".run(stream0," in generated.call  # config.triton.lean_launch, when generated
+    if device.type == "cuda" and lean:  # lean launches of the fastest config: [Note: lean
+        return autotuned(LeanLauncher(kernel, device), kernel, generated)  # launches], autotuning
+    if device.type == "cuda":
+        return kernel  # launched as kernel[grid](args)
     if device.type == "cpu":
         return InterpretedKernel(kernel)
     raise RuntimeError(f"Triton backend: unsupported device {device} (use cuda, or cpu tensors)")

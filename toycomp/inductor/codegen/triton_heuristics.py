@@ -35,7 +35,7 @@ import torch
 
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndexPrinter
-from toycomp.inductor.split_reduction import OUTER_XBLOCK, ReductionHint, reduction_hint
+from toycomp.inductor.opt.split_reduction import OUTER_XBLOCK, ReductionHint, reduction_hint
 
 # [Note: Triton block sizes]
 # One fixed config per kernel, the one generated code names and the interpreter runs (on CUDA

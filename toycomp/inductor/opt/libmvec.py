@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 from toycomp.inductor import cache
 from toycomp.inductor.codegen.common import IndentedBuffer
-from toycomp.inductor.codegen.cpp_prefix import PREAMBLE
+from toycomp.inductor.opt.cpp_vector_prefix import VECTOR_PREAMBLE as PREAMBLE
 
 # float function -> (arity, Python reference) for the probe
 _VECTOR_MATH_CANDIDATES = {

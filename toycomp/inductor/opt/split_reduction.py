@@ -39,6 +39,7 @@ from enum import Enum
 import sympy
 import torch
 
+import toycomp.config as config
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.scheduler import buffer_reads
@@ -158,18 +159,22 @@ def split_reductions(
     lowered: ir.LoweredGraph, backend: str, hints: dict | None = None
 ) -> ir.LoweredGraph:
     """Split the reductions of ``lowered`` that leave a GPU idle (see [Note: split
-    reductions]); only for ``backend == "triton"`` (the C++ backend parallelises its own way).
+    reductions]; ``toycomp.config.split_reductions``), and mix-order reductions
+    (``config.triton.mix_order_reduction``); only for ``backend == "triton"`` (the C++ backend
+    parallelises its own way).
     ``hints``: the example value of each size symbol (``size_hints``), to choose ``splits``.
     """
     if backend != "triton":
         return lowered
+    mix_order, split = config.triton.mix_order_reduction, config.split_reductions
     nodes: list = []
     for node in lowered.nodes:
-        rows = mix_order_rows(node, lowered) if isinstance(node, ir.Reduction) else 0
+        is_reduction = isinstance(node, ir.Reduction)
+        rows = mix_order_rows(node, lowered) if mix_order and is_reduction else 0
         if rows:
             nodes.extend(mix_order_split(node, rows))
             continue
-        plan = num_splits(node, hints) if isinstance(node, ir.Reduction) else None
+        plan = num_splits(node, hints) if split and is_reduction else None
         nodes.extend(split_reduction(node, *plan) if plan else [node])
     if len(nodes) == len(lowered.nodes):
         return lowered
