@@ -67,6 +67,7 @@ from toycomp.inductor.codegen.common import (
     KernelCodegen,
     compute_dtype,
 )
+from toycomp.inductor.codegen.cpp_prefix import POW_HELPERS
 from toycomp.inductor.codegen.cpp_prefix import PREAMBLE as CORE_PREAMBLE
 from toycomp.inductor.opt.cpp_vector_prefix import VECTOR_PREAMBLE
 from toycomp.inductor.codegen.cpp_utils import (  # noqa: F401  (re-exported: cpp.CPP_TYPES)
@@ -268,6 +269,8 @@ class CppKernelCodegen(KernelCodegen):
         called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", "".join(functions))
         for fn in sorted(set(called)):
             code.writelines(libmvec.declare_sin_cos(fn))
+        if "toycomp_pow(" in "".join(functions):
+            code.writelines(POW_HELPERS.splitlines())
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
         return preamble() + "\n" + code.getvalue() + "".join(functions)
