@@ -99,7 +99,7 @@ class CompiledFrame:
     def __init__(self, fn: types.FunctionType, context: CompileContext):
         self.fn = fn
         self.context = context
-        self.signature = inspect.signature(fn)
+        self.signature = inspect.signature(fn, follow_wrapped=False)  # its own *args, **kwargs
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = self.signature.parameters.values()
         # a call passing every parameter by position binds without inspect (3 us a call)

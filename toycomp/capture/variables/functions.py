@@ -66,6 +66,11 @@ def bind_args(code: types.CodeType, args: list, kwargs: dict, defaults: list,
     return bound
 
 
+# [Note: code objects are constants]
+# Libraries read a function's code object to learn its parameters (transformers checks
+# ``arg_name in func.__code__.co_varnames``). A code object is immutable, and the function it
+# belongs to is guarded by identity where it was read, so ``fn.__code__`` is a constant while
+# tracing and ``co_varnames``, ``co_argcount``... fold to constants too (Dynamo does the same).
 class UserFunctionVariable(VariableTracker):
     """A Python function defined outside the trace (a global helper, a module's method)."""
 
@@ -99,8 +104,12 @@ class UserFunctionVariable(VariableTracker):
                               self.fn.__qualname__)
 
     def var_getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantVariable(getattr(self.fn, name))
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
+            return ConstantVariable(getattr(self.fn, name))  # [Note: code objects are constants]
+        if name in ("__defaults__", "__kwdefaults__", "__wrapped__", "__dict__") and hasattr(
+                self.fn, name):
+            return tx.output.wrap(getattr(self.fn, name), self.source and AttrSource(
+                self.source, name))
         raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
 
     def __repr__(self):
@@ -136,6 +145,13 @@ class NestedUserFunctionVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
         return tx.inline_call(self.code, self.f_globals, bound, self.closure, None, self.qualname)
+
+    def var_getattr(self, tx, name):
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self.code.co_name if name == "__name__" else self.qualname)
+        raise Unsupported(f"attribute {name!r} of function {self.qualname}")
 
     def __repr__(self):
         return f"NestedUserFunctionVariable({self.qualname})"
