@@ -25,6 +25,7 @@ from toycomp.capture.instructions import PY, builtin, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
 from toycomp.capture.variables.objects import SuperVariable
+from toycomp.capture.variables.sets import SetVariable
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
 
@@ -85,6 +86,23 @@ def build_const_key_map(tx, inst):
 def build_slice(tx, inst):
     parts = [v.as_python_constant() for v in tx.popn(inst.arg)]
     tx.push(ConstantVariable(slice(*parts)))
+
+
+@handles("BUILD_SET")
+def build_set(tx, inst):
+    tx.push(SetVariable(tx.popn(inst.arg)))
+
+
+@handles("SET_ADD")
+def set_add(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "add", [value], {})
+
+
+@handles("SET_UPDATE")
+def set_update(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "update", [value], {})
 
 
 @handles("LIST_APPEND")

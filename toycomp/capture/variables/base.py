@@ -18,6 +18,7 @@ torch/_dynamo/variables/constant.py (ConstantVariable); torch/_dynamo/exc.py has
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from toycomp.capture.sources import Source
@@ -30,6 +31,11 @@ class Unsupported(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class MissingAttribute(Unsupported):
+    """``obj.name`` raised AttributeError on an object made while tracing (``hasattr`` and
+    ``getattr(obj, name, default)`` answer it; anything else breaks the graph)."""
 
 
 class SkipFrame(Exception):
@@ -115,7 +121,10 @@ class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
-        return ConstantVariable(getattr(self.value, name))
+        attr = getattr(self.value, name)
+        if isinstance(attr, types.BuiltinMethodType):  # ``s.startswith``: call_method folds it
+            return MethodVariable(self, name)
+        return ConstantVariable(attr)
 
     def call_method(self, tx, name, args, kwargs):
         consts = [a.as_python_constant() for a in args]

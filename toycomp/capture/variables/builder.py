@@ -46,10 +46,11 @@ from toycomp.capture.variables.objects import (
     UserDefinedObjectVariable,
 )
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
+from toycomp.capture.variables.user_dicts import UserDefinedDictVariable, is_user_dict_class
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
-                  torch.layout)
+                  torch.layout, types.CodeType)
 LITERAL_TYPES = (int, float, bool, str, type(None))
 ITERATOR_TYPES = (type(iter(())), type(iter([])), type(iter(range(0))))
 # Modules whose functions are never traced into: calling them is a graph break.
@@ -123,6 +124,8 @@ class VariableBuilder:
         if isinstance(value, list):
             g and g.type_match(source, value)
             return ListVariable(None, source, value)
+        if is_user_dict_class(type(value)):  # a dict subclass: ModelOutput, a registry...
+            return self.wrap_user_dict(value, source, g)
         if isinstance(value, dict):
             if not all(isinstance(k, (str, int)) for k in value):
                 raise Unsupported("a dict with keys that are not str or int")
@@ -139,6 +142,15 @@ class VariableBuilder:
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_user_dict(self, value, source, g) -> UserDefinedDictVariable:
+        if not all(isinstance(k, (str, int)) for k in value):
+            raise Unsupported("a dict with keys that are not str or int")
+        g and g.type_match(source, value)
+        g and g.dict_keys_match(source, list(value))
+        items = {k: self(dict.__getitem__(value, k), source and GetItemSource(source, k))
+                 for k in value}
+        return UserDefinedDictVariable(value, source, DictVariable(items))
 
     def wrap_iterator(self, value, source) -> ListIteratorVariable:
         """A list / tuple / range iterator (a resume function's loop): its remaining items."""

@@ -20,7 +20,12 @@ import builtins
 import math
 import operator
 
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    MissingAttribute,
+    Unsupported,
+    VariableTracker,
+)
 from toycomp.capture.variables.lists import (
     BaseListVariable,
     DictVariable,
@@ -30,6 +35,8 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
     as_iterator,
 )
+from toycomp.capture.variables.objects import UserDefinedObjectVariable
+from toycomp.capture.variables.sets import SetVariable, constant_items
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
 
@@ -71,7 +78,8 @@ class BuiltinVariable(VariableTracker):
         rule = RULES.get(self.fn)
         if rule is not None:
             return rule(tx, *args, **kwargs)
-        if self.fn in CONTAINER_METHODS and isinstance(args[0], (BaseListVariable, DictVariable)):
+        if self.fn in CONTAINER_METHODS and isinstance(
+                args[0], (BaseListVariable, DictVariable, UserDefinedObjectVariable)):
             method = CONTAINER_METHODS[self.fn]
             if method == "__iadd__" and isinstance(args[0], TupleVariable):
                 method = "__add__"
@@ -183,6 +191,13 @@ def _sequence(kind):
     return rule
 
 
+def _set(kind):
+    def rule(tx, seq=None):
+        items = [] if seq is None else [ConstantVariable(v) for v in constant_items(tx, seq)]
+        return SetVariable(items, frozen=kind is frozenset)
+    return rule
+
+
 def _dict(tx, *args, **kwargs):
     items = dict(args[0].items) if args and isinstance(args[0], DictVariable) else {}
     if args and not isinstance(args[0], DictVariable):
@@ -239,6 +254,8 @@ def _hasattr(tx, obj, name):
     try:
         obj.var_getattr(tx, name.as_python_constant())
         return ConstantVariable(True)
+    except MissingAttribute:  # an object made while tracing, without that attribute
+        return ConstantVariable(False)
     except Unsupported:
         if not hasattr(obj, "value"):
             raise
@@ -300,7 +317,7 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict, sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
+    dict: _dict, set: _set(set), frozenset: _set(frozenset), sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,

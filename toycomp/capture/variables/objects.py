@@ -15,6 +15,7 @@ UserDefinedClassVariable) and variables/misc.py (SuperVariable, PythonModuleVari
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 
@@ -68,6 +69,14 @@ class UserDefinedObjectVariable(VariableTracker):
         return type(self.value)
 
     def var_getattr(self, tx, name):
+        hook = class_lookup(self.python_type(), "__getattribute__")
+        if isinstance(hook, types.FunctionType):  # the class's own, in Python: inline it
+            return UserMethodVariable(hook, self).call_function(tx, [ConstantVariable(name)], {})
+        return self.generic_getattr(tx, name)
+
+    def generic_getattr(self, tx, name):
+        """``object.__getattribute__(self, name)``: the lookup of [Note: attribute lookup
+        order], then ``__getattr__``."""
         if name in self.overrides:
             return self.overrides[name]
         if name == "__class__":
@@ -133,6 +142,15 @@ class UserDefinedObjectVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
+
+    def unpack_var_sequence(self, tx):
+        """A ``collections.abc.Sequence``: ``self[i]`` for ``i < len(self)``, which is what
+        its mixin ``__iter__`` yields (it stops at the IndexError that ``len`` predicts)."""
+        cls = self.python_type()
+        if class_lookup(cls, "__iter__") is not collections.abc.Sequence.__iter__:
+            raise Unsupported(f"iterating over {self}")
+        n = self.call_method(tx, "__len__", [], {}).as_python_constant()
+        return [self.call_method(tx, "__getitem__", [ConstantVariable(i)], {}) for i in range(n)]
 
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__})"
@@ -211,7 +229,13 @@ class UserDefinedClassVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         """``Point(x, y)``: a new object, tracked while tracing, ``__init__`` inlined on it."""
+        from toycomp.capture.variables import user_dicts  # (it subclasses this module's)
+
         cls = self.value
+        if user_dicts.is_user_dict_class(cls):  # ModelOutput(loss=...): a dict and an object
+            obj, init = user_dicts.construct(tx, cls, self.source)
+            init.call_function(tx, args, kwargs)
+            return obj
         why = why_not_constructible(cls)
         if why:
             raise Unsupported(f"creating an object of user class {cls.__qualname__}: {why}")
@@ -229,11 +253,13 @@ class UserDefinedClassVariable(ValueVariable):
 def why_not_constructible(cls) -> str | None:
     """Why a new object of ``cls`` cannot be traced (None: it can). The tracer models an
     object as ``object.__new__(cls)`` plus an instance ``__dict__`` of trackers."""
-    if type(cls) is not type:
+    if type(cls).__call__ is not type.__call__:  # (abc.ABCMeta makes objects as type does)
         return f"it has a metaclass ({type(cls).__name__})"
+    if getattr(cls, "__abstractmethods__", None):
+        return "it has abstract methods"
     if cls.__new__ is not object.__new__:
         return "it defines __new__ (or subclasses a builtin type)"
-    if any("__slots__" in vars(klass) for klass in cls.__mro__):
+    if any(vars(klass).get("__slots__") for klass in cls.__mro__):  # (collections.abc: ())
         return "it has __slots__"
     for hook in ("__setattr__", "__getattribute__", "__delattr__"):
         if getattr(cls, hook) is not getattr(object, hook):
@@ -301,6 +327,8 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
+        from toycomp.capture.variables import user_dicts  # (it subclasses this module's)
+
         mro = self.obj.python_type().__mro__
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
@@ -309,8 +337,24 @@ class SuperVariable(VariableTracker):
                     return UserMethodVariable(attr, self.obj, None)
                 if attr is object.__init__:  # super().__init__() at the top of a hierarchy
                     return ObjectInitVariable()
+                if attr is object.__getattribute__:  # past the class's own __getattribute__
+                    return GenericGetattrVariable(self.obj)
+                found = user_dicts.super_method(self.obj, klass, name)
+                if found is not None:  # dict's own method on a dict subclass's items
+                    return found
                 raise Unsupported(f"super().{name} is not a Python function")
         raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class GenericGetattrVariable(VariableTracker):
+    """``object.__getattribute__`` bound to an object (``super().__getattribute__(key)`` in a
+    class that defines its own ``__getattribute__``)."""
+
+    def __init__(self, obj: UserDefinedObjectVariable):
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.generic_getattr(tx, args[0].as_python_constant())
 
 
 class ObjectInitVariable(VariableTracker):
