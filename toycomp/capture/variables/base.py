@@ -38,6 +38,11 @@ class MissingAttribute(Unsupported):
     ``getattr(obj, name, default)`` answer it; anything else breaks the graph)."""
 
 
+class ObservedKeyError(Unsupported):
+    """``d[key]`` of a missing key while tracing: ``Mapping.get`` and ``in`` answer it (see
+    [Note: Mapping's mixin methods] in variables/functions.py); anything else breaks."""
+
+
 class SkipFrame(Exception):
     """The frame cannot be compiled at all (a break where the frame cannot be rebuilt)."""
 
@@ -121,7 +126,10 @@ class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
-        attr = getattr(self.value, name)
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:  # getattr(None, "x", default), hasattr(...)
+            raise MissingAttribute(str(e)) from None
         if isinstance(attr, types.BuiltinMethodType):  # ``s.startswith``: call_method folds it
             return MethodVariable(self, name)
         return ConstantVariable(attr)

@@ -21,8 +21,10 @@ NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder
 from __future__ import annotations
 
 import builtins
+import inspect
 import math
 import operator
+import os
 import types
 from typing import Any
 
@@ -31,7 +33,11 @@ import torch
 from toycomp.capture.sources import AttrSource, GetItemSource, IteratorSeqSource, Source
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
 from toycomp.capture.variables.builtin import BuiltinVariable
-from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
+from toycomp.capture.variables.functions import (
+    InspectSignatureVariable,
+    UserFunctionVariable,
+    UserMethodVariable,
+)
 from toycomp.capture.variables.lists import (
     DictVariable,
     ListIteratorVariable,
@@ -46,7 +52,11 @@ from toycomp.capture.variables.objects import (
     UserDefinedObjectVariable,
 )
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
-from toycomp.capture.variables.user_dicts import UserDefinedDictVariable, is_user_dict_class
+from toycomp.capture.variables.user_dicts import (
+    EnvironVariable,
+    UserDefinedDictVariable,
+    is_user_dict_class,
+)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
@@ -172,6 +182,15 @@ class VariableBuilder:
                 return TorchVariable(value, source)
             g and g.id_match(source, value)
             return UserDefinedClassVariable(value, source)
+        if value is os.environ:
+            return EnvironVariable(value, source)
+        if value is inspect.signature:
+            return InspectSignatureVariable()
+        if (isinstance(value, types.MethodType) and value.__name__ == "clone"
+                and type(value.__self__) in (torch.no_grad, torch.enable_grad)):
+            # ``@torch.no_grad()`` on a function: its wrapper enters ``ctx_factory()``, the
+            # decorator's ``clone``, a new context manager of the same class
+            return TorchVariable(type(value.__self__), None)
         if is_torch_function(value) or any(value is f for f in TRACING_STATE):
             g and g.id_match(source, value)
             return TorchVariable(value, source)

@@ -22,6 +22,7 @@ import operator
 
 from toycomp.capture.variables.base import (
     ConstantVariable,
+    MethodVariable,
     MissingAttribute,
     Unsupported,
     VariableTracker,
@@ -35,6 +36,7 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
     as_iterator,
 )
+from toycomp.capture.variables.functions import NestedUserFunctionVariable, UserFunctionVariable
 from toycomp.capture.variables.objects import UserDefinedObjectVariable
 from toycomp.capture.variables.sets import SetVariable, constant_items
 from toycomp.capture.variables.tensor import TensorVariable
@@ -55,6 +57,10 @@ TENSOR_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not 
                     and k not in ("is_", "is_not", "not_", "truth", "contains", "countOf",
                                   "indexOf", "attrgetter", "itemgetter", "methodcaller",
                                   "length_hint", "call", "index")} | {abs}
+# In-place operators -> their plain form (what ``n += t`` does when ``n`` is a number).
+OUT_OF_PLACE = {getattr(operator, "i" + k.rstrip("_")): getattr(operator, k) for k in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_", "xor",
+    "lshift", "rshift")}
 # Operators on containers: the tracker's method that does it.
 CONTAINER_METHODS = {operator.add: "__add__", operator.iadd: "__iadd__", operator.mul: "__mul__",
                      operator.getitem: "__getitem__", operator.setitem: "__setitem__",
@@ -86,7 +92,10 @@ class BuiltinVariable(VariableTracker):
             return args[0].call_method(tx, method, list(args[1:]), {})
         if any(isinstance(a, TensorVariable) for a in args):
             if self.fn in TENSOR_OPERATORS:
-                return tx.output.create_call("call_function", self.fn, args, kwargs)
+                fn = self.fn
+                if not isinstance(args[0], TensorVariable):  # ``n += t``: n is immutable
+                    fn = OUT_OF_PLACE.get(fn, fn)
+                return tx.output.create_call("call_function", fn, args, kwargs)
             raise Unsupported(f"{self.fn.__name__}() on a tensor")
         if self.fn in CONTAINER_METHODS and not isinstance(args[0], ConstantVariable):
             return args[0].call_method(tx, CONTAINER_METHODS[self.fn], list(args[1:]), {})
@@ -273,6 +282,20 @@ def _type(tx, obj):
     return tx.output.wrap(obj.python_type(), None, guard=False)
 
 
+def _callable(tx, obj):
+    """``callable(f)``: functions and methods made or read while tracing are; a user object
+    is when its class has ``__call__``."""
+    if isinstance(obj, (UserFunctionVariable, NestedUserFunctionVariable, MethodVariable,
+                        BuiltinVariable)):
+        return ConstantVariable(True)
+    if isinstance(obj, TensorVariable):
+        return ConstantVariable(False)
+    if isinstance(obj, UserDefinedObjectVariable):
+        return ConstantVariable(callable(obj.python_type()) and
+                                hasattr(obj.python_type(), "__call__"))
+    return fold(callable, [obj], {})
+
+
 def _is(tx, a, b):
     return ConstantVariable(is_same(a, b))
 
@@ -317,7 +340,7 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict, set: _set(set), frozenset: _set(frozenset), sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
+    callable: _callable, dict: _dict, set: _set(set), frozenset: _set(frozenset), sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,

@@ -192,8 +192,8 @@ class NNModuleVariable(UserDefinedObjectVariable):
                                                     torch.nn.ModuleDict)):
             index = args[0].as_python_constant()
             subs = self.submodules(tx)
-            if isinstance(index, slice):
-                raise Unsupported("slicing a ModuleList")
+            if isinstance(index, slice):  # (a new ModuleList in eager: its items, here)
+                return TupleVariable(subs[index])
             return subs[keys.index(index) if isinstance(m, torch.nn.ModuleDict) else index]
         if name in ("children", "values") and isinstance(
                 m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
@@ -236,6 +236,8 @@ class UserDefinedClassVariable(ValueVariable):
             obj, init = user_dicts.construct(tx, cls, self.source)
             init.call_function(tx, args, kwargs)
             return obj
+        if issubclass(cls, torch.nn.Module):
+            return make_module(tx, cls, args, kwargs)
         why = why_not_constructible(cls)
         if why:
             raise Unsupported(f"creating an object of user class {cls.__qualname__}: {why}")
@@ -248,6 +250,24 @@ class UserDefinedClassVariable(ValueVariable):
         init_source = self.source and AttrSource(self.source, "__init__")
         UserMethodVariable(init, obj, init_source).call_function(tx, args, kwargs)
         return obj
+
+
+def make_module(tx, cls, args, kwargs) -> NNModuleVariable:
+    """``loss_fct = CrossEntropyLoss()`` inside ``forward``: made for real while tracing, from
+    constant arguments, when it holds no tensor (no parameter or buffer: each call in eager
+    would make new ones, randomly initialised). The graph calls its ``forward``, inlined; the
+    object is kept for the transformed function, should it outlive the graph."""
+    try:
+        consts = [a.as_python_constant() for a in args]
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"creating a {cls.__qualname__} from non-constant arguments") from None
+    module = cls(*consts, **kw)
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise Unsupported(f"creating a {cls.__qualname__}, which holds tensors, in the "
+                          "compiled function")
+    tx.output.keep_alive.append(module)
+    return NNModuleVariable(module, None)
 
 
 def why_not_constructible(cls) -> str | None:

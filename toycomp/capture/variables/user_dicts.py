@@ -191,3 +191,23 @@ def super_method(obj, klass, name):
     if klass in DICT_TYPES or (klass is object and name == "__setattr__"):
         return DictSuperMethod(obj, name)
     return None
+
+
+class EnvironVariable(UserDefinedObjectVariable):
+    """``os.environ``: each key read is a constant, guarded by the value it had (a new value
+    recompiles, as Dynamo's guard on an environment variable does)."""
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in ("get", "__getitem__", "__contains__") or kwargs or self.source is None:
+            raise Unsupported(f"os.environ.{name}")
+        key = args[0].as_python_constant()
+        value = self.value.get(key)
+        tx.output.guards.add(f"{self.source.name()}.get({key!r}) == {value!r}")
+        if name == "__contains__":
+            return ConstantVariable(value is not None)
+        if value is None and name == "__getitem__":
+            raise Unsupported(f"os.environ[{key!r}]: KeyError")
+        return args[1] if value is None and len(args) > 1 else ConstantVariable(value)
+
+    def var_getattr(self, tx, name):
+        return MethodVariable(self, name)
