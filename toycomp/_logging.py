@@ -41,7 +41,7 @@ def getArtifactLogger(name: str) -> logging.Logger:  # noqa: N802 (torch._loggin
     return logging.getLogger(f"toycomp.{name}")
 
 
-def enabled(name: str) -> bool:
+def log_enabled(name: str) -> bool:
     """Is ``name`` on? (Cheap: callers test it before building a message.)"""
     return getArtifactLogger(name).isEnabledFor(logging.DEBUG)
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from toycomp import _logging
+from toycomp._logging import log, log_enabled
 from toycomp._torch_compat import fake_on_device
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
@@ -132,14 +132,14 @@ def compile_stages_2_to_4(
 def log_artefacts(graphs: list[GraphArtefacts]) -> None:
     """TOYCOMP_LOGS (toycomp/_logging.py): the ATen graphs, the generated code, the fallbacks."""
     for g in graphs:
-        if _logging.enabled("aot_graphs"):
-            _logging.log("aot_graphs", "AOT %s GRAPH:\n%s", g.name.upper(), g.aten.code.strip())
-        if _logging.enabled("output_code"):
+        if log_enabled("aot_graphs"):
+            log("aot_graphs", "AOT %s GRAPH:\n%s", g.name.upper(), g.aten.code.strip())
+        if log_enabled("output_code"):
             kernels = "\n\n".join(k.source.strip() for k in g.compiled.kernels)
-            _logging.log("output_code", "OUTPUT CODE of the %s graph (%s):\n%s\n\n%s", g.name,
+            log("output_code", "OUTPUT CODE of the %s graph (%s):\n%s\n\n%s", g.name,
                          g.compiled.backend, kernels, g.compiled.wrapper_source.strip())
         if g.fallbacks:
-            _logging.log("fallbacks", "the %s graph calls eager PyTorch for %s (no "
+            log("fallbacks", "the %s graph calls eager PyTorch for %s (no "
                          "decomposition or lowering)", g.name, ", ".join(sorted(set(g.fallbacks))))
 
 

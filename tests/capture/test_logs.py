@@ -128,4 +128,4 @@ def test_set_logs_off_again(logs):
     toycomp.set_logs()
     toycomp.compile(with_break)(torch.randn(4))
     assert messages(caplog, "graph_breaks") == []
-    assert not _logging.enabled("graph_breaks")
+    assert not _logging.log_enabled("graph_breaks")

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from toycomp import _logging
+from toycomp._logging import log, log_enabled
 from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
 from toycomp.capture.output_graph import AliasedInputs, EagerInputs, OutputGraph
 from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
@@ -128,8 +128,8 @@ class CompiledFrame:
         if len(self.entries) >= self.context.recompile_limit:
             self.warn_recompile_limit(L, G)
             return self.fn(*args, **kwargs)
-        if self.entries and _logging.enabled("recompiles"):
-            _logging.log("recompiles", "Recompiling function %s (%s)\n    triggered by the "
+        if self.entries and log_enabled("recompiles"):
+            log("recompiles", "Recompiling function %s (%s)\n    triggered by the "
                          "guard failure: %s", self.fn.__qualname__, location(self.fn),
                          self.entries[-1].check.failing_guard(L, G))
         entry = self.compile(dict(L))
@@ -218,7 +218,7 @@ class CompiledFrame:
         self.skip_reason = reason
         self.context.log.append(CompileRecord(self.fn.__qualname__, TransformedCode(self.fn, ""),
                                               "", f"frame skipped: {reason}"))
-        _logging.log("graph_breaks", "%s (%s) runs eagerly (frame skipped): %s",
+        log("graph_breaks", "%s (%s) runs eagerly (frame skipped): %s",
                      self.fn.__qualname__, location(self.fn), reason)
         return None
 
@@ -245,12 +245,12 @@ def location(fn) -> str:
 def log_entry(record: CompileRecord) -> None:
     """TOYCOMP_LOGS (toycomp/_logging.py): a compiled entry's break, guards and graph."""
     if record.break_reason is not None:
-        _logging.log("graph_breaks", "Graph break in %s: %s", record.frame,
+        log("graph_breaks", "Graph break in %s: %s", record.frame,
                      break_reason(record))
-    _logging.log("guards", "GUARDS of %s:\n%s", record.frame, record.guards)
+    log("guards", "GUARDS of %s:\n%s", record.frame, record.guards)
     gm = record.transformed.graph_module
-    if gm is not None and _logging.enabled("graph_code"):
-        _logging.log("graph_code", "TRACED GRAPH of %s:\n%s", record.frame, gm.code.strip())
+    if gm is not None and log_enabled("graph_code"):
+        log("graph_code", "TRACED GRAPH of %s:\n%s", record.frame, gm.code.strip())
 
 
 def global_state() -> tuple:
