@@ -75,8 +75,7 @@ class UserDefinedDictVariable(UserDefinedObjectVariable):
             attrs.items = self.overrides
             return attrs
         attr = class_lookup(self.python_type(), name)
-        if attr is not MISSING and dict_base(self.python_type()) in _owners(
-                self.python_type(), name):
+        if attr is not MISSING and _owners(self.python_type(), name)[0] in DICT_TYPES:
             return MethodVariable(self, name)  # dict's own method: call_method runs it
         try:
             return super().generic_getattr(tx, name)
