@@ -13,8 +13,8 @@ Each kind of message is an *artifact* with its own logger under Python's ``toyco
 
 Turn them on with the environment (``TOYCOMP_LOGS=graph_breaks,recompiles python train.py``)
 or from Python (``toycomp.set_logs(graph_breaks=True)``); ``toycomp.set_logs()`` turns all off.
-Messages go to stderr through one handler on the ``toycomp`` logger, so the ``logging`` module
-can also route them elsewhere.
+Messages go to stderr through a handler on the ``toycomp`` logger, added when logs are first
+turned on unless the program gave that logger a handler of its own (a notebook's, a file's).
 
 NB: in PyTorch this lives in torch/_logging/ (``set_logs``, ``getArtifactLogger``, the
 ``TORCH_LOGS`` parser in _internal.py and the registrations in _registrations.py).
@@ -31,7 +31,6 @@ ARTIFACTS = ("graph_breaks", "recompiles", "guards", "graph_code", "aot_graphs",
 OFF = logging.CRITICAL + 1  # an artifact logger's level while it is not asked for
 
 root = logging.getLogger("toycomp")
-_handler: logging.Handler | None = None
 
 
 def getArtifactLogger(name: str) -> logging.Logger:  # noqa: N802 (torch._logging's name)
@@ -56,15 +55,14 @@ def set_logs(**artifacts: bool) -> None:
     Raises:
         ValueError: an unknown artifact name (the message lists the known ones).
     """
-    global _handler
     for name in artifacts:
         getArtifactLogger(name)  # (checks the name)
     for name in ARTIFACTS:
         getArtifactLogger(name).setLevel(logging.DEBUG if artifacts.get(name) else OFF)
-    if any(artifacts.values()) and _handler is None:
-        _handler = logging.StreamHandler(sys.stderr)
-        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-        root.addHandler(_handler)
+    if any(artifacts.values()) and not root.handlers:  # (unless the program added its own)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        root.addHandler(handler)
 
 
 def parse(text: str) -> dict[str, bool]:
