@@ -179,6 +179,7 @@ class AOTOutput:
     compiled_forward: Callable[[list], Sequence]
     compiled_backward: Callable[[list], Sequence] | None
     offset_sensitive: list[int] = dataclasses.field(default_factory=list)  # as_strided(input)
+    enables_grad: bool = False  # the graph turns grad mode on itself (``enable_grad`` inside)
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
     _layouts_seen: LayoutsSeen = dataclasses.field(default_factory=LayoutsSeen, compare=False)
 
@@ -188,10 +189,11 @@ class AOTOutput:
             if args[i].storage_offset() != 0:
                 raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
                                    "applies as_strided to it (traced with offset 0)")  # fmt: skip
-        needs_grad = torch.is_grad_enabled() and any(_requires_grad(a) for a in args)
-        if needs_grad:
+        grad_mode = torch.is_grad_enabled() or self.enables_grad
+        if grad_mode and any(_requires_grad(a) for a in args):
             self._check_requires_grad(args)
-            outs = CompiledFunction.apply(self, *inputs)
+            with torch.enable_grad():  # (outputs made under the graph's no_grad: not diff)
+                outs = CompiledFunction.apply(self, *inputs)
         else:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
@@ -347,7 +349,8 @@ def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
     with storage offset 0 ([Note: as_strided reads memory]), so ``AOTOutput`` checks that.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:num_inputs]
-    uses = [{user.target for user in node.users} for node in placeholders]
+    uses = [{user.target for user in node.users} if isinstance(node.meta.get("val"), torch.Tensor)
+            else set() for node in placeholders]  # (a size input is an argument of as_strided)
     return [i for i, targets in enumerate(uses) if aten.as_strided.default in targets]
 
 

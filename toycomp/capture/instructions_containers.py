@@ -24,8 +24,8 @@ import operator
 from toycomp.capture.instructions import PY, builtin, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
+from toycomp.capture.variables.sets import SetVariable, constants
 from toycomp.capture.variables.objects import SuperVariable
-from toycomp.capture.variables.sets import SetVariable
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
 
@@ -82,15 +82,9 @@ def build_const_key_map(tx, inst):
     tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
 
 
-@handles("BUILD_SLICE")
-def build_slice(tx, inst):
-    parts = [v.as_python_constant() for v in tx.popn(inst.arg)]
-    tx.push(ConstantVariable(slice(*parts)))
-
-
 @handles("BUILD_SET")
 def build_set(tx, inst):
-    tx.push(SetVariable(tx.popn(inst.arg)))
+    tx.push(SetVariable(constants(tx, tx.popn(inst.arg))))
 
 
 @handles("SET_ADD")
@@ -103,6 +97,12 @@ def set_add(tx, inst):
 def set_update(tx, inst):
     value = tx.pop()
     tx.stack[-inst.arg].call_method(tx, "update", [value], {})
+
+
+@handles("BUILD_SLICE")
+def build_slice(tx, inst):
+    parts = [v.as_python_constant() for v in tx.popn(inst.arg)]
+    tx.push(ConstantVariable(slice(*parts)))
 
 
 @handles("LIST_APPEND")

@@ -130,8 +130,10 @@ class ConstantVariable(ValueVariable):
             attr = getattr(self.value, name)
         except AttributeError as e:  # getattr(None, "x", default), hasattr(...)
             raise MissingAttribute(str(e)) from None
-        if isinstance(attr, types.BuiltinMethodType):  # ``s.startswith``: call_method folds it
-            return MethodVariable(self, name)
+        if isinstance(attr, types.BuiltinMethodType) or (
+                callable(getattr(type(self.value), name, None))
+                and not isinstance(self.value, type)):
+            return MethodVariable(self, name)  # "relu".upper: folded when called
         return ConstantVariable(attr)
 
     def call_method(self, tx, name, args, kwargs):
@@ -172,6 +174,11 @@ class MethodVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def as_python_constant(self):  # a constant's bound method: sorted(xs, key="abc".index)
+        if not isinstance(self.obj, ConstantVariable):  # (a list's: bound to a copy of it)
+            raise Unsupported(f"{self} is not a Python constant")
+        return getattr(self.obj.as_python_constant(), self.name)
 
     def reconstruct(self, codegen):
         return f"{codegen.reconstruct(self.obj)}.{self.name}"

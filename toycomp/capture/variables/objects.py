@@ -29,7 +29,13 @@ from toycomp.capture.variables.base import (
     VariableTracker,
 )
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
-from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
+from toycomp.capture.variables.lists import (
+    ListIteratorVariable,
+    NamedTupleVariable,
+    TupleVariable,
+    as_iterator,
+)
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 
 
 MISSING = object()
@@ -143,12 +149,21 @@ class UserDefinedObjectVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
 
+    def defines(self, name: str) -> bool:
+        """Does the class define the special method ``name`` in Python (to inline)?"""
+        return isinstance(class_lookup(self.python_type(), name), types.FunctionType)
+
     def unpack_var_sequence(self, tx):
+        if class_lookup(self.python_type(), "__iter__") is collections.abc.Sequence.__iter__:
+            return self.sequence_items(tx)
+        if not self.defines("__iter__"):
+            raise Unsupported(f"iterating over {self}")
+        return as_iterator(tx, self.class_attr(tx, "__iter__").call_function(tx, [], {})) \
+            .unpack_var_sequence(tx)
+
+    def sequence_items(self, tx):
         """A ``collections.abc.Sequence``: ``self[i]`` for ``i < len(self)``, which is what
         its mixin ``__iter__`` yields (it stops at the IndexError that ``len`` predicts)."""
-        cls = self.python_type()
-        if class_lookup(cls, "__iter__") is not collections.abc.Sequence.__iter__:
-            raise Unsupported(f"iterating over {self}")
         n = self.call_method(tx, "__len__", [], {}).as_python_constant()
         return [self.call_method(tx, "__getitem__", [ConstantVariable(i)], {}) for i in range(n)]
 
@@ -268,6 +283,22 @@ def make_module(tx, cls, args, kwargs) -> NNModuleVariable:
                           "compiled function")
     tx.output.keep_alive.append(module)
     return NNModuleVariable(module, None)
+
+
+class NamedTupleClassVariable(UserDefinedClassVariable):
+    """A ``collections.namedtuple`` / ``typing.NamedTuple`` class: calling it makes a
+    ``NamedTupleVariable``, its arguments bound to the fields as ``cls.__new__`` binds them."""
+
+    def call_function(self, tx, args, kwargs):
+        cls = self.value
+        try:
+            bound = inspect.signature(cls).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise Unsupported(f"{cls.__qualname__}(): {e}") from None
+        defaults = getattr(cls, "_field_defaults", {})
+        items = [bound[f] if f in bound else tx.output.wrap(defaults[f], None)
+                 for f in cls._fields]
+        return NamedTupleVariable(items, cls)
 
 
 def why_not_constructible(cls) -> str | None:
@@ -419,4 +450,7 @@ class SkipFunctionVariable(VariableTracker):
             return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
                                                            for k, v in kwargs.items()}))
         name = getattr(self.value, "__qualname__", repr(self.value))
+        if any(isinstance(a, NumpyArrayVariable) for a in operands):
+            raise Unsupported(f"{module}.{name}() on a tensor's data (toycomp does not trace "
+                              "NumPy; Dynamo does, through torch._numpy)")
         raise Unsupported(f"call to {module}.{name}: not traceable")

@@ -1,51 +1,50 @@
-"""Sets of constants while tracing: ``{f.name for f in fields(self)}``, ``set(keys)``, ``in``.
+"""Sets while tracing: a set made by the traced code, of Python constants.
 
-A ``SetVariable`` holds a real Python set of the items' constant values (strings, ints, types:
-what code puts in sets of names); an item that is not a constant (a tensor) is a graph break.
-A set made by the traced code that is live at a graph break is rebuilt as a literal.
+``s = {1, 2}; s.add(3); s | {4}`` is all known while tracing: the tracker holds a real Python
+set of constants and applies each method to it; a set that escapes (returned, alive at a graph
+break) is rebuilt as a literal. Items that are not constants (tensors hash by identity) are a
+graph break that names the set operation.
 
->>> from toycomp.capture.variables.base import ConstantVariable as C
->>> s = SetVariable([C("a"), C("b")])
->>> s.call_method(None, "__contains__", [C("a")], {}).as_python_constant()
-True
+>>> s = SetVariable({1, 2})
+>>> _ = s.call_method(None, "add", [ConstantVariable(3)], {})
+>>> sorted(s.as_python_constant()), s.call_method(None, "__contains__", [ConstantVariable(3)], {})
+([1, 2, 3], ConstantVariable(True))
 
-NB: in PyTorch this lives in torch/_dynamo/variables/sets.py (SetVariable).
+NB: in PyTorch this lives in torch/_dynamo/variables/dicts.py (SetVariable, a dict's keys).
 """
 
 from __future__ import annotations
 
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
-from toycomp.capture.variables.lists import ListIteratorVariable
 
-# Methods that read the set (and, for set algebra, other iterables of constants).
-READS = {"__contains__", "__len__", "issubset", "issuperset", "isdisjoint", "union",
-         "intersection", "difference", "symmetric_difference", "copy", "__or__", "__and__",
-         "__sub__", "__xor__", "__eq__", "__ne__"}
-MUTATES = {"add", "update", "discard", "remove", "clear", "difference_update",
-           "intersection_update"}
+_MUTATING = {"add", "discard", "remove", "update", "clear", "pop", "intersection_update",
+             "difference_update", "symmetric_difference_update", "__ior__", "__iand__",
+             "__isub__", "__ixor__"}
 
 
-def constant_items(tx, var: VariableTracker) -> list:
-    """The constant values of an iterable tracker (a set, list, tuple, dict's keys...)."""
-    if isinstance(var, SetVariable):
-        return list(var.value)
-    if var.is_python_constant():
-        return list(var.as_python_constant())
-    return [item.as_python_constant() for item in var.unpack_var_sequence(tx)]
+def constants(tx, args) -> list:
+    try:
+        return [a.as_python_constant() for a in args]
+    except Unsupported:
+        raise Unsupported(f"a set of values that are not Python constants ({args})") from None
+
+
+def as_set_or_constant(value) -> VariableTracker:
+    """A result of a set operation: a new ``SetVariable`` for a set, else a constant."""
+    return SetVariable(value) if type(value) is set else ConstantVariable(value)
 
 
 class SetVariable(VariableTracker):
-    """A ``set`` (or ``frozenset``) of constants made by the traced code."""
+    """A set made while tracing; ``value`` is the real set of constants."""
 
-    def __init__(self, items: list, frozen: bool = False):
-        self.value = {item.as_python_constant() for item in items}
-        self.frozen = frozen
+    def __init__(self, value: set):
+        self.value = set(value)
 
     def python_type(self):
-        return frozenset if self.frozen else set
+        return set
 
     def as_python_constant(self):
-        return frozenset(self.value) if self.frozen else set(self.value)
+        return self.value
 
     def unpack_var_sequence(self, tx):
         return [ConstantVariable(v) for v in self.value]
@@ -56,27 +55,23 @@ class SetVariable(VariableTracker):
     def call_method(self, tx, name, args, kwargs):
         if kwargs:
             raise Unsupported(f"set.{name} with keyword arguments")
-        if name == "__iter__":
-            return ListIteratorVariable(self.unpack_var_sequence(tx))
-        if name == "__contains__":
-            return ConstantVariable(args[0].as_python_constant() in self.value)
-        if name in MUTATES and not self.frozen:
-            operands = [constant_items(tx, a) if name != "add" and name[-6:] != "remove"
-                        and name != "discard" else a.as_python_constant() for a in args]
-            getattr(self.value, name)(*operands)
-            return ConstantVariable(None)
-        if name in READS:
-            operands = [set(constant_items(tx, a)) for a in args]
-            result = getattr(self.value, name)(*operands)
-            if isinstance(result, (set, frozenset)):
-                return SetVariable([ConstantVariable(v) for v in result], self.frozen)
-            return ConstantVariable(result)
-        raise Unsupported(f"set.{name}")
+        if name == "update" or name.endswith("_update"):  # (several iterables, not one set)
+            consts = [set(v for v in a.as_python_constant()) for a in args]
+        else:
+            consts = constants(tx, args)
+        try:
+            result = getattr(self.value, name)(*consts)
+        except (KeyError, TypeError) as e:  # s.remove(missing), s.pop() of an empty set
+            raise Unsupported(f"set.{name}: {type(e).__name__}: {e}") from None
+        if name in _MUTATING:
+            return self if name.startswith("__i") else as_set_or_constant(result)
+        return as_set_or_constant(result)
 
     def reconstruct(self, codegen):
+        if not self.value:
+            return codegen.new_object(self, "set()")
         items = ", ".join(codegen.constant(v) for v in sorted(self.value, key=repr))
-        text = f"{{{items}}}" if items else "set()"
-        return f"frozenset({text})" if self.frozen else text
+        return codegen.new_object(self, "{" + items + "}")
 
     def __repr__(self):
-        return f"SetVariable({sorted(self.value, key=repr)!r})"
+        return f"SetVariable({self.value!r})"
