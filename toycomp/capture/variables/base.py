@@ -18,6 +18,7 @@ torch/_dynamo/variables/constant.py (ConstantVariable); torch/_dynamo/exc.py has
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from toycomp.capture.sources import Source
@@ -30,6 +31,16 @@ class Unsupported(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class MissingAttribute(Unsupported):
+    """``obj.name`` raised AttributeError on an object made while tracing (``hasattr`` and
+    ``getattr(obj, name, default)`` answer it; anything else breaks the graph)."""
+
+
+class ObservedKeyError(Unsupported):
+    """``d[key]`` of a missing key while tracing: ``Mapping.get`` and ``in`` answer it (see
+    [Note: Mapping's mixin methods] in variables/functions.py); anything else breaks."""
 
 
 class SkipFrame(Exception):
@@ -115,9 +126,15 @@ class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
-        if callable(getattr(type(self.value), name, None)) and not isinstance(self.value, type):
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:  # getattr(None, "x", default), hasattr(...)
+            raise MissingAttribute(str(e)) from None
+        if isinstance(attr, types.BuiltinMethodType) or (
+                callable(getattr(type(self.value), name, None))
+                and not isinstance(self.value, type)):
             return MethodVariable(self, name)  # "relu".upper: folded when called
-        return ConstantVariable(getattr(self.value, name))
+        return ConstantVariable(attr)
 
     def call_method(self, tx, name, args, kwargs):
         consts = [a.as_python_constant() for a in args]

@@ -23,8 +23,10 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
+import inspect
 import math
 import operator
+import os
 import types
 from typing import Any
 
@@ -41,7 +43,11 @@ from toycomp.capture.sources import (
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
 from toycomp.capture.variables.builtin import RULES, BuiltinVariable
 from toycomp.capture.variables.iter import PartialVariable
-from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
+from toycomp.capture.variables.functions import (
+    InspectSignatureVariable,
+    UserFunctionVariable,
+    UserMethodVariable,
+)
 from toycomp.capture.variables.lists import (
     DictVariable,
     ListIteratorVariable,
@@ -59,10 +65,15 @@ from toycomp.capture.variables.objects import (
 )
 from toycomp.capture.variables.tensor import NumpyArrayVariable
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
+from toycomp.capture.variables.user_dicts import (
+    EnvironVariable,
+    UserDefinedDictVariable,
+    is_user_dict_class,
+)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   torch.dtype, torch.device, slice, range, torch.Size, torch.memory_format,
-                  torch.layout)
+                  torch.layout, types.CodeType)
 LITERAL_TYPES = (int, float, bool, str, type(None))
 ITERATOR_TYPES = (type(iter(())), type(iter([])), type(iter(range(0))))
 # Modules whose functions are never traced into: calling them is a graph break.
@@ -155,6 +166,8 @@ class VariableBuilder:
         if isinstance(value, list):
             g and g.type_match(source, value)
             return ListVariable(None, source, value)
+        if is_user_dict_class(type(value)):  # a dict subclass: ModelOutput, a registry...
+            return self.wrap_user_dict(value, source, g)
         if isinstance(value, dict):
             if not all(isinstance(k, (str, int)) for k in value):
                 raise Unsupported("a dict with keys that are not str or int")
@@ -176,6 +189,15 @@ class VariableBuilder:
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_user_dict(self, value, source, g) -> UserDefinedDictVariable:
+        if not all(isinstance(k, (str, int)) for k in value):
+            raise Unsupported("a dict with keys that are not str or int")
+        g and g.type_match(source, value)
+        g and g.dict_keys_match(source, list(value))
+        items = {k: self(dict.__getitem__(value, k), source and GetItemSource(source, k))
+                 for k in value}
+        return UserDefinedDictVariable(value, source, DictVariable(items))
 
     def wrap_partial(self, value, source, g) -> PartialVariable:
         g and g.type_match(source, value)
@@ -200,6 +222,15 @@ class VariableBuilder:
                                      for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
+        if value is os.environ:
+            return EnvironVariable(value, source)
+        if value is inspect.signature:
+            return InspectSignatureVariable()
+        if (isinstance(value, types.MethodType) and value.__name__ == "clone"
+                and type(value.__self__) in (torch.no_grad, torch.enable_grad)):
+            # ``@torch.no_grad()`` on a function: its wrapper enters ``ctx_factory()``, the
+            # decorator's ``clone``, a new context manager of the same class
+            return TorchVariable(type(value.__self__), None)
         if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
             return BuiltinVariable(value, source)
         if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo

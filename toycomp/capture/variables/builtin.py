@@ -23,7 +23,13 @@ import operator
 
 import torch
 
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    MethodVariable,
+    MissingAttribute,
+    Unsupported,
+    VariableTracker,
+)
 from toycomp.capture.variables.lists import (
     BaseListVariable,
     DictVariable,
@@ -33,6 +39,7 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
     as_iterator,
 )
+from toycomp.capture.variables.functions import NestedUserFunctionVariable, UserFunctionVariable
 from toycomp.capture.variables.objects import UserDefinedObjectVariable
 from toycomp.capture.variables.sets import SetVariable, as_set_or_constant
 from toycomp.capture.variables.tensor import TensorVariable
@@ -98,7 +105,8 @@ class BuiltinVariable(VariableTracker):
                 return user
         if self.fn in SET_AND_DICT_OPS and isinstance(args[0], (SetVariable, DictVariable)):
             return args[0].call_method(tx, SET_AND_DICT_OPS[self.fn], list(args[1:]), {})
-        if self.fn in CONTAINER_METHODS and isinstance(args[0], (BaseListVariable, DictVariable)):
+        if self.fn in CONTAINER_METHODS and isinstance(
+                args[0], (BaseListVariable, DictVariable, UserDefinedObjectVariable)):
             method = CONTAINER_METHODS[self.fn]
             if method == "__iadd__" and isinstance(args[0], TupleVariable):
                 method = "__add__"
@@ -315,6 +323,8 @@ def _hasattr(tx, obj, name):
     try:
         obj.var_getattr(tx, name.as_python_constant())
         return ConstantVariable(True)
+    except MissingAttribute:  # an object made while tracing, without that attribute
+        return ConstantVariable(False)
     except Unsupported:
         if not hasattr(obj, "value"):
             raise
@@ -330,6 +340,20 @@ def _setattr(tx, obj, name, value):
 
 def _type(tx, obj):
     return tx.output.wrap(obj.python_type(), None, guard=False)
+
+
+def _callable(tx, obj):
+    """``callable(f)``: functions and methods made or read while tracing are; a user object
+    is when its class has ``__call__``."""
+    if isinstance(obj, (UserFunctionVariable, NestedUserFunctionVariable, MethodVariable,
+                        BuiltinVariable)):
+        return ConstantVariable(True)
+    if isinstance(obj, TensorVariable):
+        return ConstantVariable(False)
+    if isinstance(obj, UserDefinedObjectVariable):
+        return ConstantVariable(callable(obj.python_type()) and
+                                hasattr(obj.python_type(), "__call__"))
+    return fold(callable, [obj], {})
 
 
 def _is(tx, a, b):
@@ -376,7 +400,8 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict), sum: _sum,
+    callable: _callable, dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict),
+    sum: _sum,
     all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr, reversed: _reversed,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,

@@ -32,6 +32,7 @@ from typing import Any
 from toycomp.capture.sources import GetItemSource
 from toycomp.capture.variables.base import (
     ConstantVariable,
+    ObservedKeyError,
     MethodVariable,
     Unsupported,
     VariableTracker,
@@ -243,7 +244,10 @@ class DictVariable(VariableTracker):
             return self.mutate(tx, name, args, kwargs)
         keys = [ConstantVariable(k) for k in self.items]
         if name == "__getitem__":
-            return self.items[args[0].as_python_constant()]
+            key = args[0].as_python_constant()
+            if key not in self.items:
+                raise ObservedKeyError(f"KeyError: {key!r}")
+            return self.items[key]
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return self.items.get(args[0].as_python_constant(), default)

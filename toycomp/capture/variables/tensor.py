@@ -24,6 +24,7 @@ import torch.fx
 from toycomp.capture.variables.base import (
     ConstantVariable,
     MethodVariable,
+    MissingAttribute,
     Unsupported,
     VariableTracker,
 )
@@ -68,7 +69,19 @@ class TensorVariable(VariableTracker):
             raise Unsupported(f"Tensor.{name} read while tracing")
         if callable(getattr(torch.Tensor, name, None)):
             return MethodVariable(self, name)
+        if not hasattr(torch.Tensor, name) and self.cls in (torch.Tensor, torch.nn.Parameter):
+            self.check_missing(tx, name)  # hasattr(x, "jax") is False, as in eager
         raise Unsupported(f"Tensor attribute {name!r}")
+
+    def check_missing(self, tx, name: str) -> None:
+        """Raise MissingAttribute when the tensor has no attribute ``name``: one made by the
+        graph has none of its own; an input is checked, and guarded to stay without it."""
+        real = next((v for s, v, _ in tx.output.inputs if s == self.source), None)
+        if self.source is not None and (real is None or hasattr(real, name)):
+            return
+        if self.source is not None:
+            tx.output.guards.add(f"not hasattr({self.source.name()}, {name!r})")
+        raise MissingAttribute(f"Tensor has no attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numpy" and not args and not kwargs and not self.example.requires_grad \
