@@ -37,6 +37,7 @@ import torch
 import torch.fx
 
 import toycomp.config as config
+from toycomp._logging import log, log_enabled
 from toycomp._torch_compat import fake_on_device
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
@@ -85,9 +86,12 @@ def inductor_compiler(
     name: str,
     record: list[GraphArtefacts],
     cudagraphs: CUDAGraphMode | None = None,
+    opaque: bool = False,
 ) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledGraph]:
     """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4;
-    with ``cudagraphs`` (``mode="reduce-overhead"``) its result replays a CUDA graph."""
+    with ``cudagraphs`` (``mode="reduce-overhead"``) its result replays a CUDA graph; with
+    ``opaque`` its generated code is hidden from Dynamo ([Note: the compiled callable is
+    opaque to Dynamo])."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
@@ -98,6 +102,8 @@ def inductor_compiler(
             lowered = split_reductions(lowered, target, hints)
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
+        if opaque:  # (the backward runs from autograd, outside the forward's disabled call)
+            compiled.fn = torch.compiler.disable(compiled.fn)
         record.append(
             GraphArtefacts(name, gm, prims_gm, fallbacks(prims_gm), lowered, scheduled, compiled)
         )
@@ -112,17 +118,33 @@ def compile_stages_2_to_4(
     backend: str | None,
     partition: str,
     cudagraphs: CUDAGraphMode | None = None,
+    opaque: bool = False,
 ) -> tuple[AOTOutput, list[GraphArtefacts]]:
     """AOT (joint graph, partition) with stages 3-4 as its forward and backward compilers."""
     graphs: list[GraphArtefacts] = []
     aot = aot_function(
         gm,
         list(example_inputs),
-        fw_compiler=inductor_compiler(backend, "forward", graphs, cudagraphs),
-        bw_compiler=inductor_compiler(backend, "backward", graphs, cudagraphs),
+        fw_compiler=inductor_compiler(backend, "forward", graphs, cudagraphs, opaque),
+        bw_compiler=inductor_compiler(backend, "backward", graphs, cudagraphs, opaque),
         partition_fn=PARTITIONS[partition],
     )
+    log_artefacts(graphs)
     return aot, graphs
+
+
+def log_artefacts(graphs: list[GraphArtefacts]) -> None:
+    """TOYCOMP_LOGS (toycomp/_logging.py): the ATen graphs, the generated code, the fallbacks."""
+    for g in graphs:
+        if log_enabled("aot_graphs"):
+            log("aot_graphs", "AOT %s GRAPH:\n%s", g.name.upper(), g.aten.code.strip())
+        if log_enabled("output_code"):
+            kernels = "\n\n".join(k.source.strip() for k in g.compiled.kernels)
+            log("output_code", "OUTPUT CODE of the %s graph (%s):\n%s\n\n%s", g.name,
+                         g.compiled.backend, kernels, g.compiled.wrapper_source.strip())
+        if g.fallbacks:
+            log("fallbacks", "the %s graph calls eager PyTorch for %s (no "
+                         "decomposition or lowering)", g.name, ", ".join(sorted(set(g.fallbacks))))
 
 
 @dataclass
@@ -346,11 +368,17 @@ def toycomp_backend(
     examples = dynamo_examples(gm, example_inputs)
     try:
         with config.patch(config.check_options(options)):
-            aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut")
+            aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut", opaque=True)
     except NotImplementedError as e:  # as in GraphCompiler.__call__: runs as captured
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
-        return gm.forward
-    return lambda *args: aot(*args)
+        return torch.compiler.disable(gm.forward)
+    # [Note: the compiled callable is opaque to Dynamo]
+    # Dynamo calls what a backend returns from the code it generates, and sees every Python
+    # frame run inside. Left visible, toycomp's wrapper and runtime checks would be traced in
+    # turn (from a resume function, say, under autocast), as if they were user code: with
+    # SymInt strides that the checks compare, or worse. Inductor's callable is wrapped the
+    # same way (torch/_dynamo/backends/common.py: ``disable(cg)``).
+    return torch.compiler.disable(lambda *args: aot(*args))
 
 
 def _check_one_hot_classes(gm: torch.fx.GraphModule) -> None:

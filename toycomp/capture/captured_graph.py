@@ -45,7 +45,7 @@ class CapturedGraph:
 
     def flatten_inputs(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         """The graph's inputs for the call ``fn(*args, **kwargs)`` (parameters included)."""
-        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        bound = inspect.signature(self.fn, follow_wrapped=False).bind(*args, **kwargs)
         bound.apply_defaults()
         return [s.read(bound.arguments, self.fn.__globals__, self.fn) for s in self.sources]
 
@@ -61,7 +61,7 @@ def capture_graph(fn: Callable, *args: Any, **kwargs: Any) -> CapturedGraph:
     graphs: list[torch.fx.GraphModule] = []
     frame = CompileContext(lambda gm, example_inputs: graphs.append(gm) or gm.forward)
     compiled = frame.frame_for(target)
-    bound = inspect.signature(target).bind(*args, **kwargs)
+    bound = inspect.signature(target, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     entry = compiled.compile(dict(bound.arguments))  # traces and compiles; runs nothing
     record = frame.log[-1]

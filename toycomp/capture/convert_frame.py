@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import torch
 
+from toycomp._logging import log, log_enabled
 from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
 from toycomp.capture.output_graph import AliasedInputs, EagerInputs, OutputGraph
 from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
@@ -99,7 +100,7 @@ class CompiledFrame:
     def __init__(self, fn: types.FunctionType, context: CompileContext):
         self.fn = fn
         self.context = context
-        self.signature = inspect.signature(fn)
+        self.signature = inspect.signature(fn, follow_wrapped=False)  # its own *args, **kwargs
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = self.signature.parameters.values()
         # a call passing every parameter by position binds without inspect (3 us a call)
@@ -127,6 +128,10 @@ class CompiledFrame:
         if len(self.entries) >= self.context.recompile_limit:
             self.warn_recompile_limit(L, G)
             return self.fn(*args, **kwargs)
+        if self.entries and log_enabled("recompiles"):
+            log("recompiles", "Recompiling function %s (%s)\n    triggered by the "
+                         "guard failure: %s", self.fn.__qualname__, location(self.fn),
+                         self.entries[-1].check.failing_guard(L, G))
         entry = self.compile(dict(L))
         if entry is None:
             return self.fn(*args, **kwargs)
@@ -188,6 +193,7 @@ class CompiledFrame:
         self.context.log.append(CompileRecord(  # no warning at a graph break (nor in Dynamo)
             self.fn.__qualname__, transformed, check.source,
             plan.reason if is_break else None, plan.location if is_break else None, shapes))
+        log_entry(self.context.log[-1])
         return CacheEntry(check, transformed)
 
     def eager_entry(self, output, reason: str) -> CacheEntry:
@@ -212,6 +218,8 @@ class CompiledFrame:
         self.skip_reason = reason
         self.context.log.append(CompileRecord(self.fn.__qualname__, TransformedCode(self.fn, ""),
                                               "", f"frame skipped: {reason}"))
+        log("graph_breaks", "%s (%s) runs eagerly (frame skipped): %s",
+                     self.fn.__qualname__, location(self.fn), reason)
         return None
 
 
@@ -227,6 +235,22 @@ def warn_user(message: str) -> None:
                                  or frame.f_code.co_filename.startswith("<toycomp")):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, stacklevel=level)
+
+
+def location(fn) -> str:
+    code = fn.__code__
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def log_entry(record: CompileRecord) -> None:
+    """TOYCOMP_LOGS (toycomp/_logging.py): a compiled entry's break, guards and graph."""
+    if record.break_reason is not None:
+        log("graph_breaks", "Graph break in %s: %s", record.frame,
+                     break_reason(record))
+    log("guards", "GUARDS of %s:\n%s", record.frame, record.guards)
+    gm = record.transformed.graph_module
+    if gm is not None and log_enabled("graph_code"):
+        log("graph_code", "TRACED GRAPH of %s:\n%s", record.frame, gm.code.strip())
 
 
 def global_state() -> tuple:

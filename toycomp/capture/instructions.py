@@ -194,10 +194,10 @@ def load_closure(tx, inst):
 
 @handles("IMPORT_NAME")
 def import_name(tx, inst):
-    tx.popn(2)
-    if "." in inst.argval:
-        raise Unsupported(f"import of a dotted name {inst.argval}")
-    tx.push(tx.output.wrap(importlib.import_module(inst.argval), None, guard=False))
+    level, fromlist = (v.as_python_constant() for v in tx.popn(2))
+    # as the real instruction does: ``import a.b`` gives ``a``, ``from a.b import c`` gives a.b
+    module = __import__(inst.argval, tx.f_globals, None, fromlist, level)
+    tx.push(tx.output.wrap(module, None, guard=False))
 
 
 @handles("IMPORT_FROM")

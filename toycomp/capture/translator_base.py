@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import inspect
 import sys
 
@@ -57,6 +58,29 @@ from toycomp.capture.variables.objects import SuperVariable
 MAX_INLINE_DEPTH = 32
 
 
+@functools.lru_cache(maxsize=4096)
+def decode(code) -> tuple[list, dict[int, int]]:
+    """A code object's instructions (without ``EXTENDED_ARG``) and its jump targets, decoded
+    once per code object: a model inlines the same few functions hundreds of times."""
+    instructions = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    return instructions, jump_targets(code, instructions)
+
+
+def jump_targets(code, instructions) -> dict[int, int]:
+    """Offset -> index in ``instructions``. A jump whose target needs an ``EXTENDED_ARG``
+    prefix lands on the prefix: it maps to the instruction it extends."""
+    index_of = {inst.offset: i for i, inst in enumerate(instructions)}
+    pending = []
+    for inst in dis.get_instructions(code):
+        if inst.opname == "EXTENDED_ARG":
+            pending.append(inst.offset)
+            continue
+        for offset in pending:
+            index_of[offset] = index_of[inst.offset]
+        pending = []
+    return index_of
+
+
 class InstructionTranslatorBase:
     """Interprets one code object; ``HANDLERS`` (toycomp/capture/instructions.py) do the work."""
 
@@ -73,8 +97,7 @@ class InstructionTranslatorBase:
         self.fn_source = fn_source
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
-        self.instructions = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-        self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
+        self.instructions, self.index_of = decode(code)
         self.stack: list[VariableTracker] = []
         self.ip = 0
         self.kw_names = None

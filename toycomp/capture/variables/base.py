@@ -18,6 +18,7 @@ torch/_dynamo/variables/constant.py (ConstantVariable); torch/_dynamo/exc.py has
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from toycomp.capture.sources import Source
@@ -30,6 +31,16 @@ class Unsupported(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class MissingAttribute(Unsupported):
+    """``obj.name`` raised AttributeError on an object made while tracing (``hasattr`` and
+    ``getattr(obj, name, default)`` answer it; anything else breaks the graph)."""
+
+
+class ObservedKeyError(Unsupported):
+    """``d[key]`` of a missing key while tracing: ``Mapping.get`` and ``in`` answer it (see
+    [Note: Mapping's mixin methods] in variables/functions.py); anything else breaks."""
 
 
 class SkipFrame(Exception):
@@ -115,7 +126,15 @@ class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
-        return ConstantVariable(getattr(self.value, name))
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:  # getattr(None, "x", default), hasattr(...)
+            raise MissingAttribute(str(e)) from None
+        if isinstance(attr, types.BuiltinMethodType) or (
+                callable(getattr(type(self.value), name, None))
+                and not isinstance(self.value, type)):
+            return MethodVariable(self, name)  # "relu".upper: folded when called
+        return ConstantVariable(attr)
 
     def call_method(self, tx, name, args, kwargs):
         consts = [a.as_python_constant() for a in args]
@@ -155,6 +174,11 @@ class MethodVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def as_python_constant(self):  # a constant's bound method: sorted(xs, key="abc".index)
+        if not isinstance(self.obj, ConstantVariable):  # (a list's: bound to a copy of it)
+            raise Unsupported(f"{self} is not a Python constant")
+        return getattr(self.obj.as_python_constant(), self.name)
 
     def reconstruct(self, codegen):
         return f"{codegen.reconstruct(self.obj)}.{self.name}"

@@ -20,12 +20,18 @@ torch/_dynamo/symbolic_convert.py.
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 from dataclasses import dataclass
 
 from toycomp.capture.sources import AttrSource, GetItemSource
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    ObservedKeyError,
+    Unsupported,
+    VariableTracker,
+)
 from toycomp.capture.variables.lists import DictVariable, TupleVariable
 
 
@@ -66,6 +72,39 @@ def bind_args(code: types.CodeType, args: list, kwargs: dict, defaults: list,
     return bound
 
 
+# [Note: Mapping's mixin methods]
+# ``collections.abc.Mapping`` gives a class with ``__getitem__`` its ``get`` and ``__contains__``:
+# ``try: self[key] except KeyError: ...``. The tracer does not model exceptions, but it knows
+# when a lookup misses (a dict's missing key raises ObservedKeyError), so these two methods are
+# traced as what they mean: ``self[key]``, or the default / False when it misses.
+def _mapping_get(tx, self, key, default=None):
+    try:
+        return self.call_method(tx, "__getitem__", [key], {})
+    except ObservedKeyError:
+        return default if default is not None else ConstantVariable(None)
+
+
+def _mapping_contains(tx, self, key):
+    try:
+        self.call_method(tx, "__getitem__", [key], {})
+    except ObservedKeyError:
+        return ConstantVariable(False)
+    return ConstantVariable(True)
+
+
+MAPPING_MIXINS = {collections.abc.Mapping.get: _mapping_get,
+                  collections.abc.Mapping.__contains__: _mapping_contains}
+
+
+def mapping_mixin(tx, fn, args, kwargs):
+    return MAPPING_MIXINS[fn](tx, *args, **kwargs)
+
+
+# [Note: code objects are constants]
+# Libraries read a function's code object to learn its parameters (transformers checks
+# ``arg_name in func.__code__.co_varnames``). A code object is immutable, and the function it
+# belongs to is guarded by identity where it was read, so ``fn.__code__`` is a constant while
+# tracing and ``co_varnames``, ``co_argcount``... fold to constants too (Dynamo does the same).
 class UserFunctionVariable(VariableTracker):
     """A Python function defined outside the trace (a global helper, a module's method)."""
 
@@ -92,6 +131,8 @@ class UserFunctionVariable(VariableTracker):
         return defaults, kwdefaults
 
     def call_function(self, tx, args, kwargs):
+        if self.fn in MAPPING_MIXINS:
+            return mapping_mixin(tx, self.fn, args, kwargs)
         defaults, kwdefaults = self.defaults(tx)
         bound = bind_args(self.fn.__code__, args, kwargs, defaults, kwdefaults)
         closure = list(self.fn.__closure__ or ())
@@ -99,8 +140,12 @@ class UserFunctionVariable(VariableTracker):
                               self.fn.__qualname__)
 
     def var_getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantVariable(getattr(self.fn, name))
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
+            return ConstantVariable(getattr(self.fn, name))  # [Note: code objects are constants]
+        if name in ("__defaults__", "__kwdefaults__", "__wrapped__", "__dict__") and hasattr(
+                self.fn, name):
+            return tx.output.wrap(getattr(self.fn, name), self.source and AttrSource(
+                self.source, name))
         raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
 
     def __repr__(self):
@@ -114,8 +159,16 @@ class UserMethodVariable(UserFunctionVariable):
         super().__init__(fn, source)
         self.obj = obj
 
+    def python_type(self):
+        return types.MethodType
+
     def call_function(self, tx, args, kwargs):
         return super().call_function(tx, [self.obj, *args], kwargs)
+
+    def reconstruct(self, codegen):
+        """Bound again to its object (``source`` is the function's, read from the class)."""
+        fn = codegen.source(self.source) if self.source is not None else codegen.constant(self.fn)
+        return f"{codegen.constant(types.MethodType)}({fn}, {codegen.reconstruct(self.obj)})"
 
 
 @dataclass(eq=False)  # trackers compare by identity
@@ -137,5 +190,61 @@ class NestedUserFunctionVariable(VariableTracker):
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
         return tx.inline_call(self.code, self.f_globals, bound, self.closure, None, self.qualname)
 
+    def var_getattr(self, tx, name):
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self.code.co_name if name == "__name__" else self.qualname)
+        raise Unsupported(f"attribute {name!r} of function {self.qualname}")
+
+    def reconstruct(self, codegen):
+        """``make_function(code, ...)``, once: a lambda alive at a graph break. Its cells are
+        new cells holding the rebuilt values (a cell of a function from outside: that cell)."""
+        if id(self) in codegen.temps:
+            return codegen.temps[id(self)]
+        cells = []
+        for cell in self.closure:
+            if getattr(cell, "real", None) is not None:
+                cells.append(codegen.constant(cell.real))
+            elif getattr(cell, "contents", None) is not None:
+                cells.append(f"{codegen.constant(types.CellType)}"
+                             f"({codegen.reconstruct(cell.contents)})")
+            else:
+                raise Unsupported(f"{self.qualname}: a closure variable not yet assigned")
+        defaults = "".join(f"{codegen.reconstruct(d)}, " for d in self.defaults)
+        kwdefaults = ", ".join(f"{k!r}: {codegen.reconstruct(v)}"
+                               for k, v in self.kwdefaults.items())
+        call = (f"{codegen.constant(make_function)}({codegen.constant(self.code)}, "
+                f"{codegen.constant(self.f_globals)}, {self.qualname!r}, ({defaults}), "
+                f"{{{kwdefaults}}}, ({''.join(c + ', ' for c in cells)}))")
+        return codegen.new_object(self, call)
+
+
+def make_function(code, f_globals, qualname, defaults, kwdefaults, cells):
+    """A function object as ``MAKE_FUNCTION`` makes it (for ``NestedUserFunctionVariable``)."""
+    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, cells or None)
+    fn.__qualname__, fn.__kwdefaults__ = qualname, kwdefaults or None
+    return fn
+
     def __repr__(self):
         return f"NestedUserFunctionVariable({self.qualname})"
+
+
+class InspectSignatureVariable(VariableTracker):
+    """``inspect.signature(f)`` of a function known while tracing: a constant (a Signature is
+    immutable, and ``f`` is guarded where it was read), so ``len(sig.parameters)`` folds. A
+    bound method's signature drops ``self``, as for the real bound method."""
+
+    def call_function(self, tx, args, kwargs):
+        fn = args[0]
+        if kwargs or not isinstance(fn, (UserFunctionVariable, NestedUserFunctionVariable)):
+            raise Unsupported(f"inspect.signature of {fn}")
+        if isinstance(fn, NestedUserFunctionVariable):  # a function object of its code alone
+            target = types.FunctionType(fn.code, fn.f_globals, fn.qualname,
+                                        closure=tuple(types.CellType() for _ in fn.closure))
+        else:
+            target = fn.fn
+        sig = inspect.signature(target)
+        if isinstance(fn, UserMethodVariable):
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+        return ConstantVariable(sig)

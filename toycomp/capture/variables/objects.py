@@ -15,6 +15,7 @@ UserDefinedClassVariable) and variables/misc.py (SuperVariable, PythonModuleVari
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 
@@ -28,7 +29,13 @@ from toycomp.capture.variables.base import (
     VariableTracker,
 )
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
-from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
+from toycomp.capture.variables.lists import (
+    ListIteratorVariable,
+    NamedTupleVariable,
+    TupleVariable,
+    as_iterator,
+)
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 
 
 MISSING = object()
@@ -68,6 +75,14 @@ class UserDefinedObjectVariable(VariableTracker):
         return type(self.value)
 
     def var_getattr(self, tx, name):
+        hook = class_lookup(self.python_type(), "__getattribute__")
+        if isinstance(hook, types.FunctionType):  # the class's own, in Python: inline it
+            return UserMethodVariable(hook, self).call_function(tx, [ConstantVariable(name)], {})
+        return self.generic_getattr(tx, name)
+
+    def generic_getattr(self, tx, name):
+        """``object.__getattribute__(self, name)``: the lookup of [Note: attribute lookup
+        order], then ``__getattr__``."""
         if name in self.overrides:
             return self.overrides[name]
         if name == "__class__":
@@ -134,6 +149,24 @@ class UserDefinedObjectVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
 
+    def defines(self, name: str) -> bool:
+        """Does the class define the special method ``name`` in Python (to inline)?"""
+        return isinstance(class_lookup(self.python_type(), name), types.FunctionType)
+
+    def unpack_var_sequence(self, tx):
+        if class_lookup(self.python_type(), "__iter__") is collections.abc.Sequence.__iter__:
+            return self.sequence_items(tx)
+        if not self.defines("__iter__"):
+            raise Unsupported(f"iterating over {self}")
+        return as_iterator(tx, self.class_attr(tx, "__iter__").call_function(tx, [], {})) \
+            .unpack_var_sequence(tx)
+
+    def sequence_items(self, tx):
+        """A ``collections.abc.Sequence``: ``self[i]`` for ``i < len(self)``, which is what
+        its mixin ``__iter__`` yields (it stops at the IndexError that ``len`` predicts)."""
+        n = self.call_method(tx, "__len__", [], {}).as_python_constant()
+        return [self.call_method(tx, "__getitem__", [ConstantVariable(i)], {}) for i in range(n)]
+
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__})"
 
@@ -174,8 +207,8 @@ class NNModuleVariable(UserDefinedObjectVariable):
                                                     torch.nn.ModuleDict)):
             index = args[0].as_python_constant()
             subs = self.submodules(tx)
-            if isinstance(index, slice):
-                raise Unsupported("slicing a ModuleList")
+            if isinstance(index, slice):  # (a new ModuleList in eager: its items, here)
+                return TupleVariable(subs[index])
             return subs[keys.index(index) if isinstance(m, torch.nn.ModuleDict) else index]
         if name in ("children", "values") and isinstance(
                 m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
@@ -211,7 +244,15 @@ class UserDefinedClassVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         """``Point(x, y)``: a new object, tracked while tracing, ``__init__`` inlined on it."""
+        from toycomp.capture.variables import user_dicts  # (it subclasses this module's)
+
         cls = self.value
+        if user_dicts.is_user_dict_class(cls):  # ModelOutput(loss=...): a dict and an object
+            obj, init = user_dicts.construct(tx, cls, self.source)
+            init.call_function(tx, args, kwargs)
+            return obj
+        if issubclass(cls, torch.nn.Module):
+            return make_module(tx, cls, args, kwargs)
         why = why_not_constructible(cls)
         if why:
             raise Unsupported(f"creating an object of user class {cls.__qualname__}: {why}")
@@ -226,14 +267,50 @@ class UserDefinedClassVariable(ValueVariable):
         return obj
 
 
+def make_module(tx, cls, args, kwargs) -> NNModuleVariable:
+    """``loss_fct = CrossEntropyLoss()`` inside ``forward``: made for real while tracing, from
+    constant arguments, when it holds no tensor (no parameter or buffer: each call in eager
+    would make new ones, randomly initialised). The graph calls its ``forward``, inlined; the
+    object is kept for the transformed function, should it outlive the graph."""
+    try:
+        consts = [a.as_python_constant() for a in args]
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"creating a {cls.__qualname__} from non-constant arguments") from None
+    module = cls(*consts, **kw)
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise Unsupported(f"creating a {cls.__qualname__}, which holds tensors, in the "
+                          "compiled function")
+    tx.output.keep_alive.append(module)
+    return NNModuleVariable(module, None)
+
+
+class NamedTupleClassVariable(UserDefinedClassVariable):
+    """A ``collections.namedtuple`` / ``typing.NamedTuple`` class: calling it makes a
+    ``NamedTupleVariable``, its arguments bound to the fields as ``cls.__new__`` binds them."""
+
+    def call_function(self, tx, args, kwargs):
+        cls = self.value
+        try:
+            bound = inspect.signature(cls).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise Unsupported(f"{cls.__qualname__}(): {e}") from None
+        defaults = getattr(cls, "_field_defaults", {})
+        items = [bound[f] if f in bound else tx.output.wrap(defaults[f], None)
+                 for f in cls._fields]
+        return NamedTupleVariable(items, cls)
+
+
 def why_not_constructible(cls) -> str | None:
     """Why a new object of ``cls`` cannot be traced (None: it can). The tracer models an
     object as ``object.__new__(cls)`` plus an instance ``__dict__`` of trackers."""
-    if type(cls) is not type:
+    if type(cls).__call__ is not type.__call__:  # (abc.ABCMeta makes objects as type does)
         return f"it has a metaclass ({type(cls).__name__})"
+    if getattr(cls, "__abstractmethods__", None):
+        return "it has abstract methods"
     if cls.__new__ is not object.__new__:
         return "it defines __new__ (or subclasses a builtin type)"
-    if any("__slots__" in vars(klass) for klass in cls.__mro__):
+    if any(vars(klass).get("__slots__") for klass in cls.__mro__):  # (collections.abc: ())
         return "it has __slots__"
     for hook in ("__setattr__", "__getattribute__", "__delattr__"):
         if getattr(cls, hook) is not getattr(object, hook):
@@ -301,6 +378,8 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
+        from toycomp.capture.variables import user_dicts  # (it subclasses this module's)
+
         mro = self.obj.python_type().__mro__
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:
@@ -309,8 +388,24 @@ class SuperVariable(VariableTracker):
                     return UserMethodVariable(attr, self.obj, None)
                 if attr is object.__init__:  # super().__init__() at the top of a hierarchy
                     return ObjectInitVariable()
+                if attr is object.__getattribute__:  # past the class's own __getattribute__
+                    return GenericGetattrVariable(self.obj)
+                found = user_dicts.super_method(self.obj, klass, name)
+                if found is not None:  # dict's own method on a dict subclass's items
+                    return found
                 raise Unsupported(f"super().{name} is not a Python function")
         raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class GenericGetattrVariable(VariableTracker):
+    """``object.__getattribute__`` bound to an object (``super().__getattribute__(key)`` in a
+    class that defines its own ``__getattribute__``)."""
+
+    def __init__(self, obj: UserDefinedObjectVariable):
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.generic_getattr(tx, args[0].as_python_constant())
 
 
 class ObjectInitVariable(VariableTracker):
@@ -355,4 +450,7 @@ class SkipFunctionVariable(VariableTracker):
             return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
                                                            for k, v in kwargs.items()}))
         name = getattr(self.value, "__qualname__", repr(self.value))
+        if any(isinstance(a, NumpyArrayVariable) for a in operands):
+            raise Unsupported(f"{module}.{name}() on a tensor's data (toycomp does not trace "
+                              "NumPy; Dynamo does, through torch._numpy)")
         raise Unsupported(f"call to {module}.{name}: not traceable")

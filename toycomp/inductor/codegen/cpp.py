@@ -67,6 +67,7 @@ from toycomp.inductor.codegen.common import (
     KernelCodegen,
     compute_dtype,
 )
+from toycomp.inductor.codegen.cpp_prefix import POW_HELPERS
 from toycomp.inductor.codegen.cpp_prefix import PREAMBLE as CORE_PREAMBLE
 from toycomp.inductor.opt.cpp_vector_prefix import VECTOR_PREAMBLE
 from toycomp.inductor.codegen.cpp_utils import (  # noqa: F401  (re-exported: cpp.CPP_TYPES)
@@ -164,6 +165,7 @@ class CppKernelCodegen(KernelCodegen):
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
+        self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
         self.layouts = config.cpp.layouts  # columns and planes: opt/cpp_layout.py
@@ -267,6 +269,8 @@ class CppKernelCodegen(KernelCodegen):
         called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", "".join(functions))
         for fn in sorted(set(called)):
             code.writelines(libmvec.declare_sin_cos(fn))
+        if "toycomp_pow(" in "".join(functions):
+            code.writelines(POW_HELPERS.splitlines())
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
         return preamble() + "\n" + code.getvalue() + "".join(functions)
@@ -300,7 +304,7 @@ class CppKernelCodegen(KernelCodegen):
         kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
         for i, loop in enumerate(k.loops):
             self.new_sections()
-            self.loop_reductions = []
+            self.loop_reductions, self.row_sums = [], []
             if kept:
                 kept.before_loop(self, i)
             self.codegen_loop(loop)

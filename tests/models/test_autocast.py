@@ -1,0 +1,127 @@
+"""Mixed precision through toycomp, as people train: ``torch.autocast`` around the loss.
+
+GPT-2 and Llama training steps (tests/models/hf_models.py) under bf16 autocast on the CPU,
+through ``toycomp.compile`` and through ``torch.compile(backend="toycomp")``: loss and every
+gradient within autocast's tolerance of eager autocast's (bf16 has 8 bits of mantissa:
+torch.testing's bf16 rtol, 1.6e-2, with an absolute floor for gradients near zero). The CUDA
+cases (bf16, and fp16 with ``torch.amp.GradScaler``) skip without a GPU.
+
+Also: what the backend returns to Dynamo is opaque to it, as Inductor's is, so that Dynamo
+never traces toycomp's generated code as if it were the user's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import toycomp
+from tests.models.hf_models import batch, build
+
+RTOL, ATOL = 1.6e-2, 1e-3
+PATHS = ["toycomp.compile", "torch.compile"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def quiet_transformers():
+    transformers = pytest.importorskip("transformers")
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    yield
+    transformers.logging.set_verbosity(level)
+
+
+def amp_step(device: str, dtype: torch.dtype, scaler=None):
+    """One training step with the forward and loss under autocast (the backward outside)."""
+
+    def step(model, inputs):
+        with torch.autocast(device, dtype=dtype):
+            loss = model(**inputs).loss
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        return loss
+
+    return step
+
+
+def compiled(step, path: str):
+    torch._dynamo.reset()
+    return toycomp.compile(step) if path == "toycomp.compile" else torch.compile(
+        step, backend="toycomp")
+
+
+def check_amp_step(name, path, device, dtype, scaler=None):
+    model = build(name).eval().to(device)
+    inputs = {k: v.to(device) for k, v in batch(name).items()}
+    reference = copy.deepcopy(model)
+    step = amp_step(device, dtype, scaler)
+    loss_ref = step(reference, inputs)
+    loss = compiled(step, path)(model, inputs)
+    assert loss.dtype == loss_ref.dtype == torch.float32  # autocast's loss is fp32
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    for (n, p), ref in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad.dtype == ref.grad.dtype == torch.float32, n
+        torch.testing.assert_close(p.grad, ref.grad, rtol=RTOL, atol=ATOL, msg=n)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_bf16_autocast_training_step_cpu(name, path):
+    check_amp_step(name, path, "cpu", torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_bf16_autocast_training_step_cuda(name, path):
+    check_amp_step(name, path, "cuda", torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_fp16_autocast_with_grad_scaler_cuda(name, path):
+    """fp16 with loss scaling: the scaled gradients, unscaled, match eager's."""
+    scaler, scaler_ref = torch.amp.GradScaler("cuda"), torch.amp.GradScaler("cuda")
+    model = build(name).eval().cuda()
+    inputs = {k: v.cuda() for k, v in batch(name).items()}
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    loss_ref = amp_step("cuda", torch.float16, scaler_ref)(reference, inputs)
+    loss = compiled(amp_step("cuda", torch.float16, scaler), path)(model, inputs)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-2, atol=1e-3)
+    scaler.unscale_(opt)
+    scaler_ref.unscale_(opt_ref)
+    for (n, p), ref in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, ref.grad, rtol=1e-2, atol=1e-3, msg=n)
+    scaler.step(opt), scaler_ref.step(opt_ref)
+    scaler.update(), scaler_ref.update()
+    assert scaler.get_scale() == scaler_ref.get_scale()  # same inf/nan verdict as eager
+    torch._dynamo.reset()
+
+
+def test_backend_callable_is_opaque_to_dynamo():
+    """A toycomp-compiled graph called inside another Dynamo-compiled function: Dynamo treats
+    it as a call it does not trace (a graph break), never capturing toycomp's code."""
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) * 2)
+    x = torch.randn(8, requires_grad=True)
+    inner = toycomp.toycomp_backend(gm, [x])
+    seen = []
+
+    def counting(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    outer = torch.compile(lambda x: inner(x)[0].cos(), backend=counting)
+    out = outer(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, (torch.sin(x) * 2).cos())
+    torch.testing.assert_close(x.grad, -torch.sin(torch.sin(x) * 2) * 2 * torch.cos(x))
+    ops = {n.target for g in seen for n in g.graph.nodes if n.op == "call_function"}
+    assert torch.sin not in ops and seen, ops  # the graph after the break: only cos
+    torch._dynamo.reset()
