@@ -28,13 +28,14 @@ runs (``gm(*inputs)``) and can be checked against the ATen graph it came from::
     >>> torch.allclose(add(mul(sin(x), sin(x)), mul(cos(x), cos(x))), torch.ones(3))
     True
 
-The contract that makes lowering simple (PrimTorch's contract too):
+The contract that makes lowering simple (the first two rules are PrimTorch's too):
 
 * pointwise prims take tensors of the SAME shape and dtype (or Python numbers) - broadcasting
   and type promotion are explicit (``broadcast_in_dim``, ``convert_element_type``);
 * reductions remove the reduced dimensions (no ``keepdim``);
 * views (``broadcast_in_dim``, ``reshape``, ``permute``, ``slice``) never copy in the compiler:
-  inductor turns them into index arithmetic;
+  inductor turns them into index arithmetic (toycomp's rule: ``torch._prims.reshape`` returns a
+  new tensor);
 * matmul-like ops are not prims: they stay ATen "extern" calls (``aten.mm``, ``aten.bmm``).
 
 Files, in reading order:
