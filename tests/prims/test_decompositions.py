@@ -67,6 +67,7 @@ OPINFO_ALIASES = {
     "log_sigmoid_forward": ["nn.functional.logsigmoid"],
     "smooth_l1_loss": ["nn.functional.smooth_l1_loss"], "huber_loss": ["nn.functional.huber_loss"],
     "native_group_norm": ["nn.functional.group_norm"],
+    "index": ["__getitem__"], "_unsafe_index": ["__getitem__"], "_unsafe_index_put": ["index_put"],
     "bitwise_and": [],  # of bools only (OpInfo's samples are ints): test_loss_rules' kl_div
 }  # fmt: skip
 GRAD_OPINFOS = {

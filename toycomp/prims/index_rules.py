@@ -53,6 +53,11 @@ def _dim(dim: int, ndim: int) -> int:
     return dim % max(ndim, 1)
 
 
+def _one_d(*tensors: Any) -> list[Any]:
+    """0-d tensors as 1-d (eager's index ops treat a 0-d tensor as one element)."""
+    return [t if t.ndim else reshape(t, [1]) for t in tensors]
+
+
 # --- reads -------------------------------------------------------------------------------------
 @register(aten.embedding.default)
 def embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
@@ -67,8 +72,8 @@ def embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_fr
 
 @register(aten.index_select.default)
 def index_select(a: Any, dim: int, index: Any) -> Any:
-    if a.ndim == 0:
-        raise Unsupported("index_select of a 0-d tensor")
+    if a.ndim == 0:  # one element, read at index 0
+        return reshape(index_select(reshape(a, [1]), 0, index), [])
     dim, k = _dim(dim, a.ndim), math.prod(index.shape)
     shape = [*a.shape[:dim], k, *a.shape[dim + 1 :]]
     index = _checked(reshape(index, [k]), a.shape[dim])
@@ -77,8 +82,8 @@ def index_select(a: Any, dim: int, index: Any) -> Any:
 
 @register(aten.gather.default)
 def gather(a: Any, dim: int, index: Any, sparse_grad: bool = False) -> Any:
-    if a.ndim == 0 or index.ndim != a.ndim:
-        raise Unsupported("gather of a 0-d tensor")
+    if a.ndim == 0 or index.ndim == 0:
+        return reshape(gather(*_one_d(a), 0, *_one_d(index)), list(index.shape))
     dim = _dim(dim, a.ndim)
     return prims.gather(a, dim, _checked(index, a.shape[dim]))
 
@@ -153,8 +158,9 @@ def scatter_value(a: Any, dim: int, index: Any, value: Any) -> Any:
 
 
 def _scatter(a: Any, dim: int, index: Any, src: Any, accumulate: bool) -> Any:
-    if a.ndim == 0 or index.ndim != a.ndim:
-        raise Unsupported("scatter into a 0-d tensor")
+    if a.ndim == 0 or index.ndim == 0:
+        out = _scatter(*_one_d(a), 0, *_one_d(index, src), accumulate)
+        return reshape(out, list(a.shape))
     dim = _dim(dim, a.ndim)
     src = convert(_fit(src, index.shape), a.dtype)
     return prims.scatter(a, dim, _checked(index, a.shape[dim]), src, accumulate)
@@ -163,7 +169,7 @@ def _scatter(a: Any, dim: int, index: Any, src: Any, accumulate: bool) -> Any:
 @register(aten.index_add.default)
 def index_add(a: Any, dim: int, index: Any, source: Any, alpha: Any = 1) -> Any:
     if a.ndim == 0:
-        raise Unsupported("index_add into a 0-d tensor")
+        return reshape(index_add(*_one_d(a), 0, index, *_one_d(source), alpha), [])
     dim = _dim(dim, a.ndim)
     k = math.prod(index.shape)
     rows = prims.broadcast_in_dim(_checked(reshape(index, [k]), a.shape[dim]), source.shape, [dim])
