@@ -61,7 +61,7 @@ class Load:
 # ``ops.indirect_indexing(value, size)``, which turns a loaded value into a new sympy symbol
 # that the index may then use. Here a Load (or a Store) carries those values itself, in
 # ``indirect``: its index may use ``ind0`` for ``indirect[0]``, ``ind1`` for ``indirect[1]``...,
-# so ``embedding(w, idx)`` with a 768-wide ``w`` is ``load(w, 768*ind0 + i1; ind0 =
+# so ``embedding(w, idx)`` with a 768-wide ``w`` is ``load(w, i1 + 768*ind0; ind0 =
 # load(idx, i0))``. The symbols are bound per Load: two loads may both use ``ind0`` for
 # different values, and the passes treat ``indirect`` as the Load's children (``walk``,
 # ``map_expr``, ``substitute`` move them with the rest of the body). Code generation computes
@@ -83,7 +83,7 @@ def is_indirect_symbol(symbol: sympy.Basic) -> bool:
 
 
 def format_index(index: sympy.Expr, indirect: tuple["Expr", ...]) -> str:
-    """``768*ind0 + i1; ind0 = load(idx, i0)``, or the index alone when nothing is indirect."""
+    """``i1 + 768*ind0; ind0 = load(idx, i0)``, or the index alone when nothing is indirect."""
     binds = [f"{indirect_symbol(k)} = {format_expr(v)}" for k, v in enumerate(indirect)]
     return "; ".join([str(index), *binds])
 

@@ -7,7 +7,7 @@ in loop_body.py): nothing is copied, and a gather of a computed value computes o
 elements read. ``scatter`` makes an ``ir.Scatter`` node (see [Note: a scatter is a buffer written
 twice] in scheduler.py). The embedding of a (50257, 768) table by ``idx`` of (1024,)::
 
-    buf0[1024, 768] = load(w, 768*ind0 + i1; ind0 = load(idx, i0))
+    buf0[1024, 768] = load(w, i1 + 768*ind0; ind0 = load(idx, i0))
 
 NB: in PyTorch this lives in torch/_inductor/lowering.py (``gather``, ``index``, ``index_put``,
 ``scatter_add``: each calls ``ops.indirect_indexing`` in its ``inner_fn``) and

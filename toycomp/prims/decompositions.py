@@ -130,7 +130,7 @@ def _hoist_checks(graph: fx.Graph) -> None:
     nll_loss's target check, emitted after the log_softmax, would otherwise stand between the
     log_softmax kernel and the loss that the scheduler fuses with it."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    inputs = [n for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]  # (a get_attr may come later)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in CHECK_OPS:
             after = max([*inputs[-1:], *node.all_input_nodes], key=order.__getitem__)

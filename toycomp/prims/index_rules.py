@@ -36,17 +36,21 @@ def _extern(op: Any, *args: Any) -> Any:
     return tracer.emit(op, args, {}) if tracer is not None else op(*args)
 
 
-def _checked(index: Any, size: int) -> Any:
-    """``index`` as int64, once each value is known to lie in ``[0, size)`` (else eager's
-    IndexError; a device-side assert on CUDA: [Note: checks that raise as eager does])."""
+def _checked(index: Any, size: int, dim: int | None = None) -> Any:
+    """``index`` as int64, once each value is known to lie in ``[0, size)``, else eager's error
+    (a device-side assert on CUDA: [Note: checks that raise as eager does]): embedding's
+    IndexError, or that of gather, scatter, index_select and index_add on ``dim``."""
     index = convert(index, torch.int64)
-    return _extern(torch.ops.toycomp.check_indices.default, index, size)
+    if dim is None:
+        return _extern(torch.ops.toycomp.check_indices.default, index, size)
+    return _extern(torch.ops.toycomp.check_bounds.default, index, 0, size, dim, True)
 
 
-def _wrapped(index: Any, size: int) -> Any:
-    """Negative indices counted from the end (``a[-1]``), then checked."""
+def _wrapped(index: Any, size: int, dim: int) -> Any:
+    """``a[idx]``'s indices checked (IndexError), then the negative ones counted from the end."""
     index = convert(index, torch.int64)
-    return _checked(prims.where(prims.lt(index, 0), prims.add(index, size), index), size)
+    index = _extern(torch.ops.toycomp.check_bounds.default, index, -size, size, dim, False)
+    return prims.where(prims.lt(index, 0), prims.add(index, size), index)
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -76,7 +80,7 @@ def index_select(a: Any, dim: int, index: Any) -> Any:
         return reshape(index_select(reshape(a, [1]), 0, index), [])
     dim, k = _dim(dim, a.ndim), math.prod(index.shape)
     shape = [*a.shape[:dim], k, *a.shape[dim + 1 :]]
-    index = _checked(reshape(index, [k]), a.shape[dim])
+    index = _checked(reshape(index, [k]), a.shape[dim], dim)
     return prims.gather(a, dim, prims.broadcast_in_dim(index, shape, [dim]))
 
 
@@ -85,7 +89,7 @@ def gather(a: Any, dim: int, index: Any, sparse_grad: bool = False) -> Any:
     if a.ndim == 0 or index.ndim == 0:
         return reshape(gather(*_one_d(a), 0, *_one_d(index)), list(index.shape))
     dim = _dim(dim, a.ndim)
-    return prims.gather(a, dim, _checked(index, a.shape[dim]))
+    return prims.gather(a, dim, _checked(index, a.shape[dim], dim))
 
 
 # [Note: advanced indexing as one gather]
@@ -112,7 +116,7 @@ def _flat_index(a: Any, indices: Sequence[Any]) -> tuple[Any, list[int], int, li
     shape = list(broadcast_shapes(*(indices[k].shape for k in positions)))
     flat = None
     for k, size in zip(positions, sizes):
-        term = broadcast_to(_wrapped(indices[k], size), shape)
+        term = broadcast_to(_wrapped(indices[k], size, k), shape)
         flat = term if flat is None else prims.add(prims.mul(flat, size), term)
     return a, perm, p0, shape, flat
 
@@ -163,7 +167,7 @@ def _scatter(a: Any, dim: int, index: Any, src: Any, accumulate: bool) -> Any:
         return reshape(out, list(a.shape))
     dim = _dim(dim, a.ndim)
     src = convert(_fit(src, index.shape), a.dtype)
-    return prims.scatter(a, dim, _checked(index, a.shape[dim]), src, accumulate)
+    return prims.scatter(a, dim, _checked(index, a.shape[dim], dim), src, accumulate)
 
 
 @register(aten.index_add.default)
@@ -172,7 +176,8 @@ def index_add(a: Any, dim: int, index: Any, source: Any, alpha: Any = 1) -> Any:
         return reshape(index_add(*_one_d(a), 0, index, *_one_d(source), alpha), [])
     dim = _dim(dim, a.ndim)
     k = math.prod(index.shape)
-    rows = prims.broadcast_in_dim(_checked(reshape(index, [k]), a.shape[dim]), source.shape, [dim])
+    index = _checked(reshape(index, [k]), a.shape[dim], dim)
+    rows = prims.broadcast_in_dim(index, source.shape, [dim])
     if alpha != 1:
         source = prims.mul(source, alpha)
     return prims.scatter(a, dim, rows, convert(source, a.dtype), True)
