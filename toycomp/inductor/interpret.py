@@ -284,6 +284,9 @@ def _index(expr: sympy.Expr, env: _Env):
         return args[0] // args[1]
     if isinstance(expr, (sympy.Add, sympy.Mul)):
         return functools.reduce(operator.add if expr.is_Add else operator.mul, args)
+    if isinstance(expr, (sympy.Min, sympy.Max)):  # (index arithmetic: a clamp)
+        pick = torch.minimum if isinstance(expr, sympy.Min) else torch.maximum
+        return functools.reduce(lambda a, b: pick(torch.as_tensor(a), torch.as_tensor(b)), args)
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return args[0] ** int(expr.exp)
     raise NotImplementedError(f"interpret: index expression {expr}")

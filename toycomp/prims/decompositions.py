@@ -20,7 +20,7 @@ written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIO
 ``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise), ``activation_rules.py``
 (activations and their backwards), ``loss_rules.py`` (elementwise losses), ``nn_rules.py``
 (softmax, nll_loss, matmuls, reductions, layer norm), ``index_rules.py`` (gathers and
-scatters), ``norm_rules.py`` (batch and group norm),
+scatters), ``shift_rules.py`` (pads, rolls, flips, cats), ``norm_rules.py`` (batch and group norm),
 ``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
 promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each one under
 ``prims.tracing(tracer)``: the prims it calls become FX nodes (the tracer, ``DecompTracer``, and
@@ -57,7 +57,7 @@ from toycomp._torch_compat import (
     schema_of,
 )
 from toycomp.prims import activation_rules, index_rules, nn_rules  # noqa: F401 (fill the table)
-from toycomp.prims import norm_rules  # noqa: F401
+from toycomp.prims import norm_rules, shift_rules  # noqa: F401
 from toycomp.prims import loss_rules, pointwise_rules, pool_rules, view_rules  # noqa: F401
 from toycomp.prims.decomp_table import CHECK_OPS, DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.decomp_tracer import (  # the tracer: Proxy, DecompTracer (re-exported)
