@@ -46,7 +46,7 @@ TRITON_OPINFOS = (
     "expand", "var", "nn.functional.batch_norm", "nn.functional.max_pool2d",
     # indirect indexing: loads, and scatters with tl.atomic_add
     "nn.functional.embedding", "index_select", "gather", "__getitem__", "index_put", "scatter",
-    "scatter_add", "index_add",
+    "scatter_add", "index_add", "constant_pad_nd", "flip", "roll", "cat", "narrow",
 )
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
@@ -65,6 +65,7 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "_softmax_backward_data": ["softmax"],
     "_to_copy": ["to", "double"],
     "_unsafe_view": ["reshape"],
+    "slice_backward": ["narrow"],
     "_unsafe_index": ["__getitem__"],
     "_unsafe_index_put": ["index_put"],
     "index": ["__getitem__"],

@@ -181,3 +181,36 @@ def test_the_embedding_gradient_is_a_scatter_not_a_one_hot_matmul():
     kernels = [s for s in steps if isinstance(s, ir.Kernel)]
     assert all(k.rnumel != 50 for k in kernels)  # nothing loops over the vocabulary
     assert any(k.scatters() for k in kernels)
+
+
+# --- shifted reads: index arithmetic, not indirect -----------------------------------------------
+SHIFTS = {
+    "pad": lambda a: F.pad(a, (1, 2, 0, 1), value=0.5).sin(),
+    "pad_crop": lambda a: F.pad(a, (-1, 2)) * 2,
+    "flip": lambda a: a.flip(0, 1).exp(),
+    "roll": lambda a: a.roll(2, 1) + a.roll(-1, 0),
+    "roll_flat": lambda a: a.roll(7),
+    "cat_unequal": lambda a: torch.cat([a, a[:, :2].exp(), a[:, 1:]], 1),
+    "slice_backward": lambda a: a[:, 1:4].exp() * 3,
+    "slice_backward_negative": lambda a: a[-2:].tanh(),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(SHIFTS))
+def test_shifted_reads_match_eager_without_fallbacks(case, backend):
+    torch.manual_seed(0)
+    a = torch.randn(3, 5)
+    _check(SHIFTS[case], a, backend=backend)
+    explained = toycomp.explain(SHIFTS[case], a.requires_grad_())
+    assert explained.fallbacks == []
+    steps = _steps(explained, "forward") + _steps(explained, "backward")
+    kernels = [s for s in steps if isinstance(s, ir.Kernel)]
+    assert not any(k.indirect() for k in kernels)  # plain index arithmetic
+
+
+def test_index_arithmetic_fuses_into_one_kernel():
+    a = torch.randn(3, 5)
+    explained = toycomp.explain(lambda a: torch.cat([a.flip(1), F.pad(a, (1, 0))], 1).sin(), a)
+    kernels = [s for s in _steps(explained, "forward") if isinstance(s, ir.Kernel)]
+    assert len(kernels) == 1 and "Min(" in repr(kernels[0])
