@@ -41,6 +41,7 @@ STAGES = [
     ("inductor/opt", "inductor/opt/"),
     ("inductor/codegen", "inductor/codegen/"),
     ("inductor", "inductor/"),
+    ("exercises", "exercises/"),
     ("glue", ""),
 ]
 STAGE_ORDER = [name for name, _ in STAGES]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import toycomp
 from toycomp.inductor import ir
-from toycomp.inductor.opt.masked_loads import MAX_TERMS, load_conditions
+from toycomp.inductor.codegen.masked_loads import MAX_TERMS, load_conditions
 from toycomp.inductor.indexing import r, x
 
 F32, BOOL = torch.float32, torch.bool

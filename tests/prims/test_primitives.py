@@ -67,9 +67,7 @@ PRIM_CHECKS = {  # name -> (args, what the prim must equal, computed another way
 
 
 def test_prim_set_is_closed_and_covered():
-    # A budget, not a count: 40 until indirect indexing added gather and scatter (every index
-    # op and its backward decompose to those two; the one-hot tricks they replace were O(N*V)).
-    assert 30 <= len(prims.PRIMS) <= 42
+    # (how many there may be is a budget: tests/test_line_budget.py)
     assert set(PRIM_CHECKS) == set(prims.PRIMS)
 
 

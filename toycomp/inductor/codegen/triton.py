@@ -63,7 +63,7 @@ from toycomp.inductor.codegen.common import (
     compute_dtype,
     operand_dtype,
 )
-from toycomp.inductor.opt.masked_loads import load_conditions
+from toycomp.inductor.codegen.masked_loads import load_conditions
 from toycomp.inductor.codegen.triton_heuristics import (
     PERSISTENT_MAX_RNUMEL,
     block_sizes,

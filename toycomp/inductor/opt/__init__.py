@@ -8,15 +8,18 @@ values and gradients are the same (docs/passes.md lists the passes, flags and ho
     hook                      flag                          pass
     after lowering            split_reductions              split_reduction.py (+ mix-order
                               triton.mix_order_reduction      reductions)
-    C++ code generation       cpp.simdlen                   libmvec.py (omp simd, vector libm,
-                                                              one sincos; cpp_prefix's macros)
+    C++ code generation       cpp.simdlen                   libmvec.py (vector libm, toycomp's
+                                                              one sincos), cpp_vector_prefix.py
                               cpp.layouts                   cpp_layout.py (columns, planes)
                               cpp.row_buffers               cpp_row_buffers.py
-    Triton code generation    triton.masked_loads           masked_loads.py
-                              triton.heuristics, ...        codegen/triton_heuristics.py
+    Triton code generation    triton.eviction_hints,        codegen/triton.py (hooks there)
+                              triton.divisible_by_16
+    at launch (CUDA)          triton.lean_launch            codegen/triton.py, _triton_compat.py
     in the wrapper            memory_planning               memory_planning.py
-    at launch                 max_autotune                  autotune.py
+    at launch (CUDA)          max_autotune                  autotune.py
     around the compiled graph triton.cudagraphs             cudagraphs.py
+
+``ladder.py`` compiles an example with the passes switched on one at a time (notebook 04).
 
 NB: in PyTorch these are Inductor's passes and backend subclasses, each switched by a flag of
 torch/_inductor/config.py (split_reductions, memory_planning, max_autotune, cpp.simdlen,
