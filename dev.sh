@@ -9,6 +9,9 @@
 #                           every notebook; ARGS go to pytest (paths among them replace the
 #                           default targets)
 #   ./dev.sh python [ARGS]  setup, then run the venv's python
+#   ./dev.sh site [--check] setup, then build the course website (site/_build/html) from the
+#                           committed notebooks, never re-executed; --check then loads every page
+#                           in headless Chromium (installed with apt-get when missing)
 #   ./dev.sh student [NN..] setup, then generate the student notebooks notebooks/0N_*.ipynb from
 #                           the solved ones in notebooks/solutions/ (all, or those numbered NN)
 #
@@ -266,6 +269,19 @@ cmd_test() {
     return "$rc"
 }
 
+# The website's own packages (requirements-site.txt), within requirements.txt's pins.
+cmd_site() {
+    setup
+    pip_install -r requirements-site.txt -c requirements.txt
+    "$VPY" site/build.py || die "the site did not build"
+    [ "${1:-}" = "--check" ] || return 0
+    if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+        apt_install chromium chromium-driver \
+            || die "the browser check needs Chromium: sudo apt-get install chromium chromium-driver"
+    fi
+    "$VPY" site/check.py
+}
+
 main() {
     local sub="${1:-}"
     [ $# -gt 0 ] && shift
@@ -274,9 +290,10 @@ main() {
         lab) cmd_lab "$@" ;;
         test) cmd_test "$@" ;;
         python) setup && exec "$VPY" "$@" ;;
+        site) cmd_site "$@" ;;
         student) setup && exec "$VPY" -m toycomp.exercises generate "$@" ;;
         *)
-            sed -n '2,17p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
+            sed -n '2,20p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
             [ -z "$sub" ] || [ "$sub" = help ]
             ;;
     esac

@@ -185,6 +185,22 @@ def column_sum_case(name: str, device: str, m: int, k: int, backward: bool) -> C
     return Case(name, "", column_sum, (_randn(m, k, device=device),), False, (m * k + k) * FLOAT)
 
 
+# Single ops on the CPU (issue 29): a lone kernel shows the C++ backend's code for one op, where
+# sin²+cos² lets fusion hide a slow sin. Each reads and writes 4M floats (32 MB, within twice
+# the L3 of the 2-core machine); log reads |x| + 1 and pow |x| so that every value is finite.
+UNARY_OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh, "exp": torch.exp,
+    "log": lambda x: torch.log(x.abs() + 1), "sigmoid": torch.sigmoid, "gelu": F.gelu,
+    "pow": lambda x: torch.pow(x.abs(), 2.5), "sum": torch.sum,
+}  # fmt: skip
+
+
+def unary_case(name: str, device: str, n: int, backward: bool) -> Case:
+    op = UNARY_OPS[name.split()[0]]
+    out = 1 if name.startswith("sum") else n
+    return Case(name, "", op, (_randn(n, device=device),), False, (n + out) * FLOAT)
+
+
 # [Note: rounds of a host-bound step]
 # A step of a few small kernels (the course's MLP: batch 32) is bound by the host, and the
 # lent GPU machine's host drifts: on the H100 its rounds spread from 0.55 to 0.95 ms for each
@@ -221,6 +237,9 @@ ROWS = [
     Row("column sum", column_sum_case,
         {"cuda": (4096, 4096), "cpu": (4096, 4096), "quick": (64, 64)}),
     Row("sin²+cos² fwd (small)", sin_cos_case, {"cuda": (4 * M,), "cpu": None, "quick": None}),
+    # single ops, on the CPU only (see UNARY_OPS)
+    *(Row(f"{op} (one op)", unary_case, {"cuda": None, "cpu": (4 * M,), "quick": (4096,)})
+      for op in UNARY_OPS),
 ]  # fmt: skip
 
 

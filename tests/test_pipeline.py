@@ -22,6 +22,14 @@ CPU_BACKENDS = ["cpp", "triton"]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(autouse=True, params=["fast", "teach"])
+def preset(request):
+    """Every test runs in both presets (toycomp.config.fast, the default, and teach): both must
+    be eager's values, gradients and behaviour."""
+    with toycomp.config.patch(**getattr(toycomp.config, request.param)):
+        yield request.param
+
+
 def sin2_cos2(x):
     return torch.sin(x) ** 2 + torch.cos(x) ** 2
 

@@ -252,13 +252,13 @@ def explain(
         dynamic: as in ``toycomp.compile``; ``True`` (or inputs marked with
             ``toycomp.mark_dynamic``) shows the graphs with symbolic sizes, their symbols
             (``explanation.symbols``), dynamic dimensions and shape guards.
-
-    ``fn`` is called once, compiled (like ``torch._dynamo.explain``): its Python side effects
-    and in-place updates of the inputs happen once.
         **kwargs: keyword arguments for ``fn``.
 
     Returns:
         An ``Explanation``: print it, or display it in a notebook.
+
+    ``fn`` is called once, compiled (like ``torch._dynamo.explain``): its Python side effects
+    and in-place updates of the inputs happen once.
     """
     check_choices(backend, partition)
     name = getattr(fn, "__qualname__", type(fn).__name__)

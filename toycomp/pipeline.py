@@ -315,7 +315,8 @@ def compile(  # noqa: A001 (torch.compile's name)
         frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
     """
     check_choices(backend, partition)
-    check_mode(mode)
+    if mode is not None:
+        check_mode(mode)
     if dynamic not in (None, True, False):
         raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
     return OptimizedFunction(fn, backend, partition, dynamic, mode, options)

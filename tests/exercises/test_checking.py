@@ -73,3 +73,42 @@ def test_record_carries_the_grade():
     bundle = verdict._repr_mimebundle_()
     assert bundle["text/plain"] == verdict.text
     assert bundle[checking.VERDICT_MIMETYPE]["score"] == 1
+
+
+# -- predictions: the expected value is hidden until a correct answer or a few wrong tries -----
+@exercise("99", 3, "guess", points=1)
+def check_guess(guess):
+    checking.expect_prediction("seven", call("seven", guess), 7, hint="count again")
+
+
+def fresh_tries(exercise_id="nb99.guess"):
+    checking.TRIES.pop(exercise_id, None)
+
+
+def test_prediction_accepts_the_right_value():
+    fresh_tries()
+    assert check_guess(lambda: 7).passed
+
+
+def test_wrong_prediction_hides_the_expected_value_until_the_last_tries():
+    fresh_tries()
+    for attempt in range(1, checking.REVEAL_AFTER):
+        verdict = check_guess(lambda: 6)
+        assert verdict.status == "failed" and "got:      6" in verdict.text
+        assert "7" not in verdict.text and f"wrong tries so far: {attempt}" in verdict.text
+    verdict = check_guess(lambda: 5)
+    assert verdict.status == "failed" and "expected: 7" in verdict.text
+
+
+def test_prediction_is_shown_after_a_correct_answer():
+    fresh_tries()
+    assert check_guess(lambda: 7).passed
+    assert "expected: 7" in check_guess(lambda: 8).text
+
+
+def test_a_not_implemented_error_with_a_message_is_an_error_not_the_stub():
+    def unfinished(t):
+        raise NotImplementedError("opcode TO_BOOL (line 1 of f)")
+
+    verdict = check_double(unfinished)
+    assert verdict.status == "error" and "opcode TO_BOOL" in verdict.text

@@ -1,22 +1,27 @@
-"""Notebook 02's checkers accept the reference solutions and reject plausible wrong ones."""
+"""Notebook 02's checkers accept the reference solutions and reject plausible wrong ones.
+
+The reference answers come from the solved notebook (tests/exercises/reference.py); the wrong
+answers (and a right one in another form) are written here.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
+from tests.exercises import reference
 from toycomp.aot.partitioners import extract_graph
 from toycomp.exercises import nb02
 
 aten = torch.ops.aten
 
 
+def solution(name: str):
+    names = {"aten": aten, "torch": torch, "fx": fx, "extract_graph": extract_graph}
+    return reference.solution("02", name, **names)
+
+
 # -- 1. tanh's joint graph --------------------------------------------------------------------
-def tanh_joint(primals_1, tangents_1):
-    tanh = aten.tanh.default(primals_1)
-    return tanh, aten.tanh_backward.default(tangents_1, tanh)
-
-
 def tanh_joint_by_formula(primals_1, tangents_1):  # also right: 1 - tanh**2 from the result
     tanh = aten.tanh.default(primals_1)
     return tanh, aten.mul.Tensor(tangents_1, aten.rsub.Scalar(aten.mul.Tensor(tanh, tanh), 1))
@@ -33,7 +38,7 @@ def tanh_joint_wrong_formula(primals_1, tangents_1):  # 1 - x**2 instead of 1 - 
 
 
 def test_tanh_joint_accepts_the_reference_and_the_formula():
-    assert nb02.check_tanh_joint(tanh_joint).passed
+    assert nb02.check_tanh_joint(solution("tanh_joint")).passed
     assert nb02.check_tanh_joint(tanh_joint_by_formula).passed
 
 
@@ -58,52 +63,66 @@ def ancestors(roots, stop=frozenset()):
     return seen
 
 
-def naive_partition(joint, save_only_primals=False):
+def partition_saving_only_primals(joint):  # wrong: the backward recomputes from the inputs
     nodes = list(joint.graph.nodes)
     primals = [n for n in nodes if n.op == "placeholder" and n.name.startswith("primals")]
     tangents = [n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")]
     outputs = list(joint.graph.output_node().args[0])
     n_fwd = joint.meta["num_fwd_outputs"]
     fwd_outputs, grads = outputs[:n_fwd], [g for g in outputs[n_fwd:] if g is not None]
+    reached = ancestors(grads, stop=set(primals))
+    saved = [n for n in primals if n in reached]
     fwd_nodes = ancestors(fwd_outputs) | set(primals)
-    reached = ancestors(grads, stop=set(primals) if save_only_primals else fwd_nodes)
-    saved = [n for n in nodes if n in reached and n in fwd_nodes]
-    if save_only_primals:  # wrong: recompute everything from the inputs
-        saved = [n for n in primals if n in reached]
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, grads, (reached - set(saved)) | set(tangents))
     return forward, backward, [n.name for n in saved]
 
 
+def reference_with_saved_reversed(joint):  # also right: the saved values in another order
+    forward, backward, saved = solution("naive_partition")(joint)
+    n_fwd, n_saved = joint.meta["num_fwd_outputs"], len(saved)
+
+    def forward_reversed(*primals):
+        out = forward(*primals)
+        return (*out[:n_fwd], *out[n_fwd:][::-1])
+
+    def backward_reversed(*args):
+        return backward(*args[:n_saved][::-1], *args[n_saved:])
+
+    return forward_reversed, backward_reversed, saved[::-1]
+
+
 def test_naive_partition_accepts_the_reference():
-    verdict = nb02.check_naive_partition(naive_partition)
+    verdict = nb02.check_naive_partition(solution("naive_partition"))
+    assert verdict.passed and verdict.cases == 4
+
+
+def test_naive_partition_accepts_the_saved_values_in_any_order():
+    verdict = nb02.check_naive_partition(reference_with_saved_reversed)
     assert verdict.passed and verdict.cases == 4
 
 
 def test_naive_partition_rejects_saving_only_the_primals():
-    verdict = nb02.check_naive_partition(lambda j: naive_partition(j, save_only_primals=True))
+    verdict = nb02.check_naive_partition(partition_saving_only_primals)
     assert verdict.status == "failed" and "case 'sin**2 + cos**2'" in verdict.text
-    assert "expected: ['primals_1', 'sin', 'cos']" in verdict.text
-    assert "got:      ['primals_1']" in verdict.text and "stop at the forward" in verdict.text
+    assert "expected: ['cos', 'primals_1', 'sin']" in verdict.text
+    assert "got:      ['primals_1']" in verdict.text
+    assert "also reads ['sin', 'cos']" in verdict.text
     assert all(len(line) <= 100 for line in verdict.text.splitlines())
 
 
+def test_naive_partition_rejects_a_saved_value_the_backward_does_not_read():
+    def saves_the_output(joint):  # sin**2 + cos**2's output is never read by its backward
+        forward, backward, saved = solution("naive_partition")(joint)
+        return forward, backward, saved + [joint.graph.output_node().args[0][0].name]
+
+    verdict = nb02.check_naive_partition(saves_the_output)
+    assert verdict.status == "failed" and "never reads ['add']" in verdict.text
+
+
 # -- 3. size_of ------------------------------------------------------------------------------
-def size_of(node):
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
-    if isinstance(val, (tuple, list)):
-        return sum(size_of_value(v) for v in val)
-    return 0
-
-
-def size_of_value(val):
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
-
-
 def test_size_of_accepts_the_reference():
-    assert nb02.check_size_of(size_of).passed
+    assert nb02.check_size_of(solution("size_of")).passed
 
 
 def test_size_of_rejects_four_bytes_per_element_and_a_crash_on_tuples():
@@ -122,7 +141,7 @@ def functional_variant(op):
     return getattr(getattr(aten, name[:-1]), overload or "default")
 
 
-def functionalize_inplace(gm, only_later_uses=True):
+def functionalize_rewriting_earlier_uses(gm):  # wrong: uses before the op see the new value
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or not node.target.name().split(".")[0].endswith("_"):
@@ -130,21 +149,19 @@ def functionalize_inplace(gm, only_later_uses=True):
         with graph.inserting_after(node):
             new = graph.call_function(functional_variant(node.target), node.args, node.kwargs)
         node.replace_all_uses_with(new)
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        later = (lambda user: order[user] > order[new]) if only_later_uses else (lambda u: u is not new)
-        node.args[0].replace_all_uses_with(new, delete_user_cb=later)
+        node.args[0].replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
         graph.erase_node(node)
     graph.lint()
     return fx.GraphModule(gm, graph)
 
 
 def test_functionalize_accepts_the_reference():
-    verdict = nb02.check_functionalize(functionalize_inplace)
+    verdict = nb02.check_functionalize(solution("functionalize_inplace"))
     assert verdict.passed and verdict.cases == 4
 
 
 def test_functionalize_rejects_rewriting_earlier_uses_and_keeping_the_old_value():
-    verdict = nb02.check_functionalize(lambda gm: functionalize_inplace(gm, only_later_uses=False))
+    verdict = nb02.check_functionalize(functionalize_rewriting_earlier_uses)
     assert verdict.status == "error" and "on case 'read_before'" in verdict.text
     assert "used before it has been defined" in verdict.text
     assert len(verdict.text.splitlines()) == 1 + 4  # the message cut to 4 lines

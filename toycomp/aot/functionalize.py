@@ -55,13 +55,14 @@ for real" below computes metadata only; given real tensors it really computes.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import TorchDispatchMode, schema_of, tree_map
+from toycomp._torch_compat import TorchDispatchMode, is_fake, schema_of, tree_flatten, tree_map
 from toycomp.aot.functional_utils import (
     AS_STRIDED_OPS,
     DATA_DEPENDENT_OPS,
@@ -112,12 +113,18 @@ class FunctionalRecorder(TorchDispatchMode):
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
             return func(*args, **kwargs)
         mutated = mutated_args(func, args, kwargs)
+        order = _memory_order(func, mutated, args)  # [Note: random ops draw in memory order]
+        if order is not None:
+            view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
+            self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
+            return args[0]
         if func.is_view or torch.Tag.inplace_view in func.tags:
             self._ensure_layout(args[0], str(func))
         nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
         if mutated:
             self.tracker.snapshot([t for _, t in mutated])
-        out = func(*args, **kwargs)
+        with _draws_nothing(func, args, kwargs):
+            out = func(*args, **kwargs)
         if not mutated:
             node = self.tracker.emit(func, nargs, nkwargs, out)
             results = self.tracker.emit_results(node, out)
@@ -363,3 +370,40 @@ def _as_list(value: Any) -> list:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
+# [Note: random ops draw nothing while tracing]
+# Traced on real tensors (Dynamo hands AOT its real example inputs), each op runs once at
+# compile time. A random op (bernoulli, native_dropout, an attention kernel with dropout: ATen
+# tags them nondeterministic_seeded) would then draw from the user's generator, and the
+# compiled function's first call would get the numbers eager's second call gets. So the
+# generators' state is put back after it, as if nothing had been drawn. (On fake tensors
+# nothing is drawn.)
+def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A context that restores the RNG state of the devices of ``func``'s tensor arguments."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return contextlib.nullcontext()
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    if any(is_fake(t) for t in tensors):
+        return contextlib.nullcontext()
+    cuda = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    return torch.random.fork_rng(devices=cuda, device_type="cuda")
+
+
+# [Note: random ops draw in memory order]
+# An in-place random op (the bernoulli_ of dropout on a transposed tensor) fills its tensor in
+# memory order; its out-of-place twin (bernoulli.p) returns a new contiguous tensor filled in
+# *its* order. On a tensor whose memory order is not its logical order the same numbers would
+# land elsewhere, and the compiled dropout would drop other elements than eager's. So such an
+# op is recorded on the permutation of its tensor that is contiguous (a view): the functional
+# twin then draws the numbers where eager wrote them.
+def _memory_order(func: Any, mutated: list, args: tuple) -> list[int] | None:
+    """The dims of the tensor an in-place random op fills, outermost in memory first, when that
+    is not their logical order (and the tensor is dense: a permutation makes it contiguous)."""
+    if len(mutated) != 1 or torch.Tag.nondeterministic_seeded not in func.tags:
+        return None
+    if not args or mutated[0][1] is not args[0]:  # (they all fill their first argument)
+        return None
+    t = mutated[0][1]
+    if t.is_contiguous() or func is aten.permute.default:
+        return None
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return order if t.permute(order).is_contiguous() else None

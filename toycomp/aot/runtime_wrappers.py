@@ -347,7 +347,8 @@ def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
     with storage offset 0 ([Note: as_strided reads memory]), so ``AOTOutput`` checks that.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:num_inputs]
-    uses = [{user.target for user in node.users} for node in placeholders]
+    uses = [{user.target for user in node.users} if isinstance(node.meta.get("val"), torch.Tensor)
+            else set() for node in placeholders]  # (a size input is an argument of as_strided)
     return [i for i, targets in enumerate(uses) if aten.as_strided.default in targets]
 
 

@@ -128,7 +128,8 @@ class TensorTracker:
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
-        """One node per tensor result of ``node``: itself, or a getitem per tuple element."""
+        """One node per tensor result of ``node``: itself, or a getitem per tuple element
+        (None for an element that is not a tensor: [Note: results that are not tensors])."""
         if isinstance(val, torch.Tensor):
             return [node]
         if is_symbolic(val):  # aten.sym_size.int & co: the node computes that size from now on
@@ -140,13 +141,24 @@ class TensorTracker:
         devices = node.meta["device"]
         nodes: list[fx.Node | None] = []
         for i, item in enumerate(val):
-            if item is not None and not isinstance(item, torch.Tensor):
-                raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {item!r}")
             device = devices[i] if isinstance(devices, tuple) else devices
-            getitem = None if item is None else self.emit(operator.getitem, (node, i), {}, item,
-                                                          device)  # fmt: skip
-            nodes.append(getitem)
+            if isinstance(item, torch.Tensor):
+                nodes.append(self.emit(operator.getitem, (node, i), {}, item, device))
+                continue
+            if is_symbolic(item) and sym_expr(item) not in self.sym_nodes:
+                self.emit_results(self.emit(operator.getitem, (node, i), {}, item, None), item)
+            elif item is not None and type(item) is not int and not is_symbolic(item):
+                raise RuntimeError(f"toycomp.aot: {node.target} returned a {item!r}")
+            nodes.append(None)
         return nodes
+
+    # [Note: results that are not tensors]
+    # An op may return numbers and None among its tensors: on CUDA, flash and cuDNN attention
+    # return the sequence lengths (max_q, max_k: SymInts in the schema) for their backward, and
+    # None for the cumulative lengths of nested inputs. They are not values to track: autograd
+    # hands the backward the same numbers, which the graph holds as literals (an int) or as
+    # the node computing them (a SymInt: a getitem of the op's result when no node computes
+    # that size yet). Like make_fx, which records a returned int as a constant.
 
     # -- which node holds which tensor ---------------------------------------------------------
     def track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> Tracked:

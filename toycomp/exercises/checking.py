@@ -9,8 +9,13 @@ returns it. It never lets an exception out, so a student notebook runs to the en
 
 - every case passed: ``✓ nb02 ex1 default_partition: passed (3 cases)``;
 - a case failed: ``✗ ...: wrong on case 'mlp'`` then ``expected:``, ``got:`` and ``hint:`` lines;
-- the student's code raised ``NotImplementedError`` (the stub): ``… ...: not solved yet``;
-- the student's code raised another exception: the case, the exception's type and message.
+- the student's code raised a bare ``NotImplementedError()`` (the stub): ``… ...: not solved yet``;
+- the student's code raised another exception: the case, the exception's type and message,
+  and a hint where the check gives one (:func:`hint_on_error`).
+
+A prediction ("how many graphs does this make?") is checked with :func:`expect_prediction`,
+which names a wrong prediction but shows the expected value only after a correct answer or
+``REVEAL_AFTER`` wrong tries of that exercise in the kernel.
 
 Example (a check for ``double(t) = 2 * t``, written as in ``nb0N.py``):
 
@@ -47,11 +52,12 @@ NB: PyTorch has no counterpart; this plays the part of nbgrader's autograded tes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -64,6 +70,9 @@ MAX_LINES = 4  # the most lines a hint or an error message takes
 EXERCISES: dict[str, Exercise] = {}
 # The last verdict of each exercise checked in this process (what a grader reads in-process).
 RESULTS: dict[str, Verdict] = {}
+# Wrong answers so far to each prediction exercise in this process (see expect_prediction).
+TRIES: dict[str, int] = {}
+REVEAL_AFTER = 3  # a prediction's expected value is shown from this wrong try on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,16 +146,21 @@ class Failure(Exception):
         return [head, *body]
 
 
+class WrongPrediction(Failure):
+    """A wrong prediction (see :func:`expect_prediction`): counted as one try of the exercise."""
+
+
 class NotSolved(Exception):
     """The student's code raised NotImplementedError: the stub is still there."""
 
 
 class StudentError(Exception):
-    """The student's code raised an exception (other than NotImplementedError) on ``case``."""
+    """The student's code raised an exception (other than the stub's) on ``case``; ``hint``
+    (set by :func:`hint_on_error`) says what usually causes it."""
 
-    def __init__(self, case: str, error: BaseException):
+    def __init__(self, case: str, error: BaseException, hint: str = ""):
         super().__init__(case)
-        self.case, self.error = case, error
+        self.case, self.error, self.hint = case, error, hint
 
 
 def call(case: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -156,11 +170,24 @@ def call(case: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
+        if str(e):  # not the stub's bare NotImplementedError(): a limit the code reports
+            raise StudentError(case, e) from e
         raise NotSolved() from e
     except (Failure, NotSolved, StudentError):
         raise
     except Exception as e:  # noqa: BLE001  (any error of the student's code is a verdict)
         raise StudentError(case, e) from e
+
+
+@contextlib.contextmanager
+def hint_on_error(hint: str | Callable[[BaseException], str]) -> Iterator[None]:
+    """Give the verdict of an exception raised by the student's code inside the block a hint:
+    a text, or a function of the exception (a raw message alone rarely says what to change)."""
+    try:
+        yield
+    except StudentError as e:
+        e.hint = e.hint or (hint(e.error) if callable(hint) else hint)
+        raise
 
 
 def expect(ok: bool, case: str, expected: Any = None, got: Any = None, hint: str = "") -> None:
@@ -191,6 +218,25 @@ def expect_close(case: str, got: Any, expected: torch.Tensor, hint: str = "",
         at = f"{describe(expected)}, element {where}:"
         raise Failure(case, Text(f"{at} {expected[tuple(where)].item():.6g}"),
                       Text(f"{at} {got[tuple(where)].item():.6g}"), hint)  # fmt: skip
+
+
+# [Note: predictions are not multiple choice]
+# A prediction exercise asks for small numbers ("how many graphs?"). A verdict that printed the
+# expected value on a wrong guess would let a student copy it without predicting anything, so
+# the expected value stays hidden until the exercise was passed once in this kernel or answered
+# wrongly REVEAL_AFTER times: by then the student has tried, and the answer helps them understand.
+# TRIES counts the wrong checks per exercise; ``judge`` updates it.
+def expect_prediction(case: str, got: Any, expected: Any, hint: str = "") -> None:
+    """Fail unless the prediction ``got == expected``; the expected value is shown only after a
+    correct answer or REVEAL_AFTER wrong tries (see the Note above)."""
+    if got == expected:
+        return
+    ex = CaseCounter.active[-1].exercise if CaseCounter.active else None
+    tries = TRIES.get(ex.id, 0) + 1 if ex is not None else REVEAL_AFTER
+    if tries < REVEAL_AFTER:
+        expected = Text(f"(shown after a correct answer or {REVEAL_AFTER} wrong tries; "
+                        f"wrong tries so far: {tries})")  # fmt: skip
+    raise WrongPrediction(case, expected, got, hint)
 
 
 def describe(t: torch.Tensor) -> str:
@@ -258,7 +304,7 @@ def exercise(notebook: str, number: int, name: str, points: int = 1) -> Callable
 
 def judge(ex: Exercise, check: Callable, args: tuple, kwargs: dict) -> Verdict:
     """Run ``check`` and turn its outcome into a Verdict."""
-    counter = CaseCounter()
+    counter = CaseCounter(ex)
     try:
         with counter:
             check(*args, **kwargs)
@@ -266,25 +312,30 @@ def judge(ex: Exercise, check: Callable, args: tuple, kwargs: dict) -> Verdict:
         why = "not solved yet (the exercise cell raises NotImplementedError)"
         return Verdict(ex, "not solved", shorten(f"… {ex.label}: {why}", WIDTH))
     except Failure as failure:
+        if isinstance(failure, WrongPrediction):
+            TRIES[ex.id] = TRIES.get(ex.id, 0) + 1
         head, *body = failure.lines()
         text = "\n".join([shorten(f"✗ {ex.label}: {head}", WIDTH), *body])
         return Verdict(ex, "failed", text, counter.count)
     except StudentError as e:
         kind = type(e.error).__name__
         head = shorten(f"✗ {ex.label}: your code raised {kind} on case {e.case!r}", WIDTH)
-        text = "\n".join([head, labelled("message:", str(e.error) or kind, raw=True)])
+        lines = [head, labelled("message:", str(e.error) or kind, raw=True)]
+        text = "\n".join(lines + [labelled("hint:", e.hint, raw=True)] * bool(e.hint))
         return Verdict(ex, "error", text, counter.count)
+    TRIES[ex.id] = max(TRIES.get(ex.id, 0), REVEAL_AFTER)  # passed: no prediction left to hide
     n = counter.count
     cases = f" ({n} case{'s' * (n != 1)})" if n else ""
     return Verdict(ex, "passed", f"✓ {ex.label}: passed{cases}", n)
 
 
 class CaseCounter:
-    """Counts the distinct cases passed to :func:`call` while a check runs."""
+    """Counts the distinct cases passed to :func:`call` while the check of ``exercise`` runs."""
 
     active: list[CaseCounter] = []
 
-    def __init__(self) -> None:
+    def __init__(self, exercise: Exercise | None = None) -> None:
+        self.exercise = exercise
         self.cases: set[str] = set()
 
     @property

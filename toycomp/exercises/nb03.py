@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 import toycomp.prims as prims
 from toycomp._torch_compat import aten_decomposition
-from toycomp.exercises.checking import call, exercise, expect, expect_close, expect_equal
+from toycomp.exercises.checking import (call, exercise, expect, expect_close, expect_equal,
+                                        hint_on_error)  # fmt: skip
 from toycomp.prims import helpers
 from toycomp.prims.decompositions import DecompTracer, Proxy
 from toycomp.tensor_utils import to_meta
@@ -62,6 +63,25 @@ def trace_prims(fn: Callable, inputs: list[torch.Tensor], *consts: Any) -> fx.Gr
 def _targets(gm: fx.GraphModule) -> list[str]:
     return [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
             if n.op == "call_function"]  # fmt: skip
+
+
+def _proxy_hint(what: str) -> Callable[[BaseException], str]:
+    """A hint for an exception raised while tracing the student's ``what`` on Proxy values."""
+
+    def hint(error: BaseException) -> str:
+        message = str(error)
+        if "Proxy" in message:  # a torch or ATen function was given a Proxy
+            return (f"the check traces {what} on Proxy values, which torch and ATen functions "
+                    "refuse: write it with prims.* only (and toycomp.prims.helpers)")  # fmt: skip
+        if message.startswith("expected the result of prims"):
+            return f"{what} returns the value of its last prim (a Proxy while the check traces)"
+        if "prims" in message or isinstance(error, (RuntimeError, ValueError)):
+            return (f"a prim refused its arguments: each prim checks its contract (same shapes, "
+                    f"same dtypes, valid dims); read its docstring in toycomp/prims/ and check "
+                    f"what {what} passes it")  # fmt: skip
+        return ""
+
+    return hint
 
 
 def _tolerances(dtype: torch.dtype) -> dict[str, float]:
@@ -110,14 +130,23 @@ def check_broadcast(broadcast: Callable) -> None:
     for src, dst in cases:
         name = f"{src} -> {dst}"
         a = _randn(*src, seed=len(src))
-        gm = call(name, trace_prims, lambda p: broadcast(p, dst), [a])
+        hint = ("shapes align on the right, as in NumPy: broadcast_dimensions[i] is the output "
+                "dim that dim i of a becomes; a is returned as it is when the shapes agree")
+        with hint_on_error(_broadcast_error_hint):
+            gm = call(name, trace_prims, lambda p: broadcast(p, dst), [a])
         want_gm = trace_prims(lambda p: helpers.broadcast_to(p, dst), [a])
-        hint = ("dim i of a becomes dim i + (len(shape) - a.ndim): shapes align on the right; "
-                "a is returned as it is when the shapes already agree")  # fmt: skip
         got_calls = [(t, n.args[1:]) for t, n in zip(_targets(gm), _calls(gm))]
         want_calls = [(t, n.args[1:]) for t, n in zip(_targets(want_gm), _calls(want_gm))]
         expect_equal(name, got_calls, want_calls, hint)
         expect_close(name, gm(a), torch.broadcast_to(a, dst), hint)
+
+
+def _broadcast_error_hint(error: BaseException) -> str:
+    if "Proxy" in str(error):
+        return _proxy_hint("broadcast")(error)
+    return ("prims.broadcast_in_dim(a, shape, broadcast_dimensions): dim i of a becomes output "
+            "dim broadcast_dimensions[i], whose size must equal a's (or a's be 1); shapes align "
+            "on the right")  # fmt: skip
 
 
 def _calls(gm: fx.GraphModule) -> list[fx.Node]:
@@ -127,10 +156,15 @@ def _calls(gm: fx.GraphModule) -> list[fx.Node]:
 # -- 3 and 4. decompositions --------------------------------------------------------------------
 def _check_decomposition(name: str, fn: Callable, inputs: list[torch.Tensor], consts: tuple,
                          want: torch.Tensor, hint: str) -> fx.GraphModule:  # fmt: skip
-    gm = call(name, trace_prims, fn, inputs, *consts)
+    with hint_on_error(_proxy_hint("the decomposition")):
+        gm = call(name, trace_prims, fn, inputs, *consts)
     not_prims = [t for t, n in zip(_targets(gm), _calls(gm)) if not prims.is_prim(n.target)]
     expect(not not_prims, name, "prims only", not_prims, "write the decomposition with prims.*")
-    expect_close(name, gm(*inputs), want, hint, **_tolerances(want.dtype))
+    got = gm(*inputs)
+    expect(got.dtype == want.dtype, name, want.dtype, got.dtype,
+           "the result has the input's dtype: upcast computes float16 in float32, then convert "
+           "the result back (helpers.convert)")  # fmt: skip
+    expect_close(name, got, want, hint, **_tolerances(want.dtype))
     return gm
 
 

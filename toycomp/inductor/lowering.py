@@ -247,7 +247,9 @@ class GraphLowering:
     def multi_output_extern(self, node: Node, kernel: str, fallback: bool, out: Any) -> None:
         """An extern call returning a tuple: one ``MultiOutput`` buffer per tensor in it; the
         FX graph reads them through ``getitem`` nodes (env holds a tuple of TensorValues)."""
-        if not all(isinstance(t, torch.Tensor) or t is None for t in out):
+        # numbers among the results (flash attention's max_q): no buffer, their getitems are
+        # sizes ([Note: results that are not tensors] in toycomp/aot/tensor_tracker.py)
+        if not all(isinstance(t, (torch.Tensor, int)) or t is None or is_symbolic(t) for t in out):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns non-tensors: {out}")
         args, kwargs = _map_nodes((node.args, node.kwargs), self.extern_arg)
         if not any(isinstance(t, torch.Tensor) for t in out):
@@ -258,7 +260,7 @@ class GraphLowering:
         if not any(isinstance(out[k], torch.Tensor) for k in read):
             read = set()  # (none of the elements read is a tensor: keep them all, as before)
         for k, t in enumerate(out):
-            if t is None or (read and k not in read):  # one nobody reads: never checked
+            if not isinstance(t, torch.Tensor) or (read and k not in read):  # nobody reads it
                 values.append(None)
                 continue
             size, stride = self.sizevars.shape(t), self.sizevars.stride(t)

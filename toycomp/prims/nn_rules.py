@@ -52,6 +52,18 @@ def softmax(a: Any, dim: int, half_to_float: bool = False) -> Any:
     return convert(out, torch.float32 if half_to_float else dtype)
 
 
+@register(aten._safe_softmax.default)
+def safe_softmax(a: Any, dim: int, dtype: torch.dtype | None = None) -> Any:
+    """The math attention's softmax: a row whose scores are all -inf (every key masked out)
+    gives zeros where ``_softmax`` gives NaN. Its gradient is ``_softmax``'s."""
+    x, out_dtype = upcast(a if dtype is None else convert(a, dtype))
+    dims = reduction_dims(a, [dim])
+    peak = expand_back(prims.amax(x, dims), x.shape, dims)
+    e = prims.exp(prims.sub(x, peak))
+    out = prims.div(e, expand_back(prims.sum(e, dims), x.shape, dims))
+    return convert(prims.where(prims.ne(peak, float("-inf")), out, 0.0), out_dtype)
+
+
 @register(aten._log_softmax.default)
 def log_softmax(a: Any, dim: int, half_to_float: bool = False) -> Any:
     x, dtype = upcast(a)

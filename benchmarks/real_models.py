@@ -1,0 +1,284 @@
+"""The models people train, one training step each: transformers and timm, fp32 and bf16 autocast.
+
+    python benchmarks/real_models.py                          # every model, fp32, one process each
+    python benchmarks/real_models.py --models gpt2 llama --dtype bf16 --json out.json
+    python benchmarks/real_models.py --time gpt2 --out r.jsonl   # one model (what the above runs)
+
+A step is the model's forward with its own loss (transformers: ``model(input_ids=...,
+labels=...).loss``; timm: cross-entropy over its logits), then backward, from random weights
+(fixed seed), in train mode with every dropout probability 0 (so each compiler computes eager's
+function; BatchNorm updates its running statistics). ``--dtype bf16`` runs the forward and the
+loss under ``torch.autocast(device, dtype=torch.bfloat16)``, as mixed-precision training does;
+fp32 runs with TF32 off. Compilers: TorchInductor (``torch.compile``), toycomp behind Dynamo
+(``torch.compile(backend=toycomp_backend)``) and ``toycomp.compile``; each compiles its own copy
+of the model, so every step starts from the same weights and buffers.
+
+Each model runs in its own process, which first checks every compiled step against eager: the
+loss and every gradient and float buffer must be within ten times eager's own error of a float64
+run of eager (``models.rounding_mismatch``; under autocast eager's error is bf16's, so the bound
+follows). A model that differs is reported, not timed. Then eager's and the compiled steps are
+timed taking turns (``timing.per_call_seconds_in_turns``), and the table gives each compiler's
+speed-up over eager and toycomp's step time over Inductor's. The transformers models need the
+``transformers`` package, the timm ones ``timm``: a model whose package is missing is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ modules
+import models  # noqa: E402
+import timing  # noqa: E402
+
+COMPILERS = models.COMPILERS
+
+
+# --- the models: name -> (package, builder); a builder returns (model, batch, loss of a call) ----
+def _transformers_model(kind: str, device: str, small: bool):
+    import transformers as hf
+
+    layers, width, seq, batch = (2, 64, 16, 2) if small else (6, 512, 256, 8)
+    common = dict(vocab_size=1000 if small else 32000)
+    if kind == "gpt2":
+        config = hf.GPT2Config(n_layer=layers, n_embd=width, n_head=8, n_positions=seq,
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        model = hf.GPT2LMHeadModel(config)
+    elif kind == "bert":
+        config = hf.BertConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=8,
+                               intermediate_size=4 * width, max_position_embeddings=seq,
+                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+        model = hf.BertForMaskedLM(config)
+    elif kind == "llama":
+        config = hf.LlamaConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=8,
+                                num_key_value_heads=2, intermediate_size=4 * width,
+                                max_position_embeddings=seq, attention_dropout=0.0, **common)
+        model = hf.LlamaForCausalLM(config)
+    elif kind == "t5":
+        config = hf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=width,
+                             d_kv=width // 8, d_ff=4 * width, num_heads=8, dropout_rate=0.0,
+                             **common)
+        model = hf.T5ForConditionalGeneration(config)
+    else:
+        raise ValueError(kind)
+    torch.manual_seed(1)
+    ids = torch.randint(0, common["vocab_size"], (batch, seq), device=device)
+    inputs = {"input_ids": ids, "labels": ids}
+    if kind == "t5":
+        inputs["decoder_input_ids"] = ids
+    return model.to(device), inputs, lambda m, b: m(**b).loss
+
+
+def _timm_model(name: str, device: str, small: bool):
+    import timm
+
+    model = timm.create_model(name, pretrained=False, drop_rate=0.0, drop_path_rate=0.0)
+    size = 2 if small else 32
+    torch.manual_seed(1)
+    x = torch.randn(size, 3, 224, 224, device=device)
+    y = torch.randint(0, model.num_classes, (size,), device=device)
+    return model.to(device), {"x": x, "y": y}, lambda m, b: F.cross_entropy(m(b["x"]), b["y"])
+
+
+TRANSFORMERS = ("gpt2", "bert", "llama", "t5")
+TIMM = ("convnext_tiny", "efficientnet_b0", "vit_small_patch16_224", "swin_tiny_patch4_window7_224",
+        "mixer_b16_224", "regnetx_016", "mobilenetv3_large_100", "densenet121", "resnet50")
+MODELS = TRANSFORMERS + TIMM
+
+
+def build(name: str, device: str, small: bool = False):
+    torch.manual_seed(0)
+    if name in TRANSFORMERS:
+        model, batch, loss_of = _transformers_model(name, device, small)
+    else:
+        model, batch, loss_of = _timm_model(name, device, small)
+    return model.train(), batch, loss_of
+
+
+def have_package(name: str) -> bool:
+    package = "transformers" if name in TRANSFORMERS else "timm"
+    try:
+        __import__(package)
+    except ImportError:
+        return False
+    return True
+
+
+# --- one step -------------------------------------------------------------------------------
+def autocast(device: str, dtype: str):
+    if dtype == "bf16":
+        return torch.autocast(device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(model, forward, batch, loss_of, device: str, dtype: str):
+    """The loss, and every gradient and float buffer of ``model`` after one step by ``forward``."""
+    model.zero_grad(set_to_none=True)
+    with autocast(device, dtype):
+        loss = loss_of(forward, batch)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
+    return loss.detach().float(), grads | buffers
+
+
+def float64_step(model, batch, loss_of, device: str):
+    model64 = copy.deepcopy(model).double()
+    batch64 = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+    return train_step(model64, model64, batch64, loss_of, device, "fp32")
+
+
+def compile_model(model, compiler: str) -> Callable:
+    return models.compile_model(model, compiler)
+
+
+def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool) -> list[dict]:
+    """Check each compiler's step on ``name`` against eager, then time them all in turns."""
+    model, batch, loss_of = build(name, device, small)
+    want64 = float64_step(model, batch, loss_of, device)
+    eager_model = copy.deepcopy(model)
+    want = train_step(eager_model, eager_model, batch, loss_of, device, dtype)
+
+    def lean(m, forward):
+        def step():
+            m.zero_grad(set_to_none=True)
+            with autocast(device, dtype):
+                loss = loss_of(forward, batch)
+            loss.backward()
+        return step
+
+    results, steps = [], {"eager": lean(eager_model, eager_model)}
+    for compiler in COMPILERS:
+        result = {"model": name, "dtype": dtype, "compiler": compiler}
+        mine = copy.deepcopy(model)
+        try:
+            compiled = compile_model(mine, compiler)
+            start = time.perf_counter()
+            got = train_step(mine, compiled, batch, loss_of, device, dtype)
+            timing.synchronize(device)
+            result["first_call_s"] = time.perf_counter() - start
+            problem = models.rounding_mismatch(got, want, want64)
+        except Exception as e:  # reported in the table
+            problem = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            result["status"] = "error"
+        if problem:
+            result.setdefault("status", "FAILED")
+            result["message"] = problem
+        else:
+            result["status"] = "ok"
+            steps[compiler] = lean(mine, compiled)
+        results.append(result)
+        print(f"  {name} {dtype}, {compiler}: {result['status']} {result.get('message', '')}",
+              file=sys.stderr, flush=True)
+    del want64, want
+    calls = timing.per_call_seconds_in_turns(steps, device, budget_s * len(steps))
+    measured = {c: {"call_s": statistics.median(calls[c]), "call_s_rounds": calls[c]}
+                for c in steps}  # fmt: skip
+    return [r | {"eager": measured["eager"], "compiled": measured[r["compiler"]]}
+            if r["status"] == "ok" else r for r in results]  # fmt: skip
+
+
+def time_one(args) -> None:
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        results = time_model(args.time, args.device, args.dtype, args.budget, args.small)
+    except Exception as e:  # reported in the table
+        message = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        results = [{"model": args.time, "dtype": args.dtype, "compiler": c, "status": "error",
+                    "message": message} for c in COMPILERS]  # fmt: skip
+    with open(args.out, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in results)
+
+
+def run_all(names, device: str, dtype: str, budget_s: float, small: bool, timeout_s: float):
+    """Each model in its own process (``--time``); the processes share ``timeout_s``."""
+    results, deadline = [], time.monotonic() + timeout_s
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, name in enumerate(names):
+            if not have_package(name):
+                print(f"  {name}: its package is not installed here; skipped", file=sys.stderr)
+                continue
+            out = os.path.join(tmp, f"{name}.jsonl")
+            limit = max(30.0, deadline - time.monotonic() - 30 * (len(names) - 1 - i))
+            cmd = [sys.executable, os.path.abspath(__file__), "--time", name, "--out", out,
+                   "--device", device, "--dtype", dtype, "--budget", str(budget_s)]
+            try:
+                subprocess.run(cmd + (["--small"] if small else []), timeout=limit, check=False)
+            except subprocess.TimeoutExpired:
+                print(f"  {name}: stopped after {limit:.0f}s", file=sys.stderr)
+            done = []
+            if os.path.exists(out):
+                with open(out) as f:
+                    done = [json.loads(line) for line in f if line.strip()]
+            results += done or [{"model": name, "dtype": dtype, "compiler": c,
+                                 "status": "timeout"} for c in COMPILERS]  # fmt: skip
+    return results
+
+
+def print_table(results: list[dict], device: str) -> None:
+    by = {(r["model"], r["compiler"]): r for r in results}
+    names = list(dict.fromkeys(r["model"] for r in results))
+    ours = [c for c in COMPILERS if c != "inductor"]
+    dtype = results[0]["dtype"] if results else "-"
+    print(f"\none training step ({device}, {dtype}, train mode), speed-up over eager, and step "
+          "time over Inductor's (a model's steps take turns in one process)")
+    print(f"{'model':<30}{'eager':>10}" + "".join(f"{c:>17}" for c in COMPILERS)
+          + "".join(f"{c + ' / inductor':>27}" for c in ours))  # fmt: skip
+    for m in names:
+        eager = next((r["eager"]["call_s"] for c in COMPILERS
+                      if "eager" in (r := by.get((m, c)) or {})), None)  # fmt: skip
+        print(f"{m:<30}{'-' if eager is None else f'{eager * 1e3:.1f}ms':>10}"
+              + "".join(f"{models.speedup(by.get((m, c))):>17}" for c in COMPILERS)
+              + "".join(f"{models.against_inductor(by, m, c):>27}" for c in ours))
+    ratios = {c: [by[(m, c)]["compiled"]["call_s"] / by[(m, "inductor")]["compiled"]["call_s"]
+                  for m in names if models.against_inductor(by, m, c) != "-"] for c in ours}
+    for c, values in ratios.items():
+        if values:
+            gmean = statistics.geometric_mean(values)
+            print(f"geometric mean of {c} / inductor over {len(values)} models: {gmean:.3f}")
+    for r in results:
+        if r.get("status") != "ok":
+            print(f"  {r['model']}, {r['compiler']}: {r['status']} {r.get('message', '')}")
+        elif "first_call_s" in r:
+            print(f"  {r['model']}, {r['compiler']}: first call (compile + step) "
+                  f"{r['first_call_s']:.1f}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--small", action="store_true", help="tiny configs and batches (a smoke run)")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds a timing")
+    parser.add_argument("--timeout", type=float, default=3000.0, help="seconds for all models")
+    parser.add_argument("--json", help="store the results here")
+    parser.add_argument("--time", choices=MODELS, help="one model in this process")
+    parser.add_argument("--out", help="--time: append one JSON line per compiler here")
+    args = parser.parse_args()
+    if args.time:
+        time_one(args)
+        return
+    results = run_all(args.models, args.device, args.dtype, args.budget, args.small, args.timeout)
+    print_table(results, args.device)
+    if args.json:
+        meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                "torch": torch.__version__, "dtype": args.dtype, "small": args.small}
+        with open(args.json, "w") as f:
+            json.dump(meta | {"results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
