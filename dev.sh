@@ -14,10 +14,14 @@
 #                           in headless Chromium (installed with apt-get when missing)
 #   ./dev.sh student [NN..] setup, then generate the student notebooks notebooks/0N_*.ipynb from
 #                           the solved ones in notebooks/solutions/ (all, or those numbered NN)
+#   ./dev.sh bundle DIR     setup, then write the student release into DIR (student notebooks,
+#                           the package, benchmarks/; no solutions, no tests), checked for
+#                           solution lines
 #
 # Set-up is idempotent: it reinstalls only when requirements.txt, pyproject.toml, this script or the
 # Python version changed (a hash stamp kept in .venv). Environment: PYTHON picks the interpreter
-# that creates .venv; PIP_EXTRA_INDEX_URL etc. reach pip as usual.
+# that creates .venv; PIP_EXTRA_INDEX_URL etc. reach pip as usual; ATEN_CPU_CAPABILITY
+# (default, avx2, avx512) and OMP_NUM_THREADS reach PyTorch in the tests and notebook kernels.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -251,7 +255,16 @@ cmd_test() {
         # The student notebooks must be what the solved ones generate (sources; nbval checks
         # the outputs of both).
         "$VPY" -m toycomp.exercises check || die "the student notebooks are stale (./dev.sh student)"
-        targets=(tests "${notebooks[@]}")
+        # (the student release has no tests/)
+        [ -d tests ] && targets=(tests) || targets=()
+        targets+=("${notebooks[@]}")
+    fi
+    # Each notebook's run time, printed after the tests (.ci/notebook_times.py; not in the
+    # student release). PYTHONPATH reaches the notebook kernels too, harmlessly.
+    local env=()
+    if [ -f "$ROOT/.ci/notebook_times.py" ]; then
+        env=(env "PYTHONPATH=$ROOT/.ci${PYTHONPATH:+:$PYTHONPATH}")
+        opts=(-p notebook_times ${opts[@]+"${opts[@]}"})
     fi
     command -v dot >/dev/null 2>&1 \
         || warn "without \`dot\`, notebook cells that draw graphs will not match their stored SVG"
@@ -261,8 +274,10 @@ cmd_test() {
         --nbval-cell-timeout=240 --nbval-kernel-startup-timeout=120
         ${opts[@]+"${opts[@]}"} "${targets[@]}")
     say "running: python ${cmd[*]:1}"
+    [ -z "${ATEN_CPU_CAPABILITY:-}${OMP_NUM_THREADS:-}" ] || say "with" \
+        "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
     set +e
-    "${cmd[@]}"
+    ${env[@]+"${env[@]}"} "${cmd[@]}"
     local rc=$?
     set -e
     [ "$rc" -eq 5 ] && warn "pytest collected no tests"
@@ -292,8 +307,12 @@ main() {
         python) setup && exec "$VPY" "$@" ;;
         site) cmd_site "$@" ;;
         student) setup && exec "$VPY" -m toycomp.exercises generate "$@" ;;
+        bundle)
+            [ $# -eq 1 ] || die "usage: ./dev.sh bundle DIR"
+            setup && exec "$VPY" -m toycomp.exercises bundle "$1"
+            ;;
         *)
-            sed -n '2,20p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
+            sed -n '2,24p' "$ROOT/dev.sh" | sed 's/^# \{0,1\}//'
             [ -z "$sub" ] || [ "$sub" = help ]
             ;;
     esac

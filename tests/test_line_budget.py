@@ -42,15 +42,15 @@ TEACH_PATH_TOTAL = 4400
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter)
 PACKAGE_BUDGET = {
     "capture": 5500,
-    "aot": 2150,
-    "prims": 3700,
-    "inductor": 4150,
-    "inductor/codegen": 2530,
+    "aot": 2200,
+    "prims": 3800,
+    "inductor": 4250,
+    "inductor/codegen": 2650,
     "inductor/opt": 2450,
-    "exercises": 1600,
+    "exercises": 1700,
     "glue": 2300,
 }
-PACKAGE_TOTAL = 24100
+PACKAGE_TOTAL = 24450
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 

@@ -309,7 +309,7 @@ def empty_strided_cuda(size, stride, dtype, device=None):  # inductor/wrapper.py
     return torch._C._dynamo.guards._empty_strided_cuda(size, stride, dtype)
 
 
-def clear_cublas_workspaces() -> None:  # inductor/cudagraphs.py: around each capture
+def clear_cublas_workspaces() -> None:  # inductor/opt/cudagraphs.py: around each capture
     """Free cuBLAS's cached workspaces (one per handle and stream), so the next matmul
     allocates a new one: inside a capture, from the graph's own pool (Inductor's
     ``clear_cublass_cache`` in cudagraph_trees.py)."""

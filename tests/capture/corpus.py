@@ -28,6 +28,7 @@ class Case:
     reset: Callable[[], None] | None = None
     grad: bool = False  # also compare gradients of the inputs
     dynamo_differs: str | None = None  # why graph_count may differ from Dynamo's
+    whole_frame: bool = False  # Dynamo compiles it with no graph break: toycomp must too
 
 
 CASES: dict[str, Case] = {}
@@ -122,7 +123,8 @@ def comprehension_over_tensors(x):
     return torch.stack(parts), {k: k * k for k in range(3)}
 
 
-@case(lambda: [(t(3), "relu"), (t(3, seed=1), "tanh"), (t(3, seed=2), "relu")])
+@case(lambda: [(t(3), "relu"), (t(3, seed=1), "tanh"), (t(3, seed=2), "relu")],
+      whole_frame=True)
 def string_dispatch(x, kind):
     name = f"act_{kind.upper()}"
     if name.endswith("RELU"):
@@ -822,3 +824,5 @@ def multihead_attention_inference_takes_the_composite_path(x):
 
 
 ATTENTION_EVAL = copy.deepcopy(ATTENTION).eval()
+
+from tests.capture import corpus_python  # noqa: E402,F401  (more cases, registered on import)

@@ -351,7 +351,8 @@ def functional_backend(gm, example_inputs):
     functionalised graphs behave: a placeholder never sees another one's updates, and grad mode
     switched inside the graph does not outlive it."""
     def run(*args):
-        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.enable_grad():  # (a graph may turn grad mode on: keep the inputs' history)
+            copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         versions = [getattr(c, "_version", None) for c in copies]
         with torch.set_grad_enabled(torch.is_grad_enabled()):
             out = gm.forward(*copies)

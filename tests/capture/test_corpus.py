@@ -9,6 +9,7 @@ import copy
 import io
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,9 +27,10 @@ def split(call):
 
 
 def snapshot(value):
-    """A copy of a result that later calls cannot change (tensors cloned and detached)."""
+    """A copy of a result that later calls cannot change (tensors cloned and detached, keeping
+    whether they required grad)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach().clone().requires_grad_(value.requires_grad)
     if isinstance(value, (list, tuple)):
         return type(value)(snapshot(v) for v in value) if not hasattr(value, "_fields") \
             else tuple(snapshot(v) for v in value)
@@ -58,7 +60,9 @@ def run(case, fn, calls):
         grads = None
         if case.grad:
             outs = out if isinstance(out, (tuple, list)) else [out]
-            sum(o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+            with torch.enable_grad():  # (a case may call fn under no_grad)
+                sum(o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad
+                    ).backward()
             grads = [a.grad for a in args if isinstance(a, torch.Tensor)]
             grads += [p.grad for p in _models().parameters()]
             _models().zero_grad()
@@ -76,7 +80,11 @@ def assert_same(expected, got, where):
     if isinstance(expected, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{where}: expected a tensor, got {got!r}"
         assert got.dtype == expected.dtype and got.shape == expected.shape, where
+        assert got.requires_grad == expected.requires_grad, f"{where}: requires_grad"
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=where)
+    elif isinstance(expected, np.ndarray):
+        assert type(got) is np.ndarray and got.dtype == expected.dtype, f"{where}: {got!r}"
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=where)
     elif isinstance(expected, (list, tuple)):
         assert type(got) is type(expected) and len(got) == len(expected), f"{where}: {got!r}"
         for i, (e, g) in enumerate(zip(expected, got)):
@@ -122,6 +130,8 @@ def test_graph_count_matches_dynamo(name):
     if case.reset:
         case.reset()
     assert ours.graph_count == theirs.graph_count, (ours.break_reasons, theirs.break_reasons)
+    if case.whole_frame:  # Dynamo compiles it with no break: so must toycomp
+        assert not ours.break_reasons and not theirs.break_reasons, ours.break_reasons
 
 
 def test_corpus_size():

@@ -3,14 +3,35 @@ plausible wrong ones with a message that names the case and helps."""
 
 from __future__ import annotations
 
+import linecache
+
 import sympy
 import torch
 import triton
 import triton.language as tl
 
-from toycomp.exercises import nb04
+from tests.exercises import reference
+from toycomp.exercises import checking, nb04
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.tensor_value import reindex
+
+
+def solved(grade_id: str, name: str):
+    """The solved notebook's answer ``name``, defined by running its solution cell. The cell's
+    source is registered with ``linecache``, so that ``@triton.jit`` can read it back."""
+    source = reference.solution_source("04", grade_id)
+    filename = f"<04 solution {grade_id}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"indexing": indexing, "ir": ir, "reindex": reindex, "sympy": sympy,
+                 "triton": triton, "tl": tl}  # fmt: skip
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+lower_rev = solved("nb04_ex1_lowering", "lower_rev")
+can_fuse = solved("nb04_ex2_can_fuse", "can_fuse")
+softmax_kernel = solved("nb04_ex3_triton_softmax", "softmax_kernel")
+predict_kernel_counts = solved("nb04_ex4_kernel_counts", "predict_kernel_counts")
 
 
 def lines_of(verdict) -> list[str]:
@@ -24,14 +45,6 @@ def not_solved(*args):
 
 
 # --- exercise 1: lowering prims.rev --------------------------------------------------------------
-def lower_rev(g, out, a, dims):  # the solved notebook's answer
-    index = list(indexing.index_vars("i", len(a.size)))
-    for d in dims:
-        d = d % len(a.size)
-        index[d] = a.size[d] - 1 - index[d]
-    return reindex(a, a.size, tuple(index))
-
-
 def lower_rev_off_by_one(g, out, a, dims):
     index = list(indexing.index_vars("i", len(a.size)))
     for d in dims:
@@ -86,20 +99,6 @@ def test_lowering_not_solved_and_wrong_type():
 
 
 # --- exercise 2: fusion legality --------------------------------------------------------------
-def can_fuse(producer, consumer):  # the solved notebook's answer
-    rows = indexing.numel(producer.size)
-    ivars = indexing.index_vars("i", len(consumer.size))
-    for k in range(len(consumer.size) + 1):
-        outer = consumer.size[:k]
-        if indexing.numel(outer) == rows:
-            row = indexing.linear_index(ivars[:k], indexing.contiguous_strides(outer))
-            break
-    else:
-        return False
-    loads = [e for e in ir.walk(consumer.body) if isinstance(e, ir.Load)]
-    return all(sympy.expand(e.index - row) == 0 for e in loads if e.buffer == producer.name)
-
-
 def can_fuse_by_sizes(producer, consumer):  # "same leading sizes" forgets the index
     return tuple(consumer.size[: len(producer.size)]) == tuple(producer.size)
 
@@ -160,17 +159,6 @@ def test_can_fuse_wants_a_bool():
 
 # --- exercise 3: softmax in Triton -------------------------------------------------------------
 @triton.jit
-def softmax_kernel(in_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):  # the solved notebook's
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(in_ptr + row * n_cols + cols, mask, other=float("-inf"))
-    x = x - tl.max(x, 0)
-    num = tl.exp(x)
-    tl.store(out_ptr + row * n_cols + cols, num / tl.sum(num, 0), mask)
-
-
-@triton.jit
 def softmax_no_max(in_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -216,21 +204,29 @@ def test_triton_softmax_stub_is_not_solved():
 
 
 # --- exercise 4: kernel counts ------------------------------------------------------------------
-def predict_kernel_counts():  # the solved notebook's answer
-    return {"chain": 1, "two_outputs": 1, "linear_relu": 1, "softmax": 1, "both_sums": 1,
-            "column_scaled": 2, "column_centered": 2}  # fmt: skip
-
-
 def test_kernel_counts_accepts_the_reference():
     assert nb04.check_kernel_counts(predict_kernel_counts).passed
 
 
-def test_kernel_counts_rejects_one_kernel_per_reduction():
-    wrong = {**predict_kernel_counts(), "both_sums": 2}
+def test_kernel_count_programs_are_counted_by_toycomp_on_both_backends():
+    counts = {name: {b: nb04.toycomp_kernel_count(p, b) for b in ("cpp", "triton")}
+              for name, p in nb04.KERNEL_COUNT_PROGRAMS.items()}  # fmt: skip
+    assert all(c["cpp"] == c["triton"] for c in counts.values()), counts
+    assert {c["cpp"] for c in counts.values()} == {1, 2}  # both answers occur
+    assert nb04.program_inputs(nb04.KERNEL_COUNT_PROGRAMS["both_sums"])[0].shape == (64, 32)
+
+
+def test_kernel_counts_rejects_one_kernel_for_both_sums():  # what a square input would give
+    checking.TRIES.clear()
+    wrong = {**predict_kernel_counts(), "both_sums": 1}
     lines = lines_of(nb04.check_kernel_counts(lambda: wrong))
-    assert lines[:3] == ["✗ nb04 ex4 kernel_counts: wrong on case 'both_sums'",
-                         "    expected: 1", "    got:      2"]  # fmt: skip
-    assert "may share a kernel" in lines[3]
+    assert lines[0] == "✗ nb04 ex4 kernel_counts: wrong on case 'both_sums, cpp'"
+    assert lines[1].startswith("    expected: (shown after a correct answer or 3 wrong tries")
+    assert lines[2] == "    got:      1" and "one (numel, rnumel)" in lines[3]
+    for _ in range(2):  # the expected count is shown from the third wrong try on
+        lines = lines_of(nb04.check_kernel_counts(lambda: wrong))
+    assert lines[1] == "    expected: 2"
+    checking.TRIES.clear()
 
 
 def test_kernel_counts_rejects_counting_the_matmul_and_missing_names():

@@ -59,6 +59,7 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
 EXTRA_OPINFOS: dict[str, list[str]] = {
+    "_embedding_bag": ["nn.functional.embedding_bag"],
     "_log_softmax_backward_data": ["log_softmax"],
     "_native_batch_norm_legit_functional": ["nn.functional.batch_norm"],
     "_native_batch_norm_legit_no_training": ["nn.functional.batch_norm"],
@@ -233,6 +234,9 @@ def _tolerances(results: list, exact: list | None, tensors: list) -> list:
     s = programs.tolerance_scale(accumulation)
     tols = []
     for k, e in enumerate(results):
+        if isinstance(e, torch.Tensor) and not (e.is_floating_point() or e.is_complex()):
+            tols.append((0.0, 0.0))  # integers and bools: exactly eager's (wrap-around too)
+            continue
         if not isinstance(e, torch.Tensor) or not e.is_floating_point() or e.numel() == 0:
             tols.append((programs.RTOL * s, programs.ATOL * s))
             continue
@@ -325,12 +329,14 @@ def _compare(
     )
 
 
-def all_samples(info: Any) -> Any:
-    """The OpInfo's samples, in order: fp32 (else int64, bool), requires_grad where it has
-    autograd, global RNG seeded with 0 (so sample k is the same in every run)."""
+def all_samples(info: Any, dtype: torch.dtype | None = None) -> Any:
+    """The OpInfo's samples, in order: fp32 (else int64, bool) unless ``dtype`` is given,
+    requires_grad where it has autograd, global RNG seeded with 0 (so sample k is the same in
+    every run)."""
     dtypes = info.supported_dtypes("cpu")
-    dtype = next((d for d in (torch.float32, torch.int64, torch.bool) if d in dtypes), None)
     if dtype is None:
+        dtype = next((d for d in (torch.float32, torch.int64, torch.bool) if d in dtypes), None)
+    if dtype is None or dtype not in dtypes:
         return iter(())
     torch.manual_seed(0)
     grad = info.supports_autograd and dtype.is_floating_point
@@ -442,3 +448,114 @@ def test_check_sample_detects_a_wrong_result(monkeypatch: pytest.MonkeyPatch) ->
 class _OffByOne:
     def wrap(self, fn: Callable) -> Callable:
         return lambda *args: fn(*args) + 1e-3
+
+
+# --- variants: integer dtypes, other layouts, long reductions (C++) ----------------------------
+# [Note: sweep variants]
+# The fp32 sweep above sees each op on OpInfo's own (mostly contiguous, fp32) samples. Three
+# more sweeps on the C++ backend, each over VARIANT_SAMPLES samples per OpInfo (one: the three
+# take about 4 minutes on 2 cores, the fp32 sweep 1.3):
+# * "int": one integer dtype per OpInfo among those it supports, rotating through uint8, int8,
+#   int16, int32 and int64 over the OpInfos in name order (all five get covered, at the cost of
+#   one); integer results must equal eager's exactly;
+# * "channels_last": every 4-d (5-d) tensor of the sample in channels_last (_3d) order;
+# * "noncontiguous": every tensor of 2+ dims with its last two dims' strides swapped, a 1-d one
+#   as every other element of a buffer twice as long (same values, other strides).
+# An OpInfo whose samples the variant leaves unchanged (no int dtype, no 4-d tensor) is skipped
+# with that reason. Long reductions get a sample of their own (LONG_REDUCTIONS).
+VARIANT_SAMPLES = int(os.environ.get("TOYCOMP_SWEEP_SAMPLES", 1)) or 10**9
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _layout_copy(t: Any, variant: str) -> Any:
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() < 2:
+        return t
+    if variant == "channels_last" and t.dim() in (4, 5):
+        fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+        out = t.contiguous(memory_format=fmt)
+    elif variant == "noncontiguous" and t.dim() >= 2 and min(t.shape[-2:]) > 1:
+        out = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    elif variant == "noncontiguous" and t.dim() == 1:
+        out = torch.empty(2 * t.numel(), dtype=t.dtype)[::2].copy_(t)
+    else:
+        return t
+    return out.requires_grad_(t.requires_grad)
+
+
+def variant_samples(info: Any, variant: str, int_dtype: torch.dtype) -> list[tuple[int, Any]]:
+    """Up to VARIANT_SAMPLES samples of ``info`` changed by ``variant`` (see the Note)."""
+    if variant == "int":
+        return [(k, s) for k, s in enumerate(all_samples(info, int_dtype))][:VARIANT_SAMPLES]
+    found = []
+    for k, sample in enumerate(all_samples(info)):
+        changed = sample.transform(lambda t: _layout_copy(t, variant))
+        if any(a.stride() != b.stride() for a, b in zip(_tensors_of(sample), _tensors_of(changed))):
+            found.append((k, changed))
+        if len(found) == VARIANT_SAMPLES:
+            break
+    return found
+
+
+def _variant_cases() -> list:
+    infos = {_opinfo_id(i): i for group in opinfos_by_aten_name().values() for i in group}
+    cases = []
+    for n, key in enumerate(sorted(infos)):
+        for variant in ("int", "channels_last", "noncontiguous"):
+            reason = KNOWN_FAILURES.get((variant, key))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            dtype = INT_DTYPES[n % len(INT_DTYPES)]
+            name = f"{variant}-{key}" + (f"-{str(dtype)[6:]}" if variant == "int" else "")
+            cases.append(pytest.param(variant, infos[key], dtype, marks=marks, id=name))
+    return cases
+
+
+@pytest.mark.parametrize("variant, info, int_dtype", _variant_cases())
+def test_opinfo_variant(variant: str, info: Any, int_dtype: torch.dtype) -> None:
+    chosen = variant_samples(info, variant, int_dtype)
+    if variant == "int" and not chosen:  # the op has no integer samples in this dtype
+        others = [d for d in INT_DTYPES if d in info.supported_dtypes("cpu")]
+        chosen = variant_samples(info, variant, others[0]) if others else []
+    if not chosen:
+        pytest.skip(f"no {variant} samples (no integer dtype, or no tensor it would change)")
+    failures, ran = [], 0
+    for k, sample in chosen:
+        f = SampleFunction(info, sample)
+        try:  # other layouts and dtypes than OpInfo's: eager itself may refuse them
+            _run(f.fn, f.tensors, ["eager"])
+        except Exception:  # noqa: BLE001
+            continue
+        ran += 1
+        outcome = check_sample(info, sample, "cpp")
+        if outcome.cls in programs.FAILURES:
+            failures.append((k, sample, outcome))
+    if not ran:
+        pytest.skip(f"eager refuses the {variant} samples")
+    if failures:
+        k, sample, outcome = failures[0]
+        pytest.fail(f"{variant} sample {k}: {outcome.cls}: {outcome.signature}\n"
+                    f"{outcome.detail[:2500]}\n\n{SampleFunction(info, sample).describe()}",
+                    pytrace=False)  # fmt: skip
+
+
+# Long reductions: (OpInfo name, args after the input); the input is 2^20 uniform values in
+# [0, 1) + 4 (a mean far from zero, where a sum drifts most), then compared by the tolerance
+# rule, whose fp64 term is eager's own error.
+LONG_REDUCTIONS = [
+    ("sum", ()), ("mean", ()), ("var", ()), ("std", ()), ("amax", ()), ("softmax", (0,)),
+    ("log_softmax", (0,)), ("logsumexp", (0,)), ("linalg.vector_norm", ()), ("prod", ()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, args", LONG_REDUCTIONS, ids=[n for n, _ in LONG_REDUCTIONS])
+def test_opinfo_long_reduction(name: str, args: tuple) -> None:
+    from torch.testing._internal.opinfo.core import SampleInput  # noqa: PLC0415
+
+    info = next((i for i in op_db if i.name == name and not i.variant_test_name), None)
+    if info is None:
+        pytest.skip(f"{name}: no OpInfo in this PyTorch")
+    x = torch.rand(2**20, generator=torch.Generator().manual_seed(0)) + 4
+    if name == "prod":
+        x = 1 + (x - 4.5) * 1e-5  # a product near 1 that neither overflows nor vanishes
+    sample = SampleInput(x.requires_grad_(), args=args)
+    outcome = check_sample(info, sample, "cpp")
+    assert outcome.cls not in programs.FAILURES, f"{outcome.signature}\n{outcome.detail[:2000]}"

@@ -145,6 +145,14 @@ class _Trace:
                 for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
 
+def _enables_grad(fn: Callable) -> bool:
+    """Does the graph turn grad mode on itself (``with torch.enable_grad():`` in a function
+    called under ``no_grad``)? Then its outputs may require grad whatever the caller's mode:
+    it is traced jointly, starting in the caller's mode, as eager would run it."""
+    return isinstance(fn, fx.GraphModule) and any(
+        n.target is torch._C._set_grad_enabled and n.args[0] is True for n in fn.graph.nodes)
+
+
 def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
     # [Note: cudnn off while tracing] Composite ops pick a backend while we trace
     # (batch_norm -> cudnn_batch_norm on CUDA), and cudnn's batch norm hides its running-stat
@@ -182,12 +190,13 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
     tracker = TensorTracker()
     recorder = FunctionalRecorder(tracker)
     primals = [_clone_input(x, joint and _requires_grad(x)) for x in inputs]
+    grad_mode = joint and torch.is_grad_enabled()  # (off: the graph may turn it on itself)
     with torch.enable_grad() if joint else torch.no_grad():
         passed = [_as_passed(p) for p in primals]  # [Note: mutated inputs that require grad]
         grad_fns = [getattr(p, "grad_fn", None) for p in passed]
         for i, p in enumerate(passed):
             tracker.placeholder(f"primals_{i + 1}", p)
-        with recorder:
+        with recorder, torch.set_grad_enabled(grad_mode):
             outs = _as_tuple(fn(*passed))
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
         mutations = _input_mutations(tracker, passed, grad_fns, inputs)
@@ -262,7 +271,8 @@ def aot_function(
     """
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
-    joint = torch.is_grad_enabled() and any(_requires_grad(x) for x in example_inputs)
+    enables_grad = _enables_grad(fn)
+    joint = (torch.is_grad_enabled() or enables_grad) and any(map(_requires_grad, example_inputs))
     # [Note: tracing on fake tensors] Given the capture's fake tensors (shapes, strides,
     # dtypes, no data), the joint trace runs under their FakeTensorMode: no computation on
     # real data and no random numbers drawn. The compilers then get fake example inputs.
@@ -280,5 +290,6 @@ def aot_function(
         compiled_forward=compiled_forward,
         compiled_backward=compiled_backward,
         offset_sensitive=offset_sensitive_inputs(trace.gm, len(example_inputs)),
+        enables_grad=enables_grad,
         **{name: trace.gm.meta[name] for name in _RUNTIME_METADATA},
     )

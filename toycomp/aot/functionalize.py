@@ -83,6 +83,9 @@ from toycomp.tensor_utils import same_strides, to_meta
 __all__ = ["FunctionalRecorder"]
 
 aten = torch.ops.aten
+# FakeTensor's errors for an op whose output shape needs the data (x[mask] with a bool mask
+# calls nonzero inside the fake kernel of aten.index), matched by name: the classes are private.
+DATA_DEPENDENT_ERRORS = ("DynamicOutputShapeException", "DataDependentOutputException")
 # Ops that answer a question about a tensor (no tensor result): a fake tensor answers its device
 # through the dispatcher, so the recorder sees them when tracing on fake tensors.
 METADATA_QUERIES = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
@@ -123,8 +126,14 @@ class FunctionalRecorder(TorchDispatchMode):
         nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
         if mutated:
             self.tracker.snapshot([t for _, t in mutated])
-        with _draws_nothing(func, args, kwargs):
-            out = func(*args, **kwargs)
+        try:
+            with _draws_nothing(func, args, kwargs):
+                out = func(*args, **kwargs)
+        except RuntimeError as e:  # x[mask]'s nonzero, inside the fake kernel of aten.index
+            if type(e).__name__ not in DATA_DEPENDENT_ERRORS:
+                raise
+            raise NotImplementedError(  # as for DATA_DEPENDENT_OPS above
+                f"toycomp.aot: {func} has a data-dependent output shape here ({e})") from e
         if not mutated:
             node = self.tracker.emit(func, nargs, nkwargs, out)
             results = self.tracker.emit_results(node, out)

@@ -65,17 +65,21 @@ class OutputAliasInfo:
 
     aliased_inputs: frozenset[int]
     aliased_outputs: frozenset[int]
+    is_input: int | None = None  # the output IS this input (x.add_(y) returns x itself)
 
 
 def output_alias_info(outs: Sequence[torch.Tensor], inputs: Sequence) -> list[OutputAliasInfo]:
-    """Which inputs / earlier outputs each of ``outs`` shares storage with."""
+    """Which inputs / earlier outputs each of ``outs`` shares storage with (or is)."""
     in_keys, out_keys = [storage_key(x) for x in inputs], [storage_key(o) for o in outs]
 
     def sharing(key: tuple | None, keys: list) -> frozenset[int]:
         return frozenset(j for j, k in enumerate(keys) if key is not None and k == key)
 
-    return [OutputAliasInfo(sharing(key, in_keys), sharing(key, out_keys[:i]))
-            for i, key in enumerate(out_keys)]  # fmt: skip
+    def which_input(out: Any) -> int | None:
+        return next((j for j, x in enumerate(inputs) if x is out), None)
+
+    return [OutputAliasInfo(sharing(key, in_keys), sharing(key, out_keys[:i]), which_input(o))
+            for i, (o, key) in enumerate(zip(outs, out_keys))]  # fmt: skip
 
 
 
@@ -179,6 +183,7 @@ class AOTOutput:
     compiled_forward: Callable[[list], Sequence]
     compiled_backward: Callable[[list], Sequence] | None
     offset_sensitive: list[int] = dataclasses.field(default_factory=list)  # as_strided(input)
+    enables_grad: bool = False  # the graph turns grad mode on itself (``enable_grad`` inside)
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
     _layouts_seen: LayoutsSeen = dataclasses.field(default_factory=LayoutsSeen, compare=False)
 
@@ -188,10 +193,11 @@ class AOTOutput:
             if args[i].storage_offset() != 0:
                 raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
                                    "applies as_strided to it (traced with offset 0)")  # fmt: skip
-        needs_grad = torch.is_grad_enabled() and any(_requires_grad(a) for a in args)
-        if needs_grad:
+        grad_mode = torch.is_grad_enabled() or self.enables_grad
+        if grad_mode and any(_requires_grad(a) for a in args):
             self._check_requires_grad(args)
-            outs = CompiledFunction.apply(self, *inputs)
+            with torch.enable_grad():  # (outputs made under the graph's no_grad: not diff)
+                outs = CompiledFunction.apply(self, *inputs)
         else:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
@@ -204,7 +210,13 @@ class AOTOutput:
         for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
             with torch.set_grad_enabled(value.requires_grad and torch.is_grad_enabled()):
                 args[index].copy_(value)
-        return tuple(outs[: self.num_user_outputs])
+        # An output that was an input in eager (an in-place op's result: x.add_(y) returns x)
+        # is that input, now holding its new value: writes through it reach the caller's x.
+        outs = list(outs[: self.num_user_outputs])
+        for i, info in enumerate(self.output_alias_info[: self.num_user_outputs]):
+            if info.is_input is not None:
+                outs[i] = args[info.is_input]
+        return tuple(outs)
 
     def unshare_mutated(self, saved: Sequence, args: Sequence) -> list:
         """Saved values, with copies of those sharing memory with an input about to be mutated.

@@ -24,6 +24,7 @@ import operator
 from toycomp.capture.instructions import PY, builtin, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.lists import DictVariable, ListVariable, TupleVariable
+from toycomp.capture.variables.sets import SetVariable, constants
 from toycomp.capture.variables.objects import SuperVariable
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
@@ -79,6 +80,23 @@ def build_map(tx, inst):
 def build_const_key_map(tx, inst):
     keys = tx.pop().as_python_constant()
     tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
+
+
+@handles("BUILD_SET")
+def build_set(tx, inst):
+    tx.push(SetVariable(constants(tx, tx.popn(inst.arg))))
+
+
+@handles("SET_ADD")
+def set_add(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "add", [value], {})
+
+
+@handles("SET_UPDATE")
+def set_update(tx, inst):
+    value = tx.pop()
+    tx.stack[-inst.arg].call_method(tx, "update", [value], {})
 
 
 @handles("BUILD_SLICE")

@@ -50,6 +50,7 @@ from toycomp.capture.variables.lists import (
     BaseListVariable,
     DictVariable,
     ListVariable,
+    NamedTupleVariable,
     TupleVariable,
 )
 from toycomp.capture.variables.tensor import TensorVariable
@@ -344,29 +345,6 @@ class AliasedInputs(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-class NamedTupleVariable(TupleVariable):
-    """A structseq such as ``torch.max(x, dim=0)``'s result (``torch.return_types.max``): its
-    items, read by index or by field name, and rebuilt as that type when returned."""
-
-    def __init__(self, items, structseq: type):
-        super().__init__(items)
-        self.structseq = structseq
-        self.fields = tuple(structseq.__match_args__)  # (a structseq has no _fields)
-
-    def python_type(self):
-        return self.structseq
-
-    def reconstruct(self, codegen):
-        if self.source is not None:
-            return codegen.source(self.source)
-        return f"{codegen.constant(self.structseq)}({super().reconstruct(codegen)})"
-
-    def var_getattr(self, tx, name):
-        if name in self.fields:
-            return self._items[self.fields.index(name)]
-        raise Unsupported(f"named tuple has no field {name!r}")
 
 
 def mutated(var: TensorVariable) -> bool:

@@ -136,6 +136,22 @@ def _generate(code, offset, nulls, local_names) -> tuple[types.CodeType, int]:
     return bc.to_code(stacksize=stacksize, compute_exception_stack_depths=False), len(prefix)
 
 
+def discarded_argument(code: types.CodeType) -> str | None:
+    """The stack argument that a resume function pops unread as its first instruction (the
+    result of a call whose value the user discards: ``y.sum().item()`` on its own line), or
+    None. Its value needs no guard: a guard on it would recompile for every new value."""
+    if code not in _ORIGIN:
+        return None
+    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    names = [i.opname for i in insts]
+    start = names.index("RESUME") + 1 if "RESUME" in names else 0
+    prefix = insts[start: start + _ORIGIN[code][1]]
+    if len(prefix) < 2 or prefix[-1].opname != "JUMP_FORWARD" or prefix[-2].opname != "LOAD_FAST":
+        return None
+    target = next(i for i in insts if i.offset == prefix[-1].argval)
+    return prefix[-2].argval if target.opname == "POP_TOP" else None
+
+
 def call_through(fn, *args, **kwargs):
     """3.10's stand-in for a NULL below a callable (see ``push_null``)."""
     return fn(*args, **kwargs)

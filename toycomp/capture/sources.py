@@ -145,6 +145,17 @@ def cell_source(fn_source: Source, index: int) -> Source:
     return AttrSource(GetItemSource(AttrSource(fn_source, "__closure__"), index), "cell_contents")
 
 
+@dataclass(frozen=True)
+class NumpyTensorSource(Source):
+    """The tensor sharing the memory of the NumPy array at ``base`` (``torch.from_numpy``):
+    an array handed over at a graph break (``a = y.numpy()``) is a graph input again."""
+
+    base: Source
+
+    def render(self, local):
+        return f"torch.from_numpy({self.base.render(local)})"
+
+
 def placeholder_name(source: Source) -> str:
     """A graph input's name, spelled like Dynamo's: ``L['self'].fc.weight`` ->
     ``l_self_fc_weight``."""

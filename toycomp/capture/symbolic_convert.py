@@ -56,6 +56,7 @@ import torch
 
 from toycomp.capture.instructions import COMPARE_OPS
 from toycomp.capture.instructions_flow import pop_call_operands
+from toycomp.capture.resume_execution import discarded_argument
 from toycomp.capture.sources import FunctionSource, LocalSource
 from toycomp.capture.translator_base import InstructionTranslatorBase
 from toycomp.capture.variables.base import (
@@ -138,7 +139,9 @@ class InstructionTranslator(InstructionTranslatorBase):
     """
 
     def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
-        symbolic = {name: output.wrap(value, LocalSource(name))
+        unread = discarded_argument(fn.__code__)
+        symbolic = {name: output.wrap(value, LocalSource(name),
+                                      guard=name != unread or isinstance(value, torch.Tensor))
                     for name, value in frame_locals.items()}
         super().__init__(fn.__code__, fn.__globals__, symbolic, list(fn.__closure__ or ()),
                          output, FunctionSource())

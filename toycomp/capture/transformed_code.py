@@ -6,13 +6,13 @@ on a tensor, it prints as::
 
     def f(x):                        def __transformed_f(x):
         y = x.sin()                      __graph_out = __compiled_fn_0(x)
-        LOG.append(1)                    __stack0 = __print_3
+        LOG.append(1)                    __callee = B['print']
         print(y)                         __arg0 = __graph_out[0]
         return y.cos()                   __local_x = x
                                          __local_y = __graph_out[0]
                                          G['LOG'].append(1)
                                          # graph break at f.py:4: print() is a graph break
-                                         __result = __stack0(__arg0)
+                                         __result = __callee(__arg0)
                                          return __resume_at_30(__result, __local_x, __local_y)
 
 1. call graph 0 (the torch operations traced so far, compiled by the backend);
@@ -201,10 +201,11 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     for i, v in enumerate(plan.stack):
         if isinstance(v, WithExitFunctionVariable):  # the resume function enters it again
             factory, args = v.ctx.reenter()
-            stack.append(emit(cg.constant(factory), f"__stack{i}"))
+            stack.append(emit(cg.constant(factory), f"__next_stack{i}"))
             nulls.append(ReenterWith(tuple(args)))
         else:
-            stack.append(v if v is NULL else emit(cg.reconstruct(v), f"__stack{i}"))
+            # (not ``__stack{i}``: a resume function's own parameters, which later lines read)
+            stack.append(v if v is NULL else emit(cg.reconstruct(v), f"__next_stack{i}"))
             nulls.append(v is NULL)
     tail = [f"# graph break at {plan.location[0]}:{plan.location[1]}: {plan.reason}"
             if plan.location else f"# graph break: {plan.reason}"]

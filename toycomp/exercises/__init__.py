@@ -9,11 +9,13 @@ Files, in reading order:
 
 - ``checking.py``: the verdicts every checker shares (:func:`checking.exercise`, ``call``,
   ``expect``...), with an example of how a check is written;
-- ``nb01.py`` ... ``nb04.py``: one notebook's checks each;
+- ``nb01.py``, ``nb02.py``...: one notebook's checks each;
 - ``notebooks.py``: the solved notebooks (``notebooks/solutions/``) -> the student notebooks
   (nbgrader's ``ClearSolutions``), and the check that the committed ones are up to date;
-- ``grading.py``: runs a notebook's checks and prints a score table;
-- ``__main__.py``: ``python -m toycomp.exercises generate | check | grade NOTEBOOK``.
+- ``grading.py``: grades a student's notebook: finds its solved source by its exercise metadata,
+  restores its check cells, runs it, and reads the verdicts of those cells only;
+- ``bundle.py``: the student release (notebooks, package, data), searched for solution lines;
+- ``__main__.py``: ``python -m toycomp.exercises generate | check | grade NOTEBOOK | bundle DIR``.
 
 NB: nbgrader (``nbgrader generate_assignment``, autograded test cells) does the same for any
 course; toycomp uses its ``ClearSolutions`` preprocessor and its cell metadata.

@@ -60,13 +60,16 @@ def student_version(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def execute(nb: nbformat.NotebookNode, allow_errors: bool = False) -> nbformat.NotebookNode:
+def execute(nb: nbformat.NotebookNode, allow_errors: bool = False,
+            timeout: int = TIMEOUT) -> nbformat.NotebookNode:  # fmt: skip
     """Run every cell in a fresh kernel started from ``notebooks/``, as nbval and JupyterLab
-    do (``PYTHONHASHSEED=0``, as ``./dev.sh`` sets it)."""
+    do (``PYTHONHASHSEED=0``, as ``./dev.sh`` sets it). With ``allow_errors``, a cell that raises
+    or runs past ``timeout`` seconds (interrupted) does not stop the run."""
     from nbclient import NotebookClient
 
     os.environ["PYTHONHASHSEED"] = "0"  # inherited by the kernel
-    client = NotebookClient(nb, timeout=TIMEOUT, kernel_name="python3", allow_errors=allow_errors,
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                            interrupt_on_timeout=allow_errors,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})  # fmt: skip
     client.execute()
     return nb

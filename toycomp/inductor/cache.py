@@ -21,7 +21,7 @@ The key hashes all that changes the binary: source, compiler path and ``--versio
 and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
 the compiler; an entry failing its manifest is rebuilt (see [Note: cache security]).
 
-Which glibc vector math functions C++ kernels may call is probed in codegen/libmvec.py, whose
+Which glibc vector math functions C++ kernels may call is probed in opt/libmvec.py, whose
 probe library is cached here like any kernel.
 
 NB: in PyTorch this lives in torch/_inductor/codecache.py (CppCodeCache, PyCodeCache,

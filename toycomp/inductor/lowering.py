@@ -52,6 +52,7 @@ from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPOR
     _graph_device,
     _map_nodes,
     _meta_value,
+    eager_layout_arg,
 )
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
 from toycomp.inductor.sizevars import SizeVars, is_symbolic
@@ -233,7 +234,7 @@ class GraphLowering:
             return self.multi_output_extern(node, kernel, fallback, out)
         if not isinstance(out, torch.Tensor):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns a {type(out).__name__}")
-        args, kwargs = _map_nodes((node.args, node.kwargs), self.extern_arg)
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.fallback_arg(fallback))
         size, stride = self.sizevars.shape(out), self.sizevars.stride(out)
         name = self.new_name()
         self.nodes.append(
@@ -251,7 +252,7 @@ class GraphLowering:
         # sizes ([Note: results that are not tensors] in toycomp/aot/tensor_tracker.py)
         if not all(isinstance(t, (torch.Tensor, int)) or t is None or is_symbolic(t) for t in out):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns non-tensors: {out}")
-        args, kwargs = _map_nodes((node.args, node.kwargs), self.extern_arg)
+        args, kwargs = _map_nodes((node.args, node.kwargs), self.fallback_arg(fallback))
         if not any(isinstance(t, torch.Tensor) for t in out):
             raise LoweringError(f"extern {kernel} ({node.name!r}) returns no tensor")
         name = self.new_name()
@@ -291,6 +292,13 @@ class GraphLowering:
         """A tensor argument of an extern call (or a graph output) realized; a size as is."""
         value = self.env[node]
         return value if not isinstance(value, TensorValue) else self.realize(node)
+
+    def fallback_arg(self, fallback: bool) -> Any:
+        """``extern_arg``, with eager's strides for a fallback ([Note: fallbacks see eager's
+        strides] in lowering_meta.py); matmul-like externs take any layout."""
+        if not fallback:
+            return self.extern_arg
+        return lambda node: eager_layout_arg(self, node, self.extern_arg(node))
 
     def tensor_meta(self, t: torch.Tensor) -> TensorMeta:
         return TensorMeta(self.sizevars.shape(t), t.dtype)

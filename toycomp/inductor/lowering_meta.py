@@ -6,7 +6,9 @@ the meta device (``_meta_value``: shape, dtype and the strides eager would give;
 the loop IR supports its dtypes (``SUPPORTED_DTYPES``; else the node runs eagerly, a visible
 fallback); after the rule, it checks that the lowered value has the meta value's sizes and dtype
 (``_check_matches_meta``). Also here: the graph's device and ``_map_nodes``, which replaces the
-FX nodes in nested arguments. Every name is re-exported by lowering.py::
+FX nodes in nested arguments, and ``eager_layout_arg``, which gives an ATen fallback its inputs
+with eager's strides ([Note: fallbacks see eager's strides]). Every name is re-exported by
+lowering.py::
 
     >>> import torch
     >>> from toycomp.prims.decompositions import decompose
@@ -22,7 +24,8 @@ FX nodes in nested arguments. Every name is re-exported by lowering.py::
 
 NB: in PyTorch this lives in torch/_inductor/graph.py (``GraphLowering.run_node`` reads each
 node's FakeTensor, ``node.meta["val"]``) and torch/_inductor/lowering.py
-(``fallback_node_due_to_unsupported_type``, ``unsupported_input_tensor``).
+(``fallback_node_due_to_unsupported_type``, ``unsupported_input_tensor``); a fallback's input
+layouts, in torch/_inductor/ir.py (``ExternKernel.require_stride_order``, ``FlexibleLayout``).
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import inspect
 import operator
 from typing import Any, Callable
 
+import sympy
 import torch
 from torch.fx.node import Node
 
 import toycomp.prims as prims
+from toycomp.inductor import indexing, ir
 from toycomp.inductor.lowering_table import LoweringError
 from toycomp.inductor.sizevars import SizeVars, is_symbolic
-from toycomp.inductor.tensor_value import TensorMeta, TensorValue
+from toycomp.inductor.tensor_value import TensorMeta, TensorValue, reindex
 from toycomp.tensor_utils import to_meta, to_meta_value
 
 
@@ -111,3 +116,54 @@ def _check_matches_meta(
             f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
             f"eager gives {list(out.shape)} {out.dtype}"
         )
+
+
+# [Note: fallbacks see eager's strides]
+# Lowering stores every value it realizes contiguously, and pointwise kernels cannot tell. An
+# eager op run as a fallback can: ``as_strided`` and ``view_as_complex`` read the storage
+# itself, ``repeat`` then ``as_strided`` reads it past the view. Eager's intermediate of a
+# channels_last or transposed input keeps that input's order (TensorIterator), so the
+# fallback must receive a tensor with eager's strides. The prims graph records them in each
+# node's meta value; when they differ from the realized buffer's, and are a permutation of a
+# contiguous layout (dense, no offset: the layout of every computed tensor), the value is
+# stored once more in that order: a Pointwise over the permuted shape, read back as a
+# TensorArg with eager's strides (Inductor's FlexibleLayout fixed to the fallback's order).
+# Other layouts (an expanded view, an offset) are left as they are: those are views of
+# buffers, which as_strided_view hands out with their own strides already.
+
+
+def dense_order(size: tuple, stride: tuple) -> list[int] | None:
+    """The dims from outermost to innermost if ``stride`` is a permuted contiguous layout of
+    ``size`` (static sizes only), else None. Size-1 dims go first (their stride is free)."""
+    if not all(isinstance(v, int) for v in (*size, *stride)):
+        return None
+    order = sorted(range(len(size)), key=lambda d: (size[d] != 1, -stride[d]))
+    expected = 1
+    for d in reversed(order):
+        if size[d] != 1 and stride[d] != expected:
+            return None
+        expected *= size[d]
+    return order
+
+
+def eager_layout_arg(g: Any, node: Any, arg: Any) -> Any:
+    """``arg`` (an extern's argument for ``node``) re-stored with eager's strides if needed."""
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
+        return arg
+    want = g.eager_stride(arg, val)  # None when the layouts agree where it matters
+    order = None if want is None else dense_order(tuple(arg.size), tuple(want))
+    if order is None:
+        return arg
+    value = g.env[node]
+    out_vars = indexing.index_vars("i", len(order))
+    index = [sympy.Integer(0)] * len(order)
+    for k, d in enumerate(order):  # dim k of the copy is dim order[k] of the value
+        index[d] = out_vars[k]
+    permuted = reindex(value, tuple(arg.size[d] for d in order), tuple(index))
+    name = g.new_name()
+    g.nodes.append(ir.Pointwise(name, permuted.size, value.dtype, permuted.body, value.origins))
+    stride = [0] * len(order)
+    for d, s in zip(order, indexing.contiguous_strides(permuted.size)):
+        stride[d] = s
+    return ir.TensorArg(name, tuple(arg.size), tuple(stride))

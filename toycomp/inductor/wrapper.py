@@ -32,7 +32,7 @@ Input IR -> output: the scheduler's kernels, extern calls and buffers -> readabl
 
 The matmul writes into a buffer the wrapper allocated (``out=``), and the relu kernel writes
 its result over the matmul's, which it reads at the same index and which is dead after it:
-``memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
+``opt/memory_planning.py`` decides what is reused, and why it is safe ([Note: memory planning]).
 ``args.clear()`` and ``del a, w`` free the inputs once dead when the caller hands them over
 (``CompiledGraph.call_boxed``: the AOT backward does, for the saved activations).
 

@@ -145,6 +145,12 @@ def _first_device(values: Any) -> torch.device:
 _META_MODE: contextvars.ContextVar[Any] = contextvars.ContextVar("toycomp_meta_mode")
 
 
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta value with ``t``'s sizes, strides and dtype, made where meta values are made."""
+    with _META_MODE.get(contextlib.nullcontext()):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
     with _META_MODE.get(contextlib.nullcontext()):
         return _eval_prim(prim, args, kwargs)

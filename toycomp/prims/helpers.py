@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import toycomp.prims as prims
+from toycomp.prims.decomp_table import Unsupported
 from toycomp.tensor_utils import python_number_dtype
 
 
@@ -114,6 +115,8 @@ def get_computation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def elementwise_dtypes(*args: Any, kind: KIND = KIND.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) of an elementwise op, as in torch._prims_common."""
+    if any(isinstance(a, complex) or (not is_number(a) and a.dtype.is_complex) for a in args):
+        raise Unsupported("complex numbers (no prim computes on them)")  # an ATen fallback
     dtype = result_type(*args)
     if kind is KIND.INT_TO_FLOAT and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()

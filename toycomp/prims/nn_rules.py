@@ -37,6 +37,7 @@ from toycomp.prims.helpers import (
     upcast,
 )
 from toycomp.prims.decomp_table import Unsupported, register
+from toycomp.prims.decomp_tracer import meta_like
 
 aten = torch.ops.aten
 
@@ -201,6 +202,8 @@ def var(a: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = Fals
     if not a.dtype.is_floating_point:
         raise Unsupported(f"var of {a.dtype}")
     x, dtype = upcast(a)
+    if x.dtype == torch.float32 and a.dtype == torch.float32 and a.device.type == "cpu":
+        x = convert(x, torch.float64)  # eager's CPU kernels accumulate a float var in double
     dims = reduction_dims(a, dim)
     count = math.prod(a.shape[d] for d in dims)
     _, m2 = corrected_moments(x, dims, count)
@@ -304,3 +307,30 @@ def native_layer_norm_backward(
         d_bias = convert(prims.sum(g, outer), bias.dtype)
     return (d_input if output_mask[0] else None), d_weight, d_bias
 
+
+# [Note: embedding_bag's sizes]
+# ``aten._embedding_bag`` returns (output, offset2bag, bag_size, max_indices), and the CPU
+# kernel sizes the last three by mode and fast path (``sum`` without per-sample weights skips
+# offset2bag: size 0, and its max_indices is bag_size's size), which the meta kernel does not
+# follow. The sizes depend on the shapes and the mode, never on the values, so we ask eager
+# itself, on a one-row table with zero indices, and keep the call a visible fallback.
+@register(aten._embedding_bag.default)
+def _embedding_bag(weight: Any, indices: Any, offsets: Any, *rest: Any) -> Any:
+    tracer = prims.current_tracer()
+    tensors = [t for t in (weight, indices, offsets, *rest) if hasattr(t, "shape")]
+    static = all(isinstance(s, int) for t in tensors for s in t.shape)
+    if tracer is None or weight.device.type != "cpu" or not static:
+        raise Unsupported("_embedding_bag (its meta kernel's sizes)")
+
+    def zeros(t: Any, shape: Sequence[int] | None = None) -> Any:
+        if not hasattr(t, "shape"):
+            return t
+        return torch.zeros(tuple(t.shape) if shape is None else shape, dtype=t.dtype)
+
+    real = aten._embedding_bag.default(
+        zeros(weight, (1, *weight.shape[1:])), zeros(indices), zeros(offsets), *map(zeros, rest)
+    )
+    val = tuple(meta_like(t) for t in real)
+    out = tracer.emit(aten._embedding_bag.default, (weight, indices, offsets, *rest), {}, val=val)
+    out.node.meta["eager_sizes"] = True  # (decompose's result check: not the meta kernel's)
+    return out

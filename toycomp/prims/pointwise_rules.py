@@ -266,4 +266,8 @@ def clamp_max(a: Any, max: Any) -> Any:  # noqa: A002
 
 @register(aten.hardtanh.default)
 def hardtanh(a: Any, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
+    if not a.dtype.is_floating_point:  # eager keeps the dtype: the limits truncate to integers
+        if a.dtype == torch.uint8 and min(min_val, max_val) < 0:
+            raise Unsupported("hardtanh of an unsigned tensor with negative limits")  # eager's
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(a, min_val, max_val)

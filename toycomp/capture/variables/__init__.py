@@ -2,9 +2,10 @@
 
 Files in reading order: base.py (VariableTracker, ValueVariable, ConstantVariable,
 Unsupported), tensor.py (TensorVariable: an FX node + a fake tensor), lists.py (lists, tuples,
-dicts, iterators), functions.py (user functions, inlined), objects.py (nn.Modules, user objects,
-classes, super()), builtin.py (len, isinstance, operators), torch.py (torch functions, no_grad,
-autocast) and builder.py (a real value + its source -> a tracker + guards).
+dicts, iterators), sets.py (sets of constants), functions.py (user functions, inlined),
+objects.py (nn.Modules, user objects, classes, super()), builtin.py (len, isinstance,
+operators), iter.py (itertools, functools), torch.py (torch functions, no_grad, autocast) and
+builder.py (a real value + its source -> a tracker + guards).
 
 NB: in PyTorch this lives in torch/_dynamo/variables/.
 """

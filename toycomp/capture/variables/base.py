@@ -115,6 +115,8 @@ class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
     def var_getattr(self, tx, name):
+        if callable(getattr(type(self.value), name, None)) and not isinstance(self.value, type):
+            return MethodVariable(self, name)  # "relu".upper: folded when called
         return ConstantVariable(getattr(self.value, name))
 
     def call_method(self, tx, name, args, kwargs):
@@ -155,6 +157,11 @@ class MethodVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def as_python_constant(self):  # a constant's bound method: sorted(xs, key="abc".index)
+        if not isinstance(self.obj, ConstantVariable):  # (a list's: bound to a copy of it)
+            raise Unsupported(f"{self} is not a Python constant")
+        return getattr(self.obj.as_python_constant(), self.name)
 
     def reconstruct(self, codegen):
         return f"{codegen.reconstruct(self.obj)}.{self.name}"

@@ -21,30 +21,43 @@ NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder
 from __future__ import annotations
 
 import builtins
+import collections
+import functools
 import math
 import operator
 import types
 from typing import Any
 
+import numpy as np
 import torch
 
-from toycomp.capture.sources import AttrSource, GetItemSource, IteratorSeqSource, Source
+from toycomp.capture.sources import (
+    AttrSource,
+    GetItemSource,
+    IteratorSeqSource,
+    NumpyTensorSource,
+    Source,
+)
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
-from toycomp.capture.variables.builtin import BuiltinVariable
+from toycomp.capture.variables.builtin import RULES, BuiltinVariable
+from toycomp.capture.variables.iter import PartialVariable
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import (
     DictVariable,
     ListIteratorVariable,
     ListVariable,
+    NamedTupleVariable,
     TupleVariable,
 )
 from toycomp.capture.variables.objects import (
+    NamedTupleClassVariable,
     NNModuleVariable,
     PythonModuleVariable,
     SkipFunctionVariable,
     UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
@@ -73,6 +86,23 @@ def is_torch_function(value: Any) -> bool:
 def is_literal_tuple(value: Any) -> bool:
     """A tuple (not a subclass) of ints, floats, bools, strings and None: guarded in one line."""
     return type(value) is tuple and all(type(v) in LITERAL_TYPES for v in value)
+
+
+# NumPy dtypes torch.from_numpy takes (the guards compare an array's dtype by name).
+NUMPY_TENSOR_DTYPES = tuple(np.dtype(n) for n in ("float64", "float32", "float16", "int64",
+                                                   "int32", "int16", "int8", "uint8", "bool"))
+
+
+def codegen_numpy_dtype(dtype) -> str:
+    return f"{dtype.name!r}"
+
+
+def is_hashable(value: Any) -> bool:
+    try:
+        hash(value)
+        return True
+    except TypeError:
+        return False
 
 
 def is_skipped(value: Any) -> bool:
@@ -118,8 +148,10 @@ class VariableBuilder:
         if isinstance(value, tuple):
             g and g.type_match(source, value)
             g and g.length_match(source, len(value))
-            return TupleVariable([self(v, source and GetItemSource(source, i))
-                                  for i, v in enumerate(value)], source)
+            items = [self(v, source and GetItemSource(source, i)) for i, v in enumerate(value)]
+            if hasattr(type(value), "_fields") or hasattr(type(value), "n_fields"):
+                return NamedTupleVariable(items, type(value), source)
+            return TupleVariable(items, source)
         if isinstance(value, list):
             g and g.type_match(source, value)
             return ListVariable(None, source, value)
@@ -129,7 +161,12 @@ class VariableBuilder:
             g and g.type_match(source, value)
             g and g.dict_keys_match(source, list(value))
             return DictVariable({k: self(v, source and GetItemSource(source, k))
-                                 for k, v in value.items()}, source)
+                                 for k, v in value.items()}, source, type(value))
+        if type(value) is np.ndarray and g is not None and value.dtype in NUMPY_TENSOR_DTYPES:
+            g.type_match(source, value)  # (before the tensor's guards, which convert it)
+            g.add(f"{source.name()}.dtype == {codegen_numpy_dtype(value.dtype)}")
+            tensor = self.output.add_input(torch.from_numpy(value), NumpyTensorSource(source))
+            return NumpyArrayVariable(tensor)
         if type(value) in ITERATOR_TYPES:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
@@ -139,6 +176,16 @@ class VariableBuilder:
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_partial(self, value, source, g) -> PartialVariable:
+        g and g.type_match(source, value)
+        src = lambda name, key: source and GetItemSource(AttrSource(source, name), key)  # noqa
+        args = [self(a, src("args", i)) for i, a in enumerate(value.args)]
+        kwargs = {k: self(v, src("keywords", k)) for k, v in value.keywords.items()}
+        g and g.length_match(AttrSource(source, "args"), len(value.args))
+        g and g.dict_keys_match(AttrSource(source, "keywords"), list(value.keywords))
+        return PartialVariable(self(value.func, source and AttrSource(source, "func")), args,
+                               kwargs, source)
 
     def wrap_iterator(self, value, source) -> ListIteratorVariable:
         """A list / tuple / range iterator (a resume function's loop): its remaining items."""
@@ -153,9 +200,20 @@ class VariableBuilder:
                                      for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
+        if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
+            return BuiltinVariable(value, source)
+        if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo
+            return self(value.__wrapped__, source and AttrSource(source, "__wrapped__"))
+        if isinstance(value, functools.partial):
+            return self.wrap_partial(value, source, g)
+        if is_skipped(value):  # numpy, random...: np.finfo(np.float32) folds on constants
+            return SkipFunctionVariable(value, source)
         if isinstance(value, type):
-            if value in vars(builtins).values():
+            if value in vars(builtins).values() or value is collections.OrderedDict:
                 return BuiltinVariable(value, source)
+            if issubclass(value, tuple) and hasattr(value, "_fields"):
+                g and g.id_match(source, value)
+                return NamedTupleClassVariable(value, source)
             if is_torch_function(value):
                 return TorchVariable(value, source)
             g and g.id_match(source, value)
@@ -169,7 +227,13 @@ class VariableBuilder:
         if is_skipped(value):
             return SkipFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
-            g and g.id_match(source, value)
+            if g is not None and "<locals>" in value.__qualname__:
+                # a function made by a call (a lambda handed over at a graph break): a new
+                # object each call, guarded by its code; its cells and defaults are read
+                # through the source, each with its own guard
+                g.id_match(AttrSource(source, "__code__"), value.__code__)
+            elif g is not None:
+                g.id_match(source, value)
             return UserFunctionVariable(value, source)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             obj = self(value.__self__, source and AttrSource(source, "__self__"))

@@ -17,8 +17,11 @@ NB: in PyTorch this lives in torch/_dynamo/variables/builtin.py (BuiltinVariable
 from __future__ import annotations
 
 import builtins
+import collections
 import math
 import operator
+
+import torch
 
 from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
 from toycomp.capture.variables.lists import (
@@ -30,6 +33,8 @@ from toycomp.capture.variables.lists import (
     TupleVariable,
     as_iterator,
 )
+from toycomp.capture.variables.objects import UserDefinedObjectVariable
+from toycomp.capture.variables.sets import SetVariable, as_set_or_constant
 from toycomp.capture.variables.tensor import TensorVariable
 from toycomp.symbolic_shapes import specialized
 
@@ -48,6 +53,14 @@ TENSOR_OPERATORS = {v for k, v in vars(operator).items() if callable(v) and not 
                     and k not in ("is_", "is_not", "not_", "truth", "contains", "countOf",
                                   "indexOf", "attrgetter", "itemgetter", "methodcaller",
                                   "length_hint", "call", "index")} | {abs}
+# ``a += b`` where ``a`` is not a tensor (``k = 1; k += x``): Python falls back to ``a + b``, and
+# a graph node ``operator.iadd(1, x)`` would print as ``1 += x``, which is not Python.
+OUT_OF_PLACE = {getattr(operator, f"i{name.rstrip('_')}"): getattr(operator, name) for name in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_", "xor",
+    "lshift", "rshift")}
+# In-place set operators (``s |= t`` keeps one set object) and ``d | e`` / ``d |= e`` of dicts.
+SET_AND_DICT_OPS = {operator.ior: "__ior__", operator.iand: "__iand__", operator.isub: "__isub__",
+                    operator.ixor: "__ixor__", operator.or_: "__or__"}
 # Operators on containers: the tracker's method that does it.
 CONTAINER_METHODS = {operator.add: "__add__", operator.iadd: "__iadd__", operator.mul: "__mul__",
                      operator.getitem: "__getitem__", operator.setitem: "__setitem__",
@@ -67,19 +80,38 @@ class BuiltinVariable(VariableTracker):
     def as_python_constant(self):
         return self.fn
 
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.fn, name))
+        attr = getattr(self.fn, name, None)
+        if callable(attr) and any(attr == rule for rule in RULES):  # chain.from_iterable
+            return BuiltinVariable(next(rule for rule in RULES if attr == rule))
+        return super().var_getattr(tx, name)
+
     def call_function(self, tx, args, kwargs):
         rule = RULES.get(self.fn)
         if rule is not None:
             return rule(tx, *args, **kwargs)
+        if self.fn in BINARY_DUNDERS and len(args) == 2:
+            user = _user_operator(tx, self.fn, *args)
+            if user is not None:
+                return user
+        if self.fn in SET_AND_DICT_OPS and isinstance(args[0], (SetVariable, DictVariable)):
+            return args[0].call_method(tx, SET_AND_DICT_OPS[self.fn], list(args[1:]), {})
         if self.fn in CONTAINER_METHODS and isinstance(args[0], (BaseListVariable, DictVariable)):
             method = CONTAINER_METHODS[self.fn]
             if method == "__iadd__" and isinstance(args[0], TupleVariable):
                 method = "__add__"
             return args[0].call_method(tx, method, list(args[1:]), {})
         if any(isinstance(a, TensorVariable) for a in args):
-            if self.fn in TENSOR_OPERATORS:
-                return tx.output.create_call("call_function", self.fn, args, kwargs)
+            fn = self.fn
+            if fn in OUT_OF_PLACE and not isinstance(args[0], TensorVariable):
+                fn = OUT_OF_PLACE[fn]
+            if fn in TENSOR_OPERATORS:
+                return tx.output.create_call("call_function", fn, args, kwargs)
             raise Unsupported(f"{self.fn.__name__}() on a tensor")
+        if self.fn is operator.getitem and isinstance(getattr(args[0], "fn", None), type):
+            return fold(self.fn, args, kwargs)  # a type hint: list[torch.Tensor]
         if self.fn in CONTAINER_METHODS and not isinstance(args[0], ConstantVariable):
             return args[0].call_method(tx, CONTAINER_METHODS[self.fn], list(args[1:]), {})
         return fold(self.fn, args, kwargs)
@@ -89,6 +121,23 @@ class BuiltinVariable(VariableTracker):
 
     def __repr__(self):
         return f"BuiltinVariable({getattr(self.fn, '__name__', self.fn)})"
+
+
+# ``a + b`` where ``a`` or ``b`` is an object of a user class with ``__add__`` / ``__radd__``.
+BINARY_DUNDERS = {getattr(operator, op): (f"__{op}__", f"__r{op}__") for op in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul")}
+
+
+def _user_operator(tx, fn, a, b):
+    """``a.__add__(b)``, or ``b.__radd__(a)`` when ``a`` has no ``__add__`` of its own (a
+    tensor's returns NotImplemented for a user object), inlined; None if neither applies."""
+    forward, reflected = BINARY_DUNDERS[fn]
+    if isinstance(a, UserDefinedObjectVariable) and a.defines(forward):
+        return a.call_method(tx, forward, [b], {})
+    if isinstance(b, UserDefinedObjectVariable) and b.defines(reflected) and not (
+            isinstance(a, UserDefinedObjectVariable)):
+        return b.call_method(tx, reflected, [a], {})
+    return None
 
 
 def fold(fn, args, kwargs) -> ConstantVariable:
@@ -102,7 +151,7 @@ def fold(fn, args, kwargs) -> ConstantVariable:
         raise Unsupported(f"{getattr(fn, '__name__', fn)}() on {args}") from None
     if fn in TEXT_BUILTINS:  # str(s0) is "s0": a size becomes its number, guarded
         consts = specialized(consts)
-    return ConstantVariable(fn(*consts, **kw))
+    return as_set_or_constant(fn(*consts, **kw))
 
 
 def is_same(a: VariableTracker, b: VariableTracker) -> bool:
@@ -183,14 +232,13 @@ def _sequence(kind):
     return rule
 
 
-def _dict(tx, *args, **kwargs):
-    items = dict(args[0].items) if args and isinstance(args[0], DictVariable) else {}
-    if args and not isinstance(args[0], DictVariable):
-        for pair in args[0].unpack_var_sequence(tx):
-            k, v = pair.unpack_var_sequence(tx)
-            items[k.as_python_constant()] = v
-    items.update(kwargs)
-    return DictVariable(items)
+def _dict(user_cls):
+    """``dict(...)`` or ``collections.OrderedDict(...)``: a new dict of that class."""
+    def rule(tx, *args, **kwargs):
+        new = DictVariable({}, user_cls=user_cls)
+        new.mutate(tx, "update", list(args), kwargs)
+        return new
+    return rule
 
 
 def _sum(tx, seq, start=ConstantVariable(0)):
@@ -202,12 +250,31 @@ def _sum(tx, seq, start=ConstantVariable(0)):
 
 def _minmax(fn):
     def rule(tx, *args, **kwargs):
-        if any(isinstance(a, TensorVariable) for a in args):
-            raise Unsupported(f"{fn.__name__}() of tensors compares their values")
         if len(args) == 1 and not args[0].is_python_constant():
             args = args[0].unpack_var_sequence(tx)
+        if any(isinstance(a, TensorVariable) for a in args):
+            return _minmax_tensors(tx, fn, args, kwargs)
         return fold(fn, args, kwargs)
     return rule
+
+
+def _minmax_tensors(tx, fn, args, kwargs):
+    """``max(a, b)`` of one-element tensors: ``b if b > a else a``, item by item, as a
+    ``torch.where`` in the graph (Dynamo: torch.maximum). Tensors of more than one element
+    have no truth value (eager raises): a graph break, as are mixed dtypes or shapes, whose
+    result eager would not promote."""
+    first = args[0]
+    if kwargs or not all(isinstance(a, TensorVariable) and a.example.numel() == 1
+                         and a.example.dtype == first.example.dtype
+                         and a.example.shape == first.example.shape for a in args):
+        raise Unsupported(f"{fn.__name__}() of tensors that are not one-element tensors of one "
+                          "dtype and shape (it compares their values)")
+    better = operator.gt if fn is max else operator.lt
+    best = first
+    for item in args[1:]:
+        cond = tx.output.create_call("call_function", better, [item, best], {})
+        best = tx.output.create_call("call_function", torch.where, [cond, item, best], {})
+    return best
 
 
 def _all_any(fn):
@@ -224,6 +291,15 @@ def _all_any(fn):
                 return ConstantVariable(stop_at)
         return ConstantVariable(not stop_at)
     return rule
+
+
+def _reversed(tx, seq):
+    if seq.is_python_constant() and not isinstance(seq, DictVariable):
+        return ListIteratorVariable([ConstantVariable(v) for v in
+                                     reversed(seq.as_python_constant())])
+    if isinstance(seq, (BaseListVariable, ListIteratorVariable)) or hasattr(seq, "view"):
+        return ListIteratorVariable(seq.unpack_var_sequence(tx)[::-1])
+    return seq.call_method(tx, "__reversed__", [], {})
 
 
 def _getattr(tx, obj, name, *default):
@@ -300,8 +376,9 @@ def _eq(fn):
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
-    dict: _dict, sum: _sum, all: _all_any(all), any: _all_any(any), min: _minmax(min),
-    max: _minmax(max), getattr: _getattr,
+    dict: _dict(dict), collections.OrderedDict: _dict(collections.OrderedDict), sum: _sum,
+    all: _all_any(all), any: _all_any(any), min: _minmax(min),
+    max: _minmax(max), getattr: _getattr, reversed: _reversed,
     hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,
     operator.contains: _contains, super: _super, operator.eq: _eq(operator.eq),

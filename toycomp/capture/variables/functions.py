@@ -114,8 +114,16 @@ class UserMethodVariable(UserFunctionVariable):
         super().__init__(fn, source)
         self.obj = obj
 
+    def python_type(self):
+        return types.MethodType
+
     def call_function(self, tx, args, kwargs):
         return super().call_function(tx, [self.obj, *args], kwargs)
+
+    def reconstruct(self, codegen):
+        """Bound again to its object (``source`` is the function's, read from the class)."""
+        fn = codegen.source(self.source) if self.source is not None else codegen.constant(self.fn)
+        return f"{codegen.constant(types.MethodType)}({fn}, {codegen.reconstruct(self.obj)})"
 
 
 @dataclass(eq=False)  # trackers compare by identity
@@ -136,6 +144,35 @@ class NestedUserFunctionVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
         return tx.inline_call(self.code, self.f_globals, bound, self.closure, None, self.qualname)
+
+    def reconstruct(self, codegen):
+        """``make_function(code, ...)``, once: a lambda alive at a graph break. Its cells are
+        new cells holding the rebuilt values (a cell of a function from outside: that cell)."""
+        if id(self) in codegen.temps:
+            return codegen.temps[id(self)]
+        cells = []
+        for cell in self.closure:
+            if getattr(cell, "real", None) is not None:
+                cells.append(codegen.constant(cell.real))
+            elif getattr(cell, "contents", None) is not None:
+                cells.append(f"{codegen.constant(types.CellType)}"
+                             f"({codegen.reconstruct(cell.contents)})")
+            else:
+                raise Unsupported(f"{self.qualname}: a closure variable not yet assigned")
+        defaults = "".join(f"{codegen.reconstruct(d)}, " for d in self.defaults)
+        kwdefaults = ", ".join(f"{k!r}: {codegen.reconstruct(v)}"
+                               for k, v in self.kwdefaults.items())
+        call = (f"{codegen.constant(make_function)}({codegen.constant(self.code)}, "
+                f"{codegen.constant(self.f_globals)}, {self.qualname!r}, ({defaults}), "
+                f"{{{kwdefaults}}}, ({''.join(c + ', ' for c in cells)}))")
+        return codegen.new_object(self, call)
+
+
+def make_function(code, f_globals, qualname, defaults, kwdefaults, cells):
+    """A function object as ``MAKE_FUNCTION`` makes it (for ``NestedUserFunctionVariable``)."""
+    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, cells or None)
+    fn.__qualname__, fn.__kwdefaults__ = qualname, kwdefaults or None
+    return fn
 
     def __repr__(self):
         return f"NestedUserFunctionVariable({self.qualname})"

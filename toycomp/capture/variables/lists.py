@@ -25,14 +25,21 @@ torch/_dynamo/variables/lazy.py (LazyVariableTracker).
 
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any
 
 from toycomp.capture.sources import GetItemSource
-from toycomp.capture.variables.base import ConstantVariable, Unsupported, VariableTracker
+from toycomp.capture.variables.base import (
+    ConstantVariable,
+    MethodVariable,
+    Unsupported,
+    VariableTracker,
+)
 
 _MUTATING = {"append", "extend", "insert", "pop", "clear", "remove", "reverse", "sort",
-             "__setitem__", "__delitem__", "__iadd__", "update", "setdefault", "popitem"}
+             "__setitem__", "__delitem__", "__iadd__", "update", "setdefault", "popitem",
+             "move_to_end"}
 
 
 class BaseListVariable(VariableTracker):
@@ -60,7 +67,8 @@ class BaseListVariable(VariableTracker):
     def as_python_constant(self):
         if self._items is None:
             raise Unsupported("unread list")
-        return self.python_type()(v.as_python_constant() for v in self._items)
+        kind = list if isinstance(self, ListVariable) else tuple  # (a named tuple: its items)
+        return kind(v.as_python_constant() for v in self._items)
 
     def unpack_var_sequence(self, tx):
         return list(self.items(tx))
@@ -77,7 +85,7 @@ class BaseListVariable(VariableTracker):
         if name == "__getitem__":
             index = args[0].as_python_constant()
             if isinstance(index, slice):
-                return type(self)(items[index])
+                return self.plain_type()(items[index])
             return items[index]
         if name == "__contains__":
             value = args[0].as_python_constant()
@@ -85,17 +93,22 @@ class BaseListVariable(VariableTracker):
                                         for v in items))
         if name in ("__add__", "__radd__"):
             other = args[0].unpack_var_sequence(tx)
-            return type(self)(items + other if name == "__add__" else other + items)
+            return self.plain_type()(items + other if name == "__add__" else other + items)
         if name == "__mul__":
-            return type(self)(items * args[0].as_python_constant())
+            return self.plain_type()(items * args[0].as_python_constant())
         if name in ("index", "count", "__eq__", "__ne__", "__lt__", "__gt__", "copy"):
             if name == "copy":
-                return type(self)(items)
+                return self.plain_type()(items)
             return ConstantVariable(getattr(self.as_python_constant(), name)(
                 *[a.as_python_constant() for a in args]))
         if name == "__iter__":
             return ListIteratorVariable(items)
         raise Unsupported(f"{self.python_type().__name__}.{name}")
+
+    def plain_type(self) -> type:
+        """The tracker of a new list or tuple made from this one's items (a named tuple's
+        slice is a plain tuple)."""
+        return ListVariable if isinstance(self, ListVariable) else TupleVariable
 
     def mutate(self, tx, name, args):
         raise Unsupported(f"tuple.{name}")
@@ -114,6 +127,55 @@ class BaseListVariable(VariableTracker):
 
 class TupleVariable(BaseListVariable):
     pass
+
+
+class NamedTupleVariable(TupleVariable):
+    """A named tuple: a ``collections.namedtuple`` / ``typing.NamedTuple`` instance, or a
+    structseq such as ``torch.max(x, dim=0)``'s result (``torch.return_types.max``). Its items,
+    read by index or by field name, keep their type (``isinstance``, ``_fields``, ``_asdict``)
+    and are rebuilt as that type after the graph."""
+
+    def __init__(self, items, tuple_cls: type, source=None):
+        super().__init__(items, source)
+        self.tuple_cls = tuple_cls
+        # (a structseq has no _fields)
+        self.fields = tuple(getattr(tuple_cls, "_fields", None) or tuple_cls.__match_args__)
+
+    def python_type(self):
+        return self.tuple_cls
+
+    def as_python_constant(self):
+        items = super().as_python_constant()
+        return self.tuple_cls(items) if self.is_structseq() else self.tuple_cls(*items)
+
+    def is_structseq(self) -> bool:
+        return not hasattr(self.tuple_cls, "_fields")
+
+    def reconstruct(self, codegen):
+        if self.source is not None:
+            return codegen.source(self.source)
+        items = super().reconstruct(codegen)
+        cls = codegen.constant(self.tuple_cls)
+        return f"{cls}({items})" if self.is_structseq() else f"{cls}(*{items})"
+
+    def var_getattr(self, tx, name):
+        if name in self.fields:
+            return self.items(tx)[self.fields.index(name)]
+        if name == "_fields" and not self.is_structseq():
+            return ConstantVariable(self.fields)
+        if name in ("_asdict", "_replace", "count", "index"):
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of the named tuple {self.tuple_cls.__name__}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "_asdict":
+            return DictVariable(dict(zip(self.fields, self.items(tx))))
+        if name == "_replace":
+            if set(kwargs) - set(self.fields):
+                raise Unsupported(f"{self.tuple_cls.__name__}._replace of unknown fields")
+            new = [kwargs.get(f, v) for f, v in zip(self.fields, self.items(tx))]
+            return NamedTupleVariable(new, self.tuple_cls)
+        return super().call_method(tx, name, args, kwargs)
 
 
 class ListVariable(BaseListVariable):
@@ -149,14 +211,16 @@ class ListVariable(BaseListVariable):
 
 
 class DictVariable(VariableTracker):
-    """A dict with constant keys; ``items`` maps each key to a tracker."""
+    """A dict with constant keys; ``items`` maps each key to a tracker. ``user_cls`` is its
+    class: ``dict``, ``collections.OrderedDict`` (or, read from a source, a subclass)."""
 
-    def __init__(self, items: dict, source=None):
+    def __init__(self, items: dict, source=None, user_cls: type = dict):
         self.items = dict(items)
         self.source = source
+        self.user_cls = user_cls
 
     def python_type(self):
-        return dict
+        return self.user_cls
 
     def as_python_constant(self):
         return {k: v.as_python_constant() for k, v in self.items.items()}
@@ -168,6 +232,13 @@ class DictVariable(VariableTracker):
         return bool(self.items)
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "__ior__":  # d |= e
+            self.mutate(tx, "update", args, {})
+            return self
+        if name == "__or__" and isinstance(args[0], DictVariable):  # d | e: a new dict
+            new = DictVariable(self.items, user_cls=self.user_cls)
+            new.items.update(args[0].items)
+            return new
         if name in _MUTATING:
             return self.mutate(tx, name, args, kwargs)
         keys = [ConstantVariable(k) for k in self.items]
@@ -180,16 +251,18 @@ class DictVariable(VariableTracker):
             return ConstantVariable(len(self.items))
         if name == "__contains__":
             return ConstantVariable(args[0].as_python_constant() in self.items)
-        if name == "keys" or name == "__iter__":
-            seq = TupleVariable(keys)
-            return seq if name == "keys" else ListIteratorVariable(keys)
-        if name == "values":
-            return TupleVariable(list(self.items.values()))
-        if name == "items":
-            return TupleVariable([TupleVariable([k, v]) for k, v in zip(keys, self.items.values())])
+        if name == "__iter__":
+            return ListIteratorVariable(keys)
+        if name in ("keys", "values", "items"):
+            return DictViewVariable(self, name)
         if name == "copy":
-            return DictVariable(self.items)
-        raise Unsupported(f"dict.{name}")
+            return DictVariable(self.items, user_cls=self.user_cls)
+        if name == "__reversed__":
+            return ListIteratorVariable(keys[::-1])
+        raise Unsupported(f"{self.user_cls.__name__}.{name}")
+
+    def pairs(self) -> list[VariableTracker]:
+        return [TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()]
 
     def mutate(self, tx, name, args, kwargs):
         if self.source is not None:
@@ -197,8 +270,10 @@ class DictVariable(VariableTracker):
         if name == "__setitem__":
             self.items[args[0].as_python_constant()] = args[1]
         elif name == "update":
-            other = args[0].items if args else {}
-            self.items.update(other)
+            for pair in (args[0].pairs() if isinstance(args[0], DictVariable) else
+                         args[0].unpack_var_sequence(tx)) if args else ():
+                key, value = pair.unpack_var_sequence(tx)
+                self.items[key.as_python_constant()] = value
             self.items.update(kwargs)
         elif name == "pop":
             key = args[0].as_python_constant()
@@ -207,15 +282,77 @@ class DictVariable(VariableTracker):
             return self.items.setdefault(args[0].as_python_constant(), args[1])
         elif name == "__delitem__":
             del self.items[args[0].as_python_constant()]
+        elif name == "clear":
+            self.items.clear()
+        elif name == "popitem":
+            last = (args[0] if args else kwargs.get("last", ConstantVariable(True)))
+            last = last.as_python_constant()
+            key = list(self.items)[-1 if last else 0]
+            return TupleVariable([ConstantVariable(key), self.items.pop(key)])
+        elif name == "move_to_end" and self.user_cls is not dict:
+            key = args[0].as_python_constant()
+            last = (args[1] if len(args) > 1 else kwargs.get("last", ConstantVariable(True)))
+            value = self.items.pop(key)
+            self.items = {key: value, **self.items} if not last.as_python_constant() else \
+                {**self.items, key: value}
         else:
-            raise Unsupported(f"dict.{name}")
+            raise Unsupported(f"{self.user_cls.__name__}.{name}")
         return ConstantVariable(None)
 
     def reconstruct(self, codegen):
         if self.source is not None:
             return codegen.source(self.source)
         parts = [f"{k!r}: {codegen.reconstruct(v)}" for k, v in self.items.items()]
-        return codegen.new_object(self, "{" + ", ".join(parts) + "}")
+        literal = "{" + ", ".join(parts) + "}"
+        if self.user_cls not in (dict, collections.OrderedDict):  # (a defaultdict's factory...)
+            raise Unsupported(f"rebuilding a new {self.user_cls.__name__} after the graph")
+        if self.user_cls is not dict:  # collections.OrderedDict({...})
+            literal = f"{codegen.constant(self.user_cls)}({literal})"
+        return codegen.new_object(self, literal)
+
+
+class DictViewVariable(VariableTracker):
+    """``d.keys()``, ``d.values()`` or ``d.items()``: a live view, which sees the dict's later
+    insertions and deletions, as Python's views do (a copy taken when the view is made would
+    not)."""
+
+    def __init__(self, dict_var: DictVariable, kind: str):
+        self.dict_var = dict_var
+        self.kind = kind
+
+    def python_type(self):
+        return type(getattr({}, self.kind)())
+
+    def view(self) -> list[VariableTracker]:
+        d = self.dict_var
+        if self.kind == "keys":
+            return [ConstantVariable(k) for k in d.items]
+        return list(d.items.values()) if self.kind == "values" else d.pairs()
+
+    def as_python_constant(self):
+        if self.kind == "keys":  # (the keys are constants whatever the values are)
+            return dict.fromkeys(self.dict_var.items).keys()
+        return getattr(self.dict_var.as_python_constant(), self.kind)()
+
+    def unpack_var_sequence(self, tx):
+        return self.view()
+
+    def truth(self, tx):
+        return bool(self.dict_var.items)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__":
+            return ConstantVariable(len(self.dict_var.items))
+        if name == "__iter__":
+            return ListIteratorVariable(self.view())
+        if name == "__contains__" and self.kind == "keys":
+            return ConstantVariable(args[0].as_python_constant() in self.dict_var.items)
+        if name == "__reversed__":
+            return ListIteratorVariable(self.view()[::-1])
+        return TupleVariable(self.view()).call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, codegen):
+        return f"{codegen.reconstruct(self.dict_var)}.{self.kind}()"
 
 
 class ListIteratorVariable(VariableTracker):

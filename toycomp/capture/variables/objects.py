@@ -28,7 +28,13 @@ from toycomp.capture.variables.base import (
     VariableTracker,
 )
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
-from toycomp.capture.variables.lists import ListIteratorVariable, TupleVariable
+from toycomp.capture.variables.lists import (
+    ListIteratorVariable,
+    NamedTupleVariable,
+    TupleVariable,
+    as_iterator,
+)
+from toycomp.capture.variables.tensor import NumpyArrayVariable
 
 
 MISSING = object()
@@ -134,6 +140,16 @@ class UserDefinedObjectVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return self.class_attr(tx, "__call__").call_function(tx, args, kwargs)
 
+    def defines(self, name: str) -> bool:
+        """Does the class define the special method ``name`` in Python (to inline)?"""
+        return isinstance(class_lookup(self.python_type(), name), types.FunctionType)
+
+    def unpack_var_sequence(self, tx):
+        if not self.defines("__iter__"):
+            raise Unsupported(f"iterating over {self}")
+        return as_iterator(tx, self.class_attr(tx, "__iter__").call_function(tx, [], {})) \
+            .unpack_var_sequence(tx)
+
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__})"
 
@@ -224,6 +240,22 @@ class UserDefinedClassVariable(ValueVariable):
         init_source = self.source and AttrSource(self.source, "__init__")
         UserMethodVariable(init, obj, init_source).call_function(tx, args, kwargs)
         return obj
+
+
+class NamedTupleClassVariable(UserDefinedClassVariable):
+    """A ``collections.namedtuple`` / ``typing.NamedTuple`` class: calling it makes a
+    ``NamedTupleVariable``, its arguments bound to the fields as ``cls.__new__`` binds them."""
+
+    def call_function(self, tx, args, kwargs):
+        cls = self.value
+        try:
+            bound = inspect.signature(cls).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise Unsupported(f"{cls.__qualname__}(): {e}") from None
+        defaults = getattr(cls, "_field_defaults", {})
+        items = [bound[f] if f in bound else tx.output.wrap(defaults[f], None)
+                 for f in cls._fields]
+        return NamedTupleVariable(items, cls)
 
 
 def why_not_constructible(cls) -> str | None:
@@ -355,4 +387,7 @@ class SkipFunctionVariable(VariableTracker):
             return ConstantVariable(self.value(*consts, **{k: v.as_python_constant()
                                                            for k, v in kwargs.items()}))
         name = getattr(self.value, "__qualname__", repr(self.value))
+        if any(isinstance(a, NumpyArrayVariable) for a in operands):
+            raise Unsupported(f"{module}.{name}() on a tensor's data (toycomp does not trace "
+                              "NumPy; Dynamo does, through torch._numpy)")
         raise Unsupported(f"call to {module}.{name}: not traceable")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -70,6 +71,9 @@ class TensorVariable(VariableTracker):
         raise Unsupported(f"Tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "numpy" and not args and not kwargs and not self.example.requires_grad \
+                and self.example.device.type == "cpu":
+            return NumpyArrayVariable(self)
         if name in DATA_METHODS:
             raise Unsupported(f"Tensor.{name}() reads the tensor's data into Python")
         if name in METADATA_METHODS:
@@ -102,3 +106,36 @@ class TensorVariable(VariableTracker):
 
     def __repr__(self):
         return f"TensorVariable({self.proxy.name}, {tuple(self.example.shape)})"
+
+
+class NumpyArrayVariable(VariableTracker):
+    """``t.numpy()``: the tensor's data as a NumPy array (sharing its memory). toycomp does not
+    trace NumPy (Dynamo does, through ``torch._numpy``): the array may become a tensor again
+    (``torch.from_numpy``), be returned, or live across a graph break, where it is
+    ``t.numpy()`` once more; any other use is a graph break that names it."""
+
+    def __init__(self, tensor: TensorVariable):
+        self.tensor = tensor
+
+    def python_type(self):
+        return np.ndarray
+
+    def var_getattr(self, tx, name):
+        example = self.tensor.example
+        if name in ("shape", "ndim", "size"):  # (sizes may be symbols: no np.empty here)
+            return ConstantVariable({"shape": tuple(example.shape), "ndim": example.dim(),
+                                     "size": example.numel()}[name])
+        if callable(getattr(np.ndarray, name, None)):
+            return MethodVariable(self, name)  # a break at the call, which can resume after it
+        raise Unsupported(f"NumPy ndarray.{name} of a tensor's data (toycomp does not trace "
+                          "NumPy; Dynamo does, through torch._numpy)")
+
+    def call_method(self, tx, name, args, kwargs):
+        raise Unsupported(f"NumPy ndarray.{name}() on a tensor's data (toycomp does not trace "
+                          "NumPy; Dynamo does, through torch._numpy)")
+
+    def reconstruct(self, codegen):
+        return f"{codegen.reconstruct(self.tensor)}.numpy()"
+
+    def __repr__(self):
+        return f"NumpyArrayVariable({self.tensor})"

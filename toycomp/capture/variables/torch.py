@@ -30,7 +30,7 @@ from toycomp.capture.variables.base import (
     ValueVariable,
     VariableTracker,
 )
-from toycomp.capture.variables.tensor import TensorVariable
+from toycomp.capture.variables.tensor import NumpyArrayVariable, TensorVariable
 
 CONSTANT_FUNCTIONS = {torch.is_grad_enabled, torch.get_default_dtype, torch.is_autocast_enabled,
                       torch.get_autocast_dtype, torch.Size, torch.device, torch.finfo, torch.iinfo,
@@ -65,6 +65,11 @@ class TorchVariable(ValueVariable):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if any(fn is f for f in TRACING_STATE):
             return ConstantVariable(TRACING_STATE[fn])
+        if fn in (torch.from_numpy, torch.as_tensor, torch.asarray) and not kwargs and \
+                isinstance(args[0], NumpyArrayVariable):  # t.numpy() back: t's data, no grad
+            return tx.output.create_call("call_method", "detach", [args[0].tensor], {})
+        if fn is torch.jit.annotate:  # a type hint for TorchScript: the value itself
+            return args[1]
         if fn is torch.is_tensor:
             return ConstantVariable(isinstance(args[0], TensorVariable))
         if fn in CONSTANT_FUNCTIONS:
@@ -79,6 +84,10 @@ class TorchVariable(ValueVariable):
             return AutocastVariable(args, kwargs)
         if isinstance(fn, type):
             raise Unsupported(f"creating a {fn.__qualname__}")
+        if fn is torch.arange and "dtype" not in kwargs and all(
+                isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
+            # integer bounds give int64; written out, so that sizes (SymInts) keep it
+            kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
         if fn is torch.nn.functional.one_hot:
             args = _checked_one_hot_args(tx, args, kwargs)
         return tx.output.create_call("call_function", fn, args, kwargs)

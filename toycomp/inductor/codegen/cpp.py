@@ -164,6 +164,7 @@ class CppKernelCodegen(KernelCodegen):
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
         self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
+        self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
         # columns and planes: opt/cpp_layout.py (never for indirect indices, which it cannot read)
@@ -307,7 +308,7 @@ class CppKernelCodegen(KernelCodegen):
         kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
         for i, loop in enumerate(k.loops):
             self.new_sections()
-            self.loop_reductions = []
+            self.loop_reductions, self.row_sums = [], []
             if kept:
                 kept.before_loop(self, i)
             self.codegen_loop(loop)

@@ -67,7 +67,7 @@ CPP_OPS: dict[str, Callable[..., str]] = {
     "floor": lambda a: f"std::floor({a})",
     "sign": lambda a: f"({a} > 0) - ({a} < 0)",  # NaN -> 0, like torch.sign
     "logical_not": lambda a: f"!{a}",
-    "pow": lambda a, b: f"std::pow({a}, {b})",
+    "pow": lambda a, b: f"toycomp_pow({a}, {b})",  # integers: pow_int (cpp_prefix.py)
     "maximum": lambda a, b: f"max_propagate_nan({a}, {b})",
     "minimum": lambda a, b: f"min_propagate_nan({a}, {b})",
     "logical_and": lambda a, b: f"{a} && {b}",

@@ -241,7 +241,11 @@ class TritonKernelCodegen(KernelCodegen):
             if math.isinf(value):
                 return 'float("inf")' if value > 0 else 'float("-inf")'
             return f"({value!r})" if value < 0 else repr(value)
-        return f"({int(value)})" if value < 0 else str(int(value))
+        value = int(value)
+        if dtype is not None and dtype != torch.int64:  # eager wraps x * 1000 in uint8 around
+            bits = torch.iinfo(dtype).bits
+            value = (value - torch.iinfo(dtype).min) % 2**bits + torch.iinfo(dtype).min
+        return f"({value})" if value < 0 else str(value)
 
     def materialize(self, value: str, dtype: torch.dtype) -> str:
         """A number as a tensor of the current shape (``tl.exp(2.0)`` alone is not valid)."""
@@ -276,8 +280,8 @@ class TritonKernelCodegen(KernelCodegen):
         for i, is_const in enumerate(consts):
             if is_const and (expr.name not in _NUMBERS_OK or (all(consts) and i == 0)):
                 args[i] = self.materialize(args[i], operand_dtype(expr, i))
-        if expr.name == "pow" and not expr.dtype.is_floating_point:
-            raise NotImplementedError("Triton backend: pow on integer tensors")
+        if expr.name == "pow" and not expr.dtype.is_floating_point:  # wraps like eager's
+            return f"_pow_int({args[0]}, {args[1]})"
         if expr.name == "convert_element_type":  # the source dtype picks the rounding path
             return triton_convert(args[0], expr.dtype, compute_dtype(expr.args[0].dtype))
         return super().op(expr, args)

@@ -150,6 +150,23 @@ def _pow(a, b):
     out = tl.where(a < 0, neg, mag)
     return tl.where((b == 0) | (a == 1), 1.0, out)
 ''',
+    "_pow_int": '''@triton.jit
+def _pow_int(a, b):
+    # Integers: repeated squaring (ATen's powi), wrapping around on overflow as eager does.
+    # A negative exponent: 1 ** b = 1, (-1) ** b = +-1, else 0.
+    one = a * 0 + 1
+    minus_one = 0 - one
+    result = one
+    base = a
+    e = tl.where(b < 0, b * 0, b)
+    for _ in tl.static_range(64):  # (enough bits for any integer exponent)
+        result = tl.where((e & 1) == 1, result * base, result)
+        base = base * base
+        e = e >> 1
+    flip = tl.where((b & 1) == 1, minus_one, one)
+    small = tl.where(a == one, one, tl.where(a == minus_one, flip, one * 0))
+    return tl.where(b < 0, small, result)
+''',
 }
 
 
