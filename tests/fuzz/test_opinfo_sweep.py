@@ -51,10 +51,6 @@ TRITON_OPINFOS = (
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    # a boolean-mask index: AOT's backward trace meets aten.nonzero (a data-dependent shape)
-    # and raises DynamicOutputShapeException instead of running the graph eagerly (aot/)
-    ("cpp", "index_put"): "DynamicOutputShapeException: aten.nonzero.default",
-    ("triton", "index_put"): "DynamicOutputShapeException: aten.nonzero.default",
 }
 
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
