@@ -42,7 +42,9 @@ def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> st
     >>> known_text(float("nan"), {}, (float,)) is None
     True
     """
-    if isinstance(value, scalars) and repr(value) not in ("nan", "inf", "-inf"):
+    # The exact types: an Enum over str or int (``class Mode(str, Enum)``) is an instance of
+    # them, but its repr (``<Mode.A: 'a'>``) is no Python text: it gets a name like any object.
+    if type(value) in scalars and repr(value) not in ("nan", "inf", "-inf"):
         return repr(value)
     if isinstance(value, torch.dtype):
         return str(value)
