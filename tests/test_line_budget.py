@@ -27,30 +27,35 @@ import reading_list  # noqa: E402
 
 # The running example's teach path, per stage (reading_list.STAGES), and in all. The goal is
 # 2,500 lines in all (docs/passes.md says where the rest goes); these are today's ceilings.
+# (capture's Python semantics and logs raised capture, aot and glue by about 170 lines in all:
+# live dict views, class-keeping rebuilds, grad-mode outputs, the logging hooks)
 TEACH_PATH_BUDGET = {
-    "capture": 1100,
-    "aot": 850,
-    "prims": 450,
+    "capture": 1200,
+    "aot": 870,
+    "prims": 470,
     "inductor": 1300,
     "inductor/codegen": 400,
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
-    "glue": 380,
+    "glue": 400,
 }
-TEACH_PATH_TOTAL = 4400
+TEACH_PATH_TOTAL = 4600
 # Lines of the package's modules, per stage and in all (wc -l).
 # (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
-# and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter)
+# and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
+# capture grew by about 1,050 for the constructs of real code: sets, itertools, functools, live
+# dict views, dataclass dicts, decorated frames; exercises by about 380 for the unfakeable grader,
+# the student bundle and notebook 05's checks; glue by the logs and the config)
 PACKAGE_BUDGET = {
-    "capture": 5500,
+    "capture": 6700,
     "aot": 2200,
     "prims": 3800,
     "inductor": 4250,
     "inductor/codegen": 2650,
     "inductor/opt": 2450,
-    "exercises": 1700,
-    "glue": 2300,
+    "exercises": 2150,
+    "glue": 2400,
 }
-PACKAGE_TOTAL = 24450
+PACKAGE_TOTAL = 26500
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 
