@@ -38,17 +38,19 @@ TEACH_PATH_BUDGET = {
 }
 TEACH_PATH_TOTAL = 4400
 # Lines of the package's modules, per stage and in all (wc -l).
+# (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
+# and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter)
 PACKAGE_BUDGET = {
     "capture": 5500,
     "aot": 2200,
-    "prims": 3450,
-    "inductor": 4000,
-    "inductor/codegen": 2550,
+    "prims": 3800,
+    "inductor": 4250,
+    "inductor/codegen": 2650,
     "inductor/opt": 2450,
     "exercises": 1700,
     "glue": 2300,
 }
-PACKAGE_TOTAL = 23800
+PACKAGE_TOTAL = 24450
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 

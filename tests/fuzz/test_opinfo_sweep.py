@@ -44,6 +44,9 @@ TRITON_OPINFOS = (
     "sin", "exp", "add", "mul", "div.no_rounding_mode", "where", "pow", "clamp", "sum", "mean",
     "amax", "softmax", "log_softmax", "native_layer_norm", "nn.functional.gelu", "transpose",
     "expand", "var", "nn.functional.batch_norm", "nn.functional.max_pool2d",
+    # indirect indexing: loads, and scatters with tl.atomic_add
+    "nn.functional.embedding", "index_select", "gather", "__getitem__", "index_put", "scatter",
+    "scatter_add", "index_add", "constant_pad_nd", "flip", "roll", "cat", "narrow",
 )
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
@@ -59,6 +62,10 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "_softmax_backward_data": ["softmax"],
     "_to_copy": ["to", "double"],
     "_unsafe_view": ["reshape"],
+    "slice_backward": ["narrow"],
+    "_unsafe_index": ["__getitem__"],
+    "_unsafe_index_put": ["index_put"],
+    "index": ["__getitem__"],
     "alias": ["alias_copy"],
     "elu_backward": ["nn.functional.elu"],
     "embedding_dense_backward": ["nn.functional.embedding"],

@@ -59,6 +59,10 @@ PRIM_CHECKS = {  # name -> (args, what the prim must equal, computed another way
     "slice": ((x34, 1, 1, 4, 2), lambda: x34[:, 1:4:2]),
     "full": (([2, 3], 1.5, torch.float32, "cpu"), lambda: torch.ones(2, 3) * 1.5),
     "iota": ((5, torch.int64, "cpu"), lambda: torch.tensor([0, 1, 2, 3, 4])),
+    "gather": ((x34, 0, torch.tensor([[2, 0, 1, 1]])), lambda: torch.stack(
+        [x34[2, 0], x34[0, 1], x34[1, 2], x34[1, 3]])[None]),
+    "scatter": ((torch.zeros(2, 2), 0, torch.tensor([[1, 1], [1, 0]]), torch.ones(2, 2), True),
+                lambda: torch.tensor([[0.0, 1.0], [2.0, 1.0]])),
 }
 
 

@@ -111,6 +111,7 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(fwd)
 
     @staticmethod
+    @torch.compiler.disable  # [Note: the compiled callable is opaque to Dynamo] in pipeline.py
     def backward(ctx, *grad_outputs: torch.Tensor):  # type: ignore[override]
         aot: AOTOutput = ctx.aot
         tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
@@ -154,6 +155,7 @@ class CompiledFunctionBackward(torch.autograd.Function):
     differentiated again ([Note: double backward])."""
 
     @staticmethod
+    @torch.compiler.disable  # as CompiledFunction.backward
     def forward(ctx, aot: AOTOutput, anchor: torch.Tensor, *args: Any):  # type: ignore[override]
         return tuple(aot.compiled_backward(list(args)))
 

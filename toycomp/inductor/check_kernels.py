@@ -77,6 +77,13 @@ def check_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
     return checked_copy(indices, size, INDICES, None)
 
 
+def check_bounds(indices: torch.Tensor, low: int, high: int, dim: int,
+                 runtime_error: bool) -> torch.Tensor:  # fmt: skip
+    if low != 0 or not _fits(indices):  # (negative indices allowed: the torch ops' check)
+        return decomp_table.check_bounds(indices, low, high, dim, runtime_error)
+    return checked_copy(indices, high, INDICES, None)
+
+
 def check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
     if not _fits(target):
         return decomp_table.check_targets(target, classes, ignore_index)
@@ -90,6 +97,6 @@ def check_one_hot(classes: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 
 CUDA_CHECK_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
-    fn.__name__: fn for fn in (check_indices, check_targets, check_one_hot)
+    fn.__name__: fn for fn in (check_indices, check_bounds, check_targets, check_one_hot)
 }
 assert CUDA_CHECK_FUNCTIONS.keys() == decomp_table.CHECK_FUNCTIONS.keys()

@@ -83,6 +83,9 @@ def run_lowered(lowered: ir.LoweredGraph, inputs: list[torch.Tensor]) -> list[to
     for node in lowered.nodes:
         if isinstance(node, ir.ExternKernel):
             env.buffers.update(_run_extern(node, env))
+        elif isinstance(node, ir.Scatter):
+            run_env = _Env(env.buffers, dict(env.sizes), {}, env.device, env.sizes)
+            env.buffers[node.name] = _run_scatter(node, run_env)
         else:
             run_env = _Env(env.buffers, dict(env.sizes), {}, env.device, env.sizes)
             env.buffers[node.name] = _run_buffer(node, run_env)
@@ -174,8 +177,10 @@ def _run_kernel(kernel: ir.Kernel, env: _Env) -> None:
             else:
                 out = env.buffers[stmt.buffer]
                 _check_dtype(stmt.buffer, out.dtype, value.dtype)
-                index = torch.as_tensor(_index(stmt.index, env), device=env.device)
-                _flat(out)[index.broadcast_to(shape).reshape(-1)] = value.reshape(-1)
+                indirect = [_value(v, env) for v in stmt.indirect]
+                index = torch.as_tensor(_indirect_index(stmt.index, indirect, env))
+                index = index.to(env.device).broadcast_to(shape).reshape(-1)
+                _flat(out).index_put_((index,), value.reshape(-1), accumulate=stmt.accumulate)
 
 
 def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
@@ -191,6 +196,21 @@ def _run_buffer(node: ir.Pointwise | ir.Reduction, env: _Env) -> torch.Tensor:
         value = _REDUCE[node.reduction_type](value.reshape(dims[: len(node.size)] + (-1,)), dim=-1)
     _check_dtype(node.name, node.dtype, value.dtype)
     return value.contiguous()
+
+
+def _run_scatter(node: ir.Scatter, env: _Env) -> torch.Tensor:
+    """``name = init``, then each element of the source stored (or added) at its index."""
+    out = _run_buffer(ir.Pointwise(node.name, node.size, node.dtype, node.init), env)
+    dims = _sizes(node.src_size, env)
+    for k, (v, n) in enumerate(zip(indexing.index_vars("i", len(dims)), dims)):
+        env.variables[v] = torch.arange(n, device=env.device).reshape([-1 if j == k else 1
+                                                                        for j in range(len(dims))])
+    value = _value(node.value, env).broadcast_to(dims).reshape(-1)
+    indirect = [_value(v, env) for v in node.indirect]
+    index = torch.as_tensor(_indirect_index(node.index, indirect, env), device=env.device)
+    out.view(-1).index_put_((index.broadcast_to(dims).reshape(-1),), value.to(out.dtype),
+                            accumulate=node.accumulate)
+    return out
 
 
 def _run_extern(node: ir.ExternKernel, env: _Env) -> dict[str, torch.Tensor]:
@@ -220,14 +240,14 @@ def _value(expr: ir.Expr, env: _Env) -> torch.Tensor:
     [Note: expressions are DAGs] in loop_body.py)."""
     values: dict[int, torch.Tensor] = {}
     for node in ir.post_order(expr):
-        args = [values[id(a)] for a in node.args] if isinstance(node, ir.Op) else []
+        args = [values[id(a)] for a in ir.children(node)]
         values[id(node)] = _node_value(node, args, env)
     return values[id(expr)]
 
 
 def _node_value(expr: ir.Expr, args: list[torch.Tensor], env: _Env) -> torch.Tensor:
     if isinstance(expr, ir.Load):
-        return _flat(env.buffers[expr.buffer])[_index(expr.index, env)]
+        return _flat(env.buffers[expr.buffer])[_indirect_index(expr.index, args, env)]
     if isinstance(expr, ir.Constant):
         return torch.tensor(expr.value, dtype=expr.dtype, device=env.device)
     if isinstance(expr, ir.IndexValue):
@@ -242,6 +262,17 @@ def _node_value(expr: ir.Expr, args: list[torch.Tensor], env: _Env) -> torch.Ten
     return out
 
 
+def _indirect_index(expr: sympy.Expr, values: list[torch.Tensor], env: _Env):
+    """``expr`` evaluated with ``ind<k>`` bound to ``values[k]`` ([Note: indirect indexing])."""
+    symbols = [ir.indirect_symbol(k) for k in range(len(values))]
+    env.variables.update((s, v.to(torch.int64)) for s, v in zip(symbols, values))
+    try:
+        return _index(expr, env)
+    finally:
+        for s in symbols:
+            env.variables.pop(s)
+
+
 def _index(expr: sympy.Expr, env: _Env):
     """Evaluate an index: Python int or integer tensor (FloorDiv is ``//``)."""
     if expr.is_Integer:
@@ -253,6 +284,9 @@ def _index(expr: sympy.Expr, env: _Env):
         return args[0] // args[1]
     if isinstance(expr, (sympy.Add, sympy.Mul)):
         return functools.reduce(operator.add if expr.is_Add else operator.mul, args)
+    if isinstance(expr, (sympy.Min, sympy.Max)):  # (index arithmetic: a clamp)
+        pick = torch.minimum if isinstance(expr, sympy.Min) else torch.maximum
+        return functools.reduce(lambda a, b: pick(torch.as_tensor(a), torch.as_tensor(b)), args)
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return args[0] ** int(expr.exp)
     raise NotImplementedError(f"interpret: index expression {expr}")

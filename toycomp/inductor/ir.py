@@ -49,6 +49,10 @@ from toycomp.inductor import indexing
 from toycomp.inductor.loop_body import (  # noqa: F401  (layer 1, re-exported: ir.Load, ir.walk)
     TREE_PRINT_LIMIT,
     Constant,
+    children,
+    format_index,
+    indirect_symbol,
+    is_indirect_symbol,
     Expr,
     IndexValue,
     Load,
@@ -159,6 +163,36 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """``name = init``, then ``name[index] = value`` (``+=`` if ``accumulate``) for every index of
+    ``src_size``: a scatter, whose ``index`` (over ``i0, i1...`` of ``src_size``) reads
+    ``ind0 = indirect[0]`` (see [Note: indirect indexing] in loop_body.py and [Note: a scatter
+    is a buffer written twice] in scheduler.py). Dim ``dim`` of ``src_size`` is the one whose
+    elements may hit the same target: it runs in order, the others in parallel."""
+
+    name: str
+    size: tuple[int, ...]
+    dtype: torch.dtype
+    init: Expr
+    src_size: tuple[int, ...]
+    dim: int
+    index: sympy.Expr
+    indirect: tuple[Expr, ...]
+    value: Expr
+    accumulate: bool
+    origins: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        op = "+=" if self.accumulate else "="
+        where = format_index(self.index, self.indirect)
+        return (f"{self.name}{list(self.size)} = {self.init!r}\n"
+                f"{self.name}[{where}] {op} {self.value!r} for i<{list(self.src_size)}")  # fmt: skip
+
+    def bodies(self) -> tuple[Expr, ...]:
+        return (self.init, *self.indirect, self.value)
+
+
+@dataclass(frozen=True)
 class TensorArg:
     """A strided view of a buffer, passed to extern kernels or returned (PyTorch:
     ``ReinterpretView``)."""
@@ -212,7 +246,7 @@ class ExternKernel:
         return "\n".join(lines)
 
 
-Buffer = Union[InputBuffer, ConstantBuffer, Pointwise, Reduction, ExternKernel]
+Buffer = Union[InputBuffer, ConstantBuffer, Pointwise, Reduction, Scatter, ExternKernel]
 
 
 @dataclass(frozen=True)
@@ -220,7 +254,7 @@ class LoweredGraph:
     """Lowering's result: the buffers to compute, in order, and what the graph returns."""
 
     inputs: tuple[InputBuffer | SizeInput, ...]
-    nodes: tuple[Union[Pointwise, Reduction, ExternKernel], ...]
+    nodes: tuple[Union[Pointwise, Reduction, Scatter, ExternKernel], ...]
     outputs: tuple[TensorArg | None | int | sympy.Expr, ...]  # sizes too (saved for backward)
     device: torch.device
     constants: tuple[ConstantBuffer, ...] = ()
@@ -244,14 +278,18 @@ class LoweredGraph:
 # Their reprs are the pseudo-code that ``scheduler.format_scheduled`` prints (see its docstring).
 @dataclass(frozen=True)
 class Store:
-    """``buffer[index] = value`` (index over the kernel variables ``x`` and ``r``)."""
+    """``buffer[index] = value`` (index over the kernel variables ``x`` and ``r``); a scatter's
+    index reads ``indirect`` values and ``accumulate`` adds to what is there (``+=``)."""
 
     buffer: str
     index: sympy.Expr
     value: Expr
+    indirect: tuple[Expr, ...] = ()
+    accumulate: bool = False
 
     def __repr__(self) -> str:
-        return f"{self.buffer}[{self.index}] = {self.value!r}"
+        op = "+=" if self.accumulate else "="
+        return f"{self.buffer}[{format_index(self.index, self.indirect)}] {op} {self.value!r}"
 
 
 @dataclass(frozen=True)
@@ -317,7 +355,7 @@ class Kernel:
     def size_symbols(self) -> tuple[sympy.Symbol, ...]:
         """The size symbols (``s0, s1...``) the kernel takes as arguments: those of its numel,
         rnumel and indices (ordered by number; none for a static kernel)."""
-        values = [stmt.value for loop in self.loops for stmt in loop.body]
+        values = self.values()
         indices = [e.index for e in walk(*values) if isinstance(e, (Load, IndexValue))]
         indices += [s.index for s in self.stores()]
         return tuple(indexing.size_symbols(self.numel, self.rnumel, *indices))
@@ -326,9 +364,23 @@ class Kernel:
         """The statements that write a buffer, in order."""
         return [s for loop in self.loops for s in loop.body if not isinstance(s, Reduce)]
 
+    def values(self) -> list[Expr]:
+        """Every expression the statements compute (a scatter's index values too)."""
+        stmts = [stmt for loop in self.loops for stmt in loop.body]
+        return [v for s in stmts for v in (*getattr(s, "indirect", ()), s.value)]
+
+    def scatters(self) -> list[Store]:
+        """The stores at indirect indices or that accumulate (a scatter's)."""
+        return [s for s in self.stores() if getattr(s, "indirect", ()) or getattr(s, "accumulate", False)]
+
+    def indirect(self) -> bool:
+        """Whether some index of this kernel reads a value (see [Note: indirect indexing])."""
+        loads = walk(*self.values())
+        return bool(self.scatters()) or any(isinstance(e, Load) and e.indirect for e in loads)
+
     def reads(self) -> tuple[str, ...]:
         """Buffers loaded by this kernel (in first-use order)."""
-        values = [stmt.value for loop in self.loops for stmt in loop.body]
+        values = self.values()
         return tuple(dict.fromkeys(e.buffer for e in walk(*values) if isinstance(e, Load)))
 
     def writes(self) -> tuple[str, ...]:

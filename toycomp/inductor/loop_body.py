@@ -41,14 +41,58 @@ Number = Union[int, float, bool]
 # --- value expressions: the body of a loop ---------------------------------------------------
 @dataclass(frozen=True)
 class Load:
-    """Read ``buffer`` at memory position ``index`` (an element offset, strides already applied)."""
+    """Read ``buffer`` at memory position ``index`` (an element offset, strides already applied).
+
+    ``indirect``: the values of the symbols ``ind0, ind1...`` that ``index`` may use, each an
+    expression (an index read from another tensor: see [Note: indirect indexing])."""
 
     buffer: str
     index: sympy.Expr
     dtype: torch.dtype
+    indirect: tuple["Expr", ...] = ()
 
     def __repr__(self) -> str:
-        return f"load({self.buffer}, {self.index})"
+        return f"load({self.buffer}, {format_index(self.index, self.indirect)})"
+
+
+# [Note: indirect indexing]
+# An embedding reads row ``indices[n]`` of its weight: the index of that load is a VALUE, read
+# from another tensor, not an affine function of the loop variables. Inductor spells it
+# ``ops.indirect_indexing(value, size)``, which turns a loaded value into a new sympy symbol
+# that the index may then use. Here a Load (or a Store) carries those values itself, in
+# ``indirect``: its index may use ``ind0`` for ``indirect[0]``, ``ind1`` for ``indirect[1]``...,
+# so ``embedding(w, idx)`` with a 768-wide ``w`` is ``load(w, i1 + 768*ind0; ind0 =
+# load(idx, i0))``. The symbols are bound per Load: two loads may both use ``ind0`` for
+# different values, and the passes treat ``indirect`` as the Load's children (``walk``,
+# ``map_expr``, ``substitute`` move them with the rest of the body). Code generation computes
+# each value first (a ``tmp``) and prints the index with ``ind0`` replaced by it. An ``indN``
+# is no loop variable: whatever reasons about indices (fusion, strided views, vectorising,
+# masks) sees an unknown symbol, so such a load never fuses with its producer and is never a
+# strided view. Bounds: the values are checked before the kernel runs, by the extern
+# ``toycomp::check_indices`` that raises eager's IndexError (a device-side assert on CUDA), and
+# negative indices are wrapped by the decomposition where the op allows them (``aten.index``),
+# so a kernel never reads or writes out of bounds.
+def indirect_symbol(k: int) -> sympy.Symbol:
+    """``ind<k>``: the symbol an index uses for the value ``indirect[k]`` of its Load/Store."""
+    return sympy.Symbol(f"ind{k}", integer=True, nonnegative=True)
+
+
+def is_indirect_symbol(symbol: sympy.Basic) -> bool:
+    name = getattr(symbol, "name", "")
+    return name[:3] == "ind" and name[3:].isdigit()
+
+
+def format_index(index: sympy.Expr, indirect: tuple["Expr", ...]) -> str:
+    """``i1 + 768*ind0; ind0 = load(idx, i0)``, or the index alone when nothing is indirect."""
+    binds = [f"{indirect_symbol(k)} = {format_expr(v)}" for k, v in enumerate(indirect)]
+    return "; ".join([str(index), *binds])
+
+
+def children(expr: "Expr") -> tuple["Expr", ...]:
+    """The sub-expressions of ``expr``: an Op's arguments, an indirect Load's index values."""
+    if isinstance(expr, Op):
+        return expr.args
+    return expr.indirect if isinstance(expr, Load) else ()
 
 
 @dataclass(frozen=True)
@@ -133,8 +177,7 @@ def walk(*exprs: Expr) -> Iterator[Expr]:
             continue
         seen.add(id(expr))
         yield expr
-        if isinstance(expr, Op):
-            stack.extend(reversed(expr.args))
+        stack.extend(reversed(children(expr)))
 
 
 def post_order(*exprs: Expr) -> list[Expr]:
@@ -150,8 +193,7 @@ def post_order(*exprs: Expr) -> list[Expr]:
         elif id(expr) not in seen:
             seen.add(id(expr))
             stack.append((expr, True))
-            if isinstance(expr, Op):
-                stack.extend((a, False) for a in reversed(expr.args))
+            stack.extend((a, False) for a in reversed(children(expr)))
     return order
 
 
@@ -165,6 +207,10 @@ def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
             args = tuple(new[id(a)] for a in node.args)
             if any(a is not b for a, b in zip(args, node.args)):
                 rebuilt = Op(node.name, args, node.dtype)
+        elif isinstance(node, Load) and node.indirect:
+            values = tuple(new[id(a)] for a in node.indirect)
+            if any(a is not b for a, b in zip(values, node.indirect)):
+                rebuilt = Load(node.buffer, node.index, node.dtype, values)
         replaced = fn(rebuilt)
         new[id(node)] = rebuilt if replaced is None else replaced
     return new[id(expr)]
@@ -181,7 +227,7 @@ def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
 
     def subs(e: Expr) -> Expr | None:
         if isinstance(e, Load):
-            return Load(e.buffer, move(e.index), e.dtype)
+            return Load(e.buffer, move(e.index), e.dtype, e.indirect)
         if isinstance(e, IndexValue):
             return IndexValue(move(e.index), e.dtype)
         return None
@@ -201,7 +247,7 @@ def format_expr(expr: Expr) -> str:
     size: dict[int, int] = {}
     uses: dict[int, int] = {}
     for e in order:
-        args = e.args if isinstance(e, Op) else ()
+        args = children(e)
         size[id(e)] = min(1 + sum(size[id(a)] for a in args), TREE_PRINT_LIMIT + 1)
         for a in args:
             uses[id(a)] = uses.get(id(a), 0) + 1

@@ -44,7 +44,7 @@ from torch.fx.node import Node
 
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
-from toycomp.inductor import indexing, ir, lowering_rules  # noqa: F401  (fills LOWERINGS)
+from toycomp.inductor import indexing, ir, lowering_indexing, lowering_rules  # noqa: F401 (rules)
 from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPORTED_DTYPES)
     SUPPORTED_DTYPES,
     _check_matches_meta,

@@ -103,14 +103,57 @@ class _Group:
     entries: list[_Entry] = field(default_factory=list)
     extern: ExternKernel | None = None
     rows_per_program: int = 0  # [Note: mix-order reductions] in split_reduction.py
+    scatter: ir.Scatter | None = None  # a scatter's second kernel, alone: see the Note
 
     def writes(self) -> set[str]:
         if self.extern is not None:
             return {self.extern.name, *self.extern.buffers()}
+        if self.scatter is not None:
+            return {self.scatter.name}
         return {e.node.name for e in self.entries}
 
     def reads(self) -> set[str]:
+        if self.scatter is not None:
+            return set(_loads(*self.scatter.indirect, self.scatter.value))
         return {b for e in self.entries for b in e.reads}
+
+
+# [Note: a scatter is a buffer written twice]
+# ``scatter_add(a, 0, idx, src)`` is a copy of ``a`` into which each element of ``src`` is added
+# at a position read from ``idx``. Lowering makes one ``ir.Scatter`` node, which defines its
+# buffer like any other, and the scheduler gives it two steps: its ``init`` (the copy of ``a``)
+# as an ordinary Pointwise buffer, fused like any other, always stored; then a kernel of its own
+# (never fused: no other buffer joins it) whose Store at an indirect index writes (or adds to)
+# that buffer. Buffers that read the result depend on the scatter's kernel, which is the
+# buffer's last writer, so they run after it and never fuse into the copy. The wrapper and
+# memory planning see a buffer allocated before its first kernel and written again by the
+# second: it is never freed or reused between them (it is read later), and no kernel with an
+# indirect index writes in place over a buffer it reads (memory_planning.py). The order: dim
+# ``dim`` of the source (the one along which two elements may hit the same target) runs over
+# r, in order, and the other dims over x, in parallel; so on the CPU every element's sum is
+# added in the order of the source, the same on every run (Inductor's C++ backend uses atomic
+# adds instead), while Triton adds with ``tl.atomic_add``, in any order, as Inductor does.
+def _scatter_kernel(name: str, node: ir.Scatter) -> ir.Kernel:
+    """The second step of a scatter (see the Note): its Store over (x, r)."""
+    size, dim = node.src_size, node.dim
+    ivars = indexing.index_vars("i", len(size))
+    others = tuple(n for k, n in enumerate(size) if k != dim)
+    outer = iter(unflatten_index(indexing.x, others))
+    mapping = {v: indexing.r if k == dim else next(outer) for k, v in enumerate(ivars)}
+    numel, rnumel = indexing.numel(others), size[dim]
+    ranges = {indexing.x: numel, indexing.r: rnumel}
+    value = ir.substitute(node.value, mapping)
+    indirect = tuple(ir.substitute(v, mapping) for v in node.indirect)
+    store = ir.Store(node.name, _subs(node.index, mapping, ranges), value, indirect,
+                     node.accumulate)  # fmt: skip
+    loads = ir.walk(value, *indirect)
+    dtypes = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)} | {node.name: node.dtype}
+    loops = (ir.Loop(over_r=True, body=(store,)),)
+    return ir.Kernel(name, numel, rnumel, loops, tuple(dtypes.items()), node.origins)
+
+
+def _loads(*exprs: ir.Expr) -> list[str]:
+    return list(dict.fromkeys(e.buffer for e in ir.walk(*exprs) if isinstance(e, ir.Load)))
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
@@ -126,6 +169,9 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
     for node in _live_nodes(lowered):
         if isinstance(node, ExternKernel):
             groups.append(_Group(0, 0, extern=node))
+        elif isinstance(node, ir.Scatter):  # [Note: a scatter is a buffer written twice]
+            _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
+            groups.append(_Group(0, 0, scatter=node))
         else:
             _place(node, groups)
     stored = _stored_buffers(groups, lowered.outputs)
@@ -136,6 +182,9 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
             steps.append(group.extern)
             continue
         name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
+        if group.scatter is not None:
+            steps.append(_scatter_kernel(name, group.scatter))
+            continue
         kernel = _make_kernel(name, group, stored)
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
         steps.append(kernel)
@@ -156,7 +205,9 @@ def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
     if isinstance(node, ExternKernel):
         args = list(_flatten((node.args, [v for _, v in node.kwargs])))
         return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
-    return list(dict.fromkeys(e.buffer for e in ir.walk(node.body) if isinstance(e, ir.Load)))
+    if isinstance(node, ir.Scatter):
+        return _loads(*node.bodies())
+    return _loads(node.body)
 
 
 # --- grouping ------------------------------------------------------------------------------------
@@ -170,7 +221,7 @@ def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
         group = groups[k]
         deps = sum(owner.get(b) == k for b in reads)
         shared = len(group.reads() & set(reads))
-        if group.extern is None and deps + shared > 0:
+        if group.extern is None and group.scatter is None and deps + shared > 0:
             candidates.append(((deps, shared, k), k))
     for _, k in sorted(candidates, reverse=True):
         fused = _try_fuse(groups[k], node)
@@ -249,7 +300,7 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
             return None
         index = _subs(e.index, mapping, ranges)
         if e.buffer not in fused:
-            return ir.Load(e.buffer, index, e.dtype)
+            return ir.Load(e.buffer, index, e.dtype, e.indirect)
         producer = fused[e.buffer]
         if sympy.expand(index - producer.position) != 0:
             raise _NotFusable
@@ -322,6 +373,7 @@ def _live_nodes(lowered: ir.LoweredGraph) -> list:
 def _stored_buffers(groups: list[_Group], outputs) -> set[str]:
     """Buffers that must be in memory: graph outputs and buffers read by another step."""
     stored = {o.buffer for o in outputs if isinstance(o, ir.TensorArg)}
+    stored.update(g.scatter.name for g in groups if g.scatter is not None)
     owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
     for k, group in enumerate(groups):
         reads = buffer_reads(group.extern) if group.extern else group.reads()

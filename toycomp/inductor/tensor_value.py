@@ -107,7 +107,7 @@ def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None
 
     def move(e: ir.Expr) -> ir.Expr | None:
         if isinstance(e, ir.Load):
-            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype)
+            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype, e.indirect)
         if isinstance(e, ir.IndexValue):
             return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
         return None

@@ -1,4 +1,4 @@
-"""Stage 3, prims: an ATen graph -> a graph of toycomp's 40 primitives, which this file defines.
+"""Stage 3, prims: an ATen graph -> a graph of toycomp's 42 primitives, which this file defines.
 
 Input IR -> output IR: an ATen-level ``torch.fx.GraphModule`` (targets ``torch.ops.aten.X.Y``, as
 ``toycomp.aot`` hands it on) -> a ``GraphModule`` whose targets are the primitives below, the
@@ -28,13 +28,14 @@ runs (``gm(*inputs)``) and can be checked against the ATen graph it came from::
     >>> torch.allclose(add(mul(sin(x), sin(x)), mul(cos(x), cos(x))), torch.ones(3))
     True
 
-The contract that makes lowering simple (PrimTorch's contract too):
+The contract that makes lowering simple (the first two rules are PrimTorch's too):
 
 * pointwise prims take tensors of the SAME shape and dtype (or Python numbers) - broadcasting
   and type promotion are explicit (``broadcast_in_dim``, ``convert_element_type``);
 * reductions remove the reduced dimensions (no ``keepdim``);
 * views (``broadcast_in_dim``, ``reshape``, ``permute``, ``slice``) never copy in the compiler:
-  inductor turns them into index arithmetic;
+  inductor turns them into index arithmetic (toycomp's rule: ``torch._prims.reshape`` returns a
+  new tensor);
 * matmul-like ops are not prims: they stay ATen "extern" calls (``aten.mm``, ``aten.bmm``).
 
 Files, in reading order:
@@ -75,6 +76,7 @@ class PrimKind(Enum):
     REDUCTION = "reduction"
     VIEW = "view"
     CREATION = "creation"
+    INDEXING = "indexing"
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,32 @@ def full(
 def iota(length: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``0, 1, ..., length-1``: with ``eq`` and ``where`` it replaces gathers (one-hot tricks)."""
     return torch.arange(length, dtype=dtype, device=device)
+
+
+# --- indexing (2): read and write at positions read from a tensor -----------------------------
+# [Note: two indexing prims]
+# embedding, index_select, gather and advanced indexing (``a[idx]``) all read ``a`` at positions
+# that a tensor holds; their backwards and index_put write there. Two prims cover them, as
+# ``torch.gather`` and ``torch.scatter`` do: the decompositions make the index tensor as big as
+# the result with ``broadcast_in_dim`` (a view: free) and fold several index tensors into one
+# (``i*n + j`` on a reshaped ``a``). The indices are in ``[0, a.shape[dim])``: decompositions
+# check them first (``toycomp::check_indices``, eager's IndexError) and wrap negative ones where
+# the op allows them. Inductor lowers both with ``ops.indirect_indexing`` (loop_body.py).
+@_register(PrimKind.INDEXING)
+def gather(a: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``out[p] = a[p with p[dim] = index[p]]``: ``index`` (int64, ``a.ndim`` dims, at most
+    ``a``'s size in each other dim) gives the result's shape (``torch.gather``)."""
+    return torch.gather(a, dim, index)
+
+
+@_register(PrimKind.INDEXING)
+def scatter(a: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor,
+            accumulate: bool) -> torch.Tensor:  # fmt: skip
+    """A copy of ``a`` where ``src[p]`` is stored (``accumulate``: added) at ``p`` with ``p[dim] =
+    index[p]``; ``src`` has ``index``'s shape and ``a``'s dtype (``torch.scatter(_add)``)."""
+    if accumulate:
+        return torch.scatter_add(a, dim, index, src)
+    return torch.scatter(a, dim, index, src)
 
 
 def is_prim(target: Any) -> bool:

@@ -76,6 +76,20 @@ def check_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
     return indices.clone()  # a custom op may not return its input itself
 
 
+def check_bounds(indices: torch.Tensor, low: int, high: int, dim: int,
+                 runtime_error: bool) -> torch.Tensor:  # fmt: skip
+    """A copy of ``indices`` once each lies in ``[low, high)``, else the error of eager's index
+    ops, ``index 6 is out of bounds for dimension 0 with size 6``: an IndexError from advanced
+    indexing (``a[idx]``, index_put), a RuntimeError from gather, scatter and index_add."""
+    if indices.is_cuda:
+        assert_async(((indices >= low) & (indices < high)).all(), "index out of bounds")
+    elif indices.numel() and not _within(indices - low, high - low):
+        bad = indices[(indices < low) | (indices >= high)].flatten()[0].item()
+        error = RuntimeError if runtime_error else IndexError
+        raise error(f"index {bad} is out of bounds for dimension {dim} with size {high}")
+    return indices.clone()
+
+
 def check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
     """A copy of ``target`` once each is ``ignore_index`` or a class in ``[0, classes)`` (else
     nll_loss's IndexError)."""
@@ -109,7 +123,9 @@ def _within(t: torch.Tensor, size: int) -> bool:
     return low.item() >= 0 and high.item() < size
 
 
-CHECK_FUNCTIONS = {fn.__name__: fn for fn in (check_indices, check_targets, check_one_hot)}
+CHECK_FUNCTIONS = {
+    fn.__name__: fn for fn in (check_indices, check_bounds, check_targets, check_one_hot)
+}
 for _name, _fn in CHECK_FUNCTIONS.items():  # torch.ops.toycomp.<name>, with a fake: empty_like
     torch.library.custom_op(f"toycomp::{_name}", _fn, mutates_args=()).register_fake(
         lambda t, *sizes: torch.empty_like(t))

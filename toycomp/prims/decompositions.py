@@ -19,7 +19,8 @@ A decomposition is an ordinary Python function registered for one or more ATen o
 written only with prims and Python arithmetic on sizes: the table ``DECOMPOSITIONS`` (in
 ``decomp_table.py``) is filled by ``pointwise_rules.py`` (pointwise), ``activation_rules.py``
 (activations and their backwards), ``loss_rules.py`` (elementwise losses), ``nn_rules.py``
-(softmax, nll_loss, matmuls, reductions, layer norm), ``norm_rules.py`` (batch and group norm),
+(softmax, nll_loss, matmuls, reductions, layer norm), ``index_rules.py`` (gathers and
+scatters), ``shift_rules.py`` (pads, rolls, flips, cats), ``norm_rules.py`` (batch and group norm),
 ``pool_rules.py`` (max pooling) and ``view_rules.py`` (views, copies, creation), with
 promotion/broadcast helpers in ``helpers.py``. ``decompose`` runs each one under
 ``prims.tracing(tracer)``: the prims it calls become FX nodes (the tracer, ``DecompTracer``, and
@@ -55,7 +56,8 @@ from toycomp._torch_compat import (
     returns_alias,
     schema_of,
 )
-from toycomp.prims import activation_rules, nn_rules, norm_rules  # noqa: F401 (fill the table)
+from toycomp.prims import activation_rules, index_rules, nn_rules  # noqa: F401 (fill the table)
+from toycomp.prims import norm_rules, shift_rules  # noqa: F401
 from toycomp.prims import loss_rules, pointwise_rules, pool_rules, view_rules  # noqa: F401
 from toycomp.prims.decomp_table import CHECK_OPS, DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.decomp_tracer import (  # the tracer: Proxy, DecompTracer (re-exported)
@@ -128,7 +130,7 @@ def _hoist_checks(graph: fx.Graph) -> None:
     nll_loss's target check, emitted after the log_softmax, would otherwise stand between the
     log_softmax kernel and the loss that the scheduler fuses with it."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    inputs = [n for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]  # (a get_attr may come later)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in CHECK_OPS:
             after = max([*inputs[-1:], *node.all_input_nodes], key=order.__getitem__)

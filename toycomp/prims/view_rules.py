@@ -22,6 +22,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.helpers import broadcast_to, convert, normalize_dim, reshape, result_type
+from toycomp.prims import shift_rules
 from toycomp.prims.decomp_table import Unsupported, register
 from toycomp.tensor_utils import python_number_dtype
 
@@ -206,7 +207,7 @@ def repeat(a: Any, repeats: Sequence[int]) -> Any:
 # result. So the ops whose pieces fill whole slots of one dim decompose into ``where``s that fuse
 # with their producers: ``select_backward`` (one slot, zeros elsewhere), ``stack`` (slot i holds
 # tensor i) and ``cat`` of equal sizes (a stack, reshaped; the backward of ``split``/``chunk``).
-# A ``cat`` of unequal sizes needs shifted reads (a pad): it stays a visible fallback. Likewise
+# A ``cat`` of unequal sizes needs shifted reads: a gather at ``i - offset`` (shift_rules.py). Likewise
 # ``tril``/``triu`` compare a row iota with a column iota (the causal mask of attention).
 def _slot(shape: Sequence[int], dim: int, index: int, device: Any) -> Any:
     """Bools of ``shape``: True where the index along ``dim`` equals ``index``."""
@@ -253,7 +254,7 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
     first = tensors[0]
     dim = normalize_dim(dim, first.ndim)
     if any(tuple(t.shape) != tuple(first.shape) for t in tensors):
-        raise Unsupported("cat of tensors of unequal sizes (it needs a pad prim)")
+        return shift_rules.cat_unequal(tensors, dim)  # shifted reads
     if len(tensors) == 1:
         return convert(first, result_type(*tensors))
     stacked = stack(tensors, dim)

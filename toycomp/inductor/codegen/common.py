@@ -252,7 +252,10 @@ class KernelCodegen:
             if not loop.over_r and isinstance(stmt, ir.Reduce):
                 raise ValueError(f"{self.kernel.name}: Reduce {stmt.name} outside an r loop")
             value = self.codegen_expr(stmt.value)
-            if isinstance(stmt, ir.Store):
+            if isinstance(stmt, ir.Store) and (stmt.indirect or stmt.accumulate):
+                index = self.indirect_index(stmt.index, stmt.indirect)
+                self.store(stmt.buffer, index, value, stmt.value, stmt.accumulate)
+            elif isinstance(stmt, ir.Store):
                 self.check_index(stmt.index)
                 self.store(stmt.buffer, stmt.index, value, stmt.value)
             elif isinstance(stmt, ir.ColumnReduce):
@@ -271,20 +274,27 @@ class KernelCodegen:
             node, args_done = stack.pop()
             if id(node) in self.generated:
                 continue
-            if args_done or not isinstance(node, ir.Op):
+            if args_done or not ir.children(node):
                 self.generated[id(node)] = (node, self.codegen_node(node))
             else:
                 stack.append((node, True))
-                stack.extend((arg, False) for arg in reversed(node.args))
+                stack.extend((arg, False) for arg in reversed(ir.children(node)))
         return self.generated[id(expr)][1]
 
     def codegen_node(self, expr: ir.Expr) -> str:
         """One node, its arguments already generated (``codegen_expr`` returns their code)."""
         if isinstance(expr, ir.Load):
-            self.check_index(expr.index)
             if expr.buffer not in self.args:
                 raise ValueError(f"{self.kernel.name}: load from unknown buffer {expr.buffer}")
-            return self.load(expr.buffer, expr.index, expr.dtype)
+            if not expr.indirect:
+                self.check_index(expr.index)
+                return self.load(expr.buffer, expr.index, expr.dtype)
+            index = self.indirect_index(expr.index, expr.indirect)
+            loads, self.loads = self.loads, self.compute  # after the values its index reads
+            try:
+                return self.load(expr.buffer, index, expr.dtype)
+            finally:
+                self.loads = loads
         if isinstance(expr, ir.Constant):
             return self.constant(expr.value, expr.dtype)
         if isinstance(expr, ir.IndexValue):
@@ -324,14 +334,30 @@ class KernelCodegen:
             return self.ops[expr.name](*args, expr.dtype)
         return self.ops[expr.name](*args)
 
-    def check_index(self, index: sympy.Expr) -> None:
-        allowed = {indexing.x, indexing.r} if self.in_r_loop else {indexing.x}
+    def check_index(self, index: sympy.Expr, allowed=()) -> None:
+        allowed = ({indexing.x, indexing.r} if self.in_r_loop else {indexing.x}) | set(allowed)
         free = sympy.sympify(index).free_symbols - allowed
         arguments = {v for v in free if indexing.is_size_symbol(v) or indexing.is_scalar_symbol(v)}
         extra = free - arguments  # sizes s0, s1 (and scalars f0) are kernel arguments
         if extra:
             where = "an r loop" if self.in_r_loop else "an x-only loop"
             raise ValueError(f"{self.kernel.name}: index {index} uses {extra} in {where}")
+
+    def indirect_index(self, index: sympy.Expr, indirect: tuple[ir.Expr, ...]) -> sympy.Expr:
+        """``index`` with each ``ind<k>`` replaced by the variable holding ``indirect[k]``
+        (generated first): ``768*ind0 + x`` becomes ``768*tmp3 + x`` (see [Note: indirect
+        indexing] in loop_body.py)."""
+        mapping = {}
+        for k, value in enumerate(indirect):
+            code = self.codegen_expr(value)
+            if not code.isidentifier():  # a literal: give it a name
+                code = self.cse.generate(self.compute, code, value.dtype)
+            mapping[ir.indirect_symbol(k)] = sympy.Symbol(code, integer=True)
+        unbound = {s for s in sympy.sympify(index).free_symbols if ir.is_indirect_symbol(s)}
+        if unbound - mapping.keys():
+            raise ValueError(f"{self.kernel.name}: index {index} uses unbound {unbound}")
+        self.check_index(index, allowed=mapping.keys())
+        return sympy.sympify(index).subs(mapping, simultaneous=True)
 
     def local_name(self, name: str) -> str:
         clean = re.sub(r"\W", "_", name)
@@ -351,7 +377,8 @@ class KernelCodegen:
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         raise NotImplementedError
 
-    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr,
+              accumulate: bool = False) -> None:  # fmt: skip
         raise NotImplementedError
 
     def reduce(self, red: ir.Reduce, value: str) -> None:

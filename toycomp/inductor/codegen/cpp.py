@@ -168,7 +168,8 @@ class CppKernelCodegen(KernelCodegen):
         self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
         self.declared_reductions: set[tuple[str, torch.dtype]] = set()
         self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
-        self.layouts = config.cpp.layouts  # columns and planes: opt/cpp_layout.py
+        # columns and planes: opt/cpp_layout.py (never for indirect indices, which it cannot read)
+        self.layouts = config.cpp.layouts and not kernel.indirect()
         self.column = self.layouts and cpp_layout.use_column_layout(kernel)
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
@@ -198,13 +199,19 @@ class CppKernelCodegen(KernelCodegen):
             code = f"bf16_to_float({code})"
         return self.cse.generate(self.loads, code, self.dtypes[buffer])
 
-    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr,
+              accumulate: bool = False) -> None:  # fmt: skip
         dtype = self.dtypes[buffer]
+        target = f"{self.args[buffer]}[{self.print_index(index)}]"
+        if accumulate:  # a scatter-add: its r loop runs in order ([Note: a scatter is a buffer
+            # written twice] in scheduler.py)
+            current = f"bf16_to_float({target})" if dtype == torch.bfloat16 else target
+            value = f"{current} + {value}"
         if dtype == torch.bfloat16:
             value = f"float_to_bf16({value})"
         elif compute_dtype(dtype) != compute_dtype(expr.dtype):
             value = f"static_cast<{cpp_type(dtype)}>({value})"
-        self.stores.writeline(f"{self.args[buffer]}[{self.print_index(index)}] = {value};")
+        self.stores.writeline(f"{target} = {value};")
 
     def reduce(self, red: ir.Reduce, value: str) -> None:
         if self.column:
@@ -298,7 +305,7 @@ class CppKernelCodegen(KernelCodegen):
             self.plane = cpp_layout.pointwise_plane(k)
             self.rplane = cpp_layout.reduction_plane(k)
         parallel_r = None
-        if indexing.known_equal(k.numel, 1):
+        if indexing.known_equal(k.numel, 1) and not k.scatters():  # a scatter's r runs in order
             parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
         # a row's costly values, kept: opt/cpp_row_buffers.py (config.cpp.row_buffers)
         kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
@@ -396,7 +403,7 @@ def _literal_dtype(value: ir.Number) -> torch.dtype:
 # --- compile and call -------------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
-    if config.cpp.layouts:  # one pass for sibling reductions (opt/cpp_layout.py)
+    if config.cpp.layouts and not kernel.indirect():  # sibling reductions in one pass
         kernel = cpp_layout.merge_reduction_loops(kernel)
     cg = CppKernelCodegen(kernel)
     source = cg.codegen_kernel()

@@ -57,6 +57,9 @@ def load_conditions(roots: list[ir.Expr]) -> dict[tuple[str, sympy.Expr], list[l
     order = ir.post_order(*roots)
     for node in reversed(order):  # parents before children: a node's paths are all known
         terms = paths[id(node)]
+        if isinstance(node, ir.Load):  # an indirect load's index values: read unconditionally
+            for value in node.indirect:
+                _add(paths, value, {Term()})
         if not isinstance(node, ir.Op):
             continue
         if node.name == "where" and _is_condition(node.args[0]):
@@ -70,7 +73,7 @@ def load_conditions(roots: list[ir.Expr]) -> dict[tuple[str, sympy.Expr], list[l
                 _add(paths, arg, terms)
     needed: dict[tuple[str, sympy.Expr], set[Term]] = {}
     for node in order:
-        if isinstance(node, ir.Load):
+        if isinstance(node, ir.Load) and not node.indirect:  # (an indirect one: never masked)
             _merge(needed.setdefault((node.buffer, node.index), set()), paths[id(node)])
     masked = {key for key, terms in needed.items() if Term() not in terms}
     usable = {key for key in masked if all(
@@ -96,7 +99,7 @@ def _usable(cond: ir.Expr, key: tuple[str, sympy.Expr], masked: set) -> bool:
     load does."""
     load_uses_r = indexing.r in sympy.sympify(key[1]).free_symbols
     for node in ir.walk(cond):
-        if isinstance(node, ir.Load) and (node.buffer, node.index) in masked:
+        if isinstance(node, ir.Load) and not node.indirect and (node.buffer, node.index) in masked:
             return False
         index = getattr(node, "index", None)
         if index is not None and not load_uses_r:

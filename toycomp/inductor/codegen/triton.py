@@ -121,7 +121,9 @@ class TritonKernelCodegen(KernelCodegen):
     def mask(self, index: sympy.Expr | None) -> str:
         if index is None:
             return "rmask & xmask" if self.in_r_loop else "xmask"
-        uses_r = indexing.r in sympy.sympify(index).free_symbols
+        free = sympy.sympify(index).free_symbols
+        # an indirect index (its ``tmp``s: [Note: indirect indexing]) may move with r
+        uses_r = indexing.r in free or (self.in_r_loop and any(v.name[:3] == "tmp" for v in free))
         return "rmask & xmask" if uses_r else "xmask"
 
     def pointer(self, buffer: str, index: sympy.Expr) -> str:
@@ -174,7 +176,8 @@ class TritonKernelCodegen(KernelCodegen):
         conjunctions = [" & ".join(condition(c, taken) for c, taken in t) for t in terms]
         return " | ".join(f"({c})" for c in conjunctions) if len(terms) > 1 else conjunctions[0]
 
-    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr) -> None:
+    def store(self, buffer: str, index: sympy.Expr, value: str, expr: ir.Expr,
+              accumulate: bool = False) -> None:  # fmt: skip
         dtype = self.dtypes[buffer]
         if isinstance(expr, ir.Constant):
             value = self.materialize(value, dtype)
@@ -183,7 +186,11 @@ class TritonKernelCodegen(KernelCodegen):
         elif dtype != compute_dtype(expr.dtype):
             value = triton_narrow(value, dtype, compute_dtype(expr.dtype))
         mask = "rmask & xmask" if self.in_r_loop else "xmask"
-        self.stores.writeline(f"tl.store({self.pointer(buffer, index)}, {value}, {mask})")
+        store = "tl.atomic_add" if accumulate else "tl.store"  # [Note: a scatter is a buffer
+        # written twice] in scheduler.py: a scatter-add's programs may hit one element at once
+        if accumulate:
+            value = f"tl.broadcast_to({value}, {self.shape(self.in_r_loop)})"
+        self.stores.writeline(f"{store}({self.pointer(buffer, index)}, {value}, {mask})")
 
     def reduce(self, red: ir.Reduce, value: str) -> None:
         acc, dtype = self.locals[red.name], compute_dtype(red.dtype)

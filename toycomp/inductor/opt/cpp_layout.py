@@ -175,6 +175,8 @@ def _stride(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr | None:
 
 def independent_iterations(loop: ir.Loop) -> bool:
     """No buffer is both stored and loaded at another index in ``loop``: ``omp simd`` is safe."""
+    if any(isinstance(s, ir.Store) and (s.indirect or s.accumulate) for s in loop.body):
+        return False  # a scatter: two iterations may write one element
     stores = {(s.buffer, s.index) for s in loop.body if isinstance(s, ir.Store)}
     stored = {buffer for buffer, _ in stores}
     for e in ir.walk(*(stmt.value for stmt in loop.body)):

@@ -281,6 +281,8 @@ def inplace_donor(kernel: ir.Kernel, name: str, dying: list[str], layouts) -> st
     if len(stores) != 1 or any(not isinstance(s, ir.Store) for s in body):
         return None
     loads = [e for e in ir.walk(*(s.value for s in body)) if isinstance(e, ir.Load)]
+    if any(e.indirect for e in loads) or kernel.scatters():
+        return None  # an indirect index may read any element: never in place
     for donor in dying:
         if donor in kernel.writes() or layouts[donor].key() != layouts[name].key():
             continue
