@@ -280,7 +280,7 @@ KERNEL_COUNT_HINTS = {
     "two_outputs": "two outputs over the same elements can be stored by one loop",
     "linear_relu": "a matmul is an extern call (aten.mm), not a generated kernel",
     "both_sums": "a kernel has one (numel, rnumel): x.sum(1) makes 64 sums of 32 elements, "
-    "x.sum(0) 32 sums of 64; on Triton, count the mix-order pass and its finishing sum",
+    "x.sum(0) 32 sums of 64 (on Triton in the fast preset: a mix-order pass and its finishing sum)",
     "transpose_scaled": "element (i, j) of x.t() / s reads s[j]: not the row i of a kernel over i",
     "column_centered": "x.mean(0) reduces over rows: its consumer reads it by column",
 }
