@@ -249,14 +249,16 @@ def stack(tensors: Sequence[Any], dim: int = 0) -> Any:
 
 @register(aten.cat.default)
 def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
-    # ATen skips legacy empty 1-d tensors (unless all are)
-    tensors = [t for t in tensors if tuple(t.shape) != (0,)] or list(tensors)
+    # ATen skips legacy empty 1-d tensors (unless all are), but their dtypes still promote: a
+    # float32 torch.tensor([]) before bfloat16 keys (a key cache's first step) gives float32
+    dtype = result_type(*tensors)
+    tensors = [convert(t, dtype) for t in tensors if tuple(t.shape) != (0,)] or list(tensors)
     first = tensors[0]
     dim = normalize_dim(dim, first.ndim)
     if any(tuple(t.shape) != tuple(first.shape) for t in tensors):
         return shift_rules.cat_unequal(tensors, dim)  # shifted reads
     if len(tensors) == 1:
-        return convert(first, result_type(*tensors))
+        return convert(first, dtype)
     stacked = stack(tensors, dim)
     size = first.shape[dim] * len(tensors)
     return prims.reshape(stacked, [*first.shape[:dim], size, *first.shape[dim + 1 :]])
