@@ -125,3 +125,33 @@ def test_backend_callable_is_opaque_to_dynamo():
     ops = {n.target for g in seen for n in g.graph.nodes if n.op == "call_function"}
     assert torch.sin not in ops and seen, ops  # the graph after the break: only cos
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_grad_scaler_state_stays_real_cpu(path):
+    """``scaler.scale(loss)`` inside the compiled step: the scaler's lazily made scale tensor is
+    a real tensor afterwards (never a fake one from tracing), and the scaled gradients match
+    eager's within autocast's tolerance, on the first call and the next."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    reference = copy.deepcopy(model)
+    x = torch.randn(32, 8)
+
+    def make_step(net, scaler):
+        def step(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = net(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            return loss
+        return step
+
+    scaler, scaler_ref = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    step, step_ref = compiled(make_step(model, scaler), path), make_step(reference, scaler_ref)
+    for _ in range(2):
+        model.zero_grad(), reference.zero_grad()
+        torch.testing.assert_close(step(x), step_ref(x), rtol=RTOL, atol=ATOL)
+        assert type(scaler._scale) is torch.Tensor  # not a FakeTensor left by tracing
+        assert scaler.get_scale() == scaler_ref.get_scale()
+        for p, ref in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, ref.grad, rtol=RTOL, atol=ATOL * scaler.get_scale())
+    torch._dynamo.reset()

@@ -89,6 +89,12 @@ def is_torch_function(value: Any) -> bool:
         return getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
     if module.startswith("torch.nn.modules") or module.startswith("torch._dynamo"):
         return False
+    if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
+            and not isinstance(value.__self__, (torch.Tensor, torch.nn.Module)):
+        # A Python method of an object (GradScaler.scale): run opaquely on fake tensors it would
+        # store them in the object (``self._scale = torch.full(...)``); traced, its side effects
+        # are recorded and replayed, as a user object's are.
+        return False
     if isinstance(value, types.FunctionType) and "<" in value.__qualname__:
         return False  # a lambda or local function (OpInfo's ops): no import path for FX; inline
     return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
