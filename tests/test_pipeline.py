@@ -711,3 +711,25 @@ def test_a_sparse_input_runs_eagerly_with_a_warning(layout):
     dense = torch.randn(4, 3)  # the guard sends dense inputs to a compiled entry
     torch.testing.assert_close(compiled(dense, y), f(dense, y))
     assert len(compiled.entries) == 1
+
+
+def test_backend_follows_the_device_a_graph_computes_on_when_no_input_tells():
+    """A graph of Python numbers that makes a CUDA tensor (GradScaler's lazily made scale:
+    ``torch.full((), 65536.0, device="cuda")``) gets Triton, as its inputs would have said;
+    checked on fake CUDA tensors, which need no GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from toycomp.pipeline import resolve_backend
+
+    def graph_making(device):
+        gm = torch.fx.symbolic_trace(lambda: torch.full((), 2.0))
+        with FakeTensorMode():
+            value = torch.full((), 2.0, device=device)
+        for node in gm.graph.nodes:
+            node.meta["val"] = value if node.op != "output" else None
+        return gm
+
+    assert resolve_backend(None, [3.0], graph_making("cuda")) == "triton"
+    assert resolve_backend(None, [3.0], graph_making("cpu")) == "cpp"
+    assert resolve_backend(None, [3.0]) == "cpp"
+    assert resolve_backend("cpp", [3.0], graph_making("cuda")) == "cpp"  # asked for: as asked

@@ -58,13 +58,20 @@ from toycomp.symbolic_shapes import is_symbolic
 PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
 
 
-def resolve_backend(backend: str | None, example_inputs: Sequence[Any]) -> str:
-    """``None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md)."""
+def resolve_backend(
+    backend: str | None, example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None
+) -> str:
+    """``None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md): the inputs'
+    device, or, for a graph whose inputs hold no CUDA tensor, the device of what it computes
+    (``torch.full(..., device="cuda")`` in a graph of Python numbers)."""
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"toycomp: unknown backend {backend!r}; choose one of {BACKENDS}")
         return backend
-    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    values = list(example_inputs)
+    if gm is not None:
+        values += [node.meta.get("val") for node in gm.graph.nodes]
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in values)
     return "triton" if on_cuda else "cpp"
 
 
@@ -95,7 +102,7 @@ def inductor_compiler(
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
-        target = resolve_backend(backend, example_inputs)
+        target = resolve_backend(backend, example_inputs, prims_gm)
         lowered = lower(prims_gm, example_inputs)
         if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
             hints = size_hints(example_inputs)  # the sizes' example values choose the splits
