@@ -715,21 +715,21 @@ def test_a_sparse_input_runs_eagerly_with_a_warning(layout):
 
 def test_backend_follows_the_device_a_graph_computes_on_when_no_input_tells():
     """A graph of Python numbers that makes a CUDA tensor (GradScaler's lazily made scale:
-    ``torch.full((), 65536.0, device="cuda")``) gets Triton, as its inputs would have said;
-    checked on fake CUDA tensors, which need no GPU."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    ``torch.full((), 65536.0, device="cuda")``) gets Triton, as its inputs would have said: the
+    device the lowered graph computes on decides (read from its creation prims; no GPU needed)."""
+    import toycomp.prims as prims
+    from toycomp.inductor.lowering_meta import _graph_device
     from toycomp.pipeline import resolve_backend
 
-    def graph_making(device):
-        gm = torch.fx.symbolic_trace(lambda: torch.full((), 2.0))
-        with FakeTensorMode():
-            value = torch.full((), 2.0, device=device)
-        for node in gm.graph.nodes:
-            node.meta["val"] = value if node.op != "output" else None
-        return gm
+    def prims_graph(device):
+        graph = torch.fx.Graph()
+        scale = graph.placeholder("scale")
+        full = graph.call_function(prims.full, ((), 65536.0, torch.float32, device))
+        graph.output((full, scale))
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
 
-    assert resolve_backend(None, [3.0], graph_making("cuda")) == "triton"
-    assert resolve_backend(None, [3.0], graph_making("cpu")) == "cpp"
+    cuda, cpu = (_graph_device(prims_graph(torch.device(d)), [3.0]) for d in ("cuda", "cpu"))
+    assert resolve_backend(None, [3.0], cuda) == "triton"
+    assert resolve_backend(None, [3.0], cpu) == "cpp"
     assert resolve_backend(None, [3.0]) == "cpp"
-    assert resolve_backend("cpp", [3.0], graph_making("cuda")) == "cpp"  # asked for: as asked
+    assert resolve_backend("cpp", [3.0], cuda) == "cpp"  # asked for: as asked

@@ -59,20 +59,17 @@ PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization
 
 
 def resolve_backend(
-    backend: str | None, example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None
+    backend: str | None, example_inputs: Sequence[Any], device: torch.device | None = None
 ) -> str:
     """``None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md): the inputs'
-    device, or, for a graph whose inputs hold no CUDA tensor, the device of what it computes
-    (``torch.full(..., device="cuda")`` in a graph of Python numbers)."""
+    device, or ``device``, the one the lowered graph computes on (a graph of Python numbers that
+    makes a CUDA tensor: GradScaler's lazily made ``torch.full((), 65536.0, device="cuda")``)."""
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"toycomp: unknown backend {backend!r}; choose one of {BACKENDS}")
         return backend
-    values = list(example_inputs)
-    if gm is not None:
-        values += [node.meta.get("val") for node in gm.graph.nodes]
-    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in values)
-    return "triton" if on_cuda else "cpp"
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    return "triton" if on_cuda or (device is not None and device.type == "cuda") else "cpp"
 
 
 @dataclass
@@ -102,8 +99,8 @@ def inductor_compiler(
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
-        target = resolve_backend(backend, example_inputs, prims_gm)
         lowered = lower(prims_gm, example_inputs)
+        target = resolve_backend(backend, example_inputs, lowered.device)
         if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
             hints = size_hints(example_inputs)  # the sizes' example values choose the splits
             lowered = split_reductions(lowered, target, hints)
