@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Sequence, TypeVar
 
-from toycomp import config
+import toycomp.config as config
 
 T = TypeVar("T")
 R = TypeVar("R")
