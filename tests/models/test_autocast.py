@@ -25,15 +25,6 @@ PATHS = ["toycomp.compile", "torch.compile"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def quiet_transformers():
-    transformers = pytest.importorskip("transformers")
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    yield
-    transformers.logging.set_verbosity(level)
-
-
 def amp_step(device: str, dtype: torch.dtype, scaler=None):
     """One training step with the forward and loss under autocast (the backward outside)."""
 
