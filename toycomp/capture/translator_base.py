@@ -103,7 +103,9 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
-        self.cells = self.make_cells(closure)
+        self.cells = {}  # closures: cells of this frame's inner functions, or of its own
+        if code.co_cellvars or code.co_freevars:
+            self.cells = self.make_cells(closure)
 
     def make_cells(self, closure) -> dict[str, CellVariable]:
         cells = {}
