@@ -118,7 +118,8 @@ def compile_stages_2_to_4(gm: torch.fx.GraphModule, example_inputs: list, backen
     bw_compiler = inductor_compiler(backend, "backward", graphs, cudagraphs, opaque)
     aot = aot_function(gm, list(example_inputs), fw_compiler=fw_compiler,
                        bw_compiler=bw_compiler, partition_fn=PARTITIONS[partition])
-    log_artefacts(graphs)
+    if log_enabled("aot_graphs") or log_enabled("output_code") or any(g.fallbacks for g in graphs):
+        log_artefacts(graphs)
     return aot, graphs
 
 

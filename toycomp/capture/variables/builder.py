@@ -135,22 +135,28 @@ class VariableBuilder:
         if isinstance(value, torch.Tensor):
             return self.output.add_input(value, source)
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, tuple):
-            if type(value) is int and source is not None and guard:
-                size = self.output.symbolic_int(value, source)  # automatic dynamic ints
-                if size is not None:
-                    return ConstantVariable(size, source)
-            if source is not None and guard:
-                self.output.guards.constant_match(source, value)
-            return ConstantVariable(value, source)
-        if id(value) in self.seen:
-            var = self.seen[id(value)]
-            if guard and source is not None and var.source not in (None, source):
-                self.output.guards.alias_match(source, var.source, True)  # still the same one?
-            return var
+            return self.wrap_constant(value, source, guard)
+        if id(value) in self.seen:  # a mutable object read again: its one tracker
+            return self.seen_again(value, source, guard)
         var = self.wrap_object(value, source, guard)
         if isinstance(var, (ListVariable, DictVariable, UserDefinedObjectVariable)):
             self.seen[id(value)] = var
             self.output.keep_alive.append(value)
+        return var
+
+    def wrap_constant(self, value, source, guard) -> ConstantVariable:
+        if type(value) is int and source is not None and guard:
+            size = self.output.symbolic_int(value, source)  # automatic dynamic ints
+            if size is not None:
+                return ConstantVariable(size, source)
+        if source is not None and guard:
+            self.output.guards.constant_match(source, value)
+        return ConstantVariable(value, source)
+
+    def seen_again(self, value, source, guard) -> VariableTracker:
+        var = self.seen[id(value)]
+        if guard and source is not None and var.source not in (None, source):
+            self.output.guards.alias_match(source, var.source, True)  # still the same one?
         return var
 
     def wrap_object(self, value, source, guard) -> VariableTracker:
@@ -253,11 +259,12 @@ class VariableBuilder:
         if is_torch_function(value) or any(value is f for f in TRACING_STATE):
             g and g.id_match(source, value)
             return TorchVariable(value, source)
+        return self.wrap_python_callable(value, source, g)  # builtins, user functions, objects
+
+    def wrap_python_callable(self, value, source, g) -> VariableTracker:
         if getattr(value, "__module__", None) in ("builtins", "math", "_operator", "operator") \
                 or any(value is v for m in BUILTIN_MODULES for v in vars(m).values()):
             return BuiltinVariable(value, source)
-        if is_skipped(value):
-            return SkipFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
             return self.wrap_function(value, source, g)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
