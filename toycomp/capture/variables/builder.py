@@ -239,13 +239,6 @@ class VariableBuilder:
     def wrap_callable(self, value, source, g) -> VariableTracker:
         if value is os.environ:
             return EnvironVariable(value, source)
-        if value is inspect.signature:
-            return InspectSignatureVariable()
-        if (isinstance(value, types.MethodType) and value.__name__ == "clone"
-                and type(value.__self__) in (torch.no_grad, torch.enable_grad)):
-            # ``@torch.no_grad()`` on a function: its wrapper enters ``ctx_factory()``, the
-            # decorator's ``clone``, a new context manager of the same class
-            return TorchVariable(type(value.__self__), None)
         if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
             return BuiltinVariable(value, source)
         if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo
@@ -262,6 +255,13 @@ class VariableBuilder:
         return self.wrap_python_callable(value, source, g)  # builtins, user functions, objects
 
     def wrap_python_callable(self, value, source, g) -> VariableTracker:
+        if value is inspect.signature:
+            return InspectSignatureVariable()
+        if (isinstance(value, types.MethodType) and value.__name__ == "clone"
+                and type(value.__self__) in (torch.no_grad, torch.enable_grad)):
+            # ``@torch.no_grad()`` on a function: its wrapper enters ``ctx_factory()``, the
+            # decorator's ``clone``, a new context manager of the same class
+            return TorchVariable(type(value.__self__), None)
         if getattr(value, "__module__", None) in ("builtins", "math", "_operator", "operator") \
                 or any(value is v for m in BUILTIN_MODULES for v in vars(m).values()):
             return BuiltinVariable(value, source)
