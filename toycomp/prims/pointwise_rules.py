@@ -275,18 +275,14 @@ def hardtanh(a: Any, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
 
 
 # [Note: round half to even, from floor]
-# ATen's round is C's nearbyint: a tie goes to the even neighbour (round(2.5) == 2.0) and the
-# sign of zero is kept (round(-0.3) == -0.0). With f = floor(x), d = x - f is exact for every
-# float, so the result is f + 1 above the tie, f below it, and at the tie f + 1 only where f is
-# odd (f - 2 * floor(f / 2) != 0). Floats beyond 2**mantissa are integers (d == 0); infinities
-# and NaN give d = NaN and pass through f. A zero result takes x's sign from x * 0.
-# round(x, decimals) scales in the computation dtype (float32 for float16 and bfloat16) and
-# rounds to the result once, as ATen's kernel: nearbyint(x * 10**d) / 10**d, and for a
-# negative d nearbyint(x / 10**-d) * 10**-d.
+# ATen's round is C's nearbyint: ties go to the even neighbour (round(2.5) == 2.0), zero keeps
+# its sign (round(-0.3) == -0.0). With f = floor(x), d = x - f is exact: the result is f + 1
+# above the tie, f below it, and at the tie f + 1 where f is odd. Big floats have d == 0; inf
+# and NaN give d = NaN and f. A zero takes x's sign from x * 0. With decimals, ATen's kernel
+# scales in the computation dtype and rounds once: nearbyint(x * 10**d) / 10**d (d > 0).
 def _round_half_even(x: Any) -> Any:
     f = prims.floor(x)
-    d = prims.sub(x, f)
-    up = prims.add(f, 1.0)
+    d, up = prims.sub(x, f), prims.add(f, 1.0)
     odd = prims.ne(prims.sub(f, prims.mul(prims.floor(prims.mul(f, 0.5)), 2.0)), 0.0)
     r = prims.where(prims.gt(d, 0.5), up, prims.where(prims.lt(d, 0.5), f,
                                                        prims.where(odd, up, f)))  # fmt: skip
@@ -299,9 +295,7 @@ def round(a: Any, decimals: int = 0) -> Any:  # noqa: A001 (ATen's name)
         if decimals == 0:
             return a  # integers round to themselves, as eager's
         raise Unsupported(f"round with decimals of a {a.dtype} tensor")  # eager raises too
-    if decimals == 0:
-        return elementwise(_round_half_even, a)
-    scale = float(10 ** builtins.abs(decimals))
-    if decimals > 0:
-        return elementwise(lambda x: prims.div(_round_half_even(prims.mul(x, scale)), scale), a)
-    return elementwise(lambda x: prims.mul(_round_half_even(prims.div(x, scale)), scale), a)
+    s = float(10 ** builtins.abs(decimals))
+    if decimals >= 0:
+        return elementwise(lambda x: prims.div(_round_half_even(prims.mul(x, s)), s), a)
+    return elementwise(lambda x: prims.mul(_round_half_even(prims.div(x, s)), s), a)

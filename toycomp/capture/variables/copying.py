@@ -1,20 +1,13 @@
-"""``copy.copy`` and ``copy.deepcopy`` while tracing: configs, dataclasses, dicts and lists.
+"""``copy.copy`` and ``copy.deepcopy`` while tracing: configs, dataclasses, dicts and lists
+(transformers' ``get_text_config`` deep-copies the config in T5's forward).
 
-Libraries copy their configuration inside ``forward`` (transformers' ``get_text_config`` runs
-``copy.deepcopy(config)``). The copy is built from trackers, as the ``copy`` module builds it
-from objects: a list copies to a new ``ListVariable``, a dict to a new ``DictVariable``, an
-object to a ``CopiedObjectVariable`` whose instance ``__dict__`` holds the copied attributes
-(``object.__new__(cls)``, then the state: what ``copy`` does through ``__reduce_ex__``), and
-immutable values are shared. Reading the original's attributes guards them, so a later call
-with another config recompiles; its ``__dict__`` keys are guarded too. The copy is new: storing
-to it is no side effect, and if it escapes it is rebuilt after the graph.
+The copy is built from trackers as ``copy`` builds it from objects: new ``ListVariable`` and
+``DictVariable``, an object as ``object.__new__(cls)`` plus its copied ``__dict__`` (a
+``CopiedObjectVariable``, rebuilt after the graph if it escapes); immutable values are shared.
+Reading the original's attributes guards them, and its ``__dict__`` keys. A tensor inside breaks
+the graph, as in Dynamo; so does a class that customises copying (``__deepcopy__``...).
 
-A tensor inside stops the copy (a graph break naming it), as in Dynamo, whose
-``copy.deepcopy`` of a tensor breaks; so do classes that customise copying (``__deepcopy__``,
-``__reduce__``, ``__getstate__``...), whose copies toycomp cannot predict.
-
-NB: Dynamo inlines the ``copy`` module's Python code (torch/_dynamo/trace_rules.py lets it trace
-``copy``); toycomp follows the same protocol directly, on trackers.
+NB: Dynamo inlines the ``copy`` module's own code (torch/_dynamo/trace_rules.py).
 """
 
 from __future__ import annotations
@@ -23,30 +16,16 @@ import copy
 import types
 
 from toycomp.capture.sources import AttrSource
-from toycomp.capture.variables.base import (
-    ConstantVariable,
-    MissingAttribute,
-    Unsupported,
-    ValueVariable,
-    VariableTracker,
-)
+from toycomp.capture.variables.base import ConstantVariable, MissingAttribute, Unsupported
+from toycomp.capture.variables.base import ValueVariable, VariableTracker
 from toycomp.capture.variables.functions import UserMethodVariable
-from toycomp.capture.variables.lists import (
-    DictVariable,
-    ListVariable,
-    NamedTupleVariable,
-    TupleVariable,
-)
-from toycomp.capture.variables.objects import (
-    MISSING,
-    NewObjectVariable,
-    UserDefinedObjectVariable,
-    class_lookup,
-    is_data_descriptor,
-)
+from toycomp.capture.variables.lists import DictVariable, ListVariable, NamedTupleVariable
+from toycomp.capture.variables.lists import TupleVariable
+from toycomp.capture.variables.objects import MISSING, NewObjectVariable, class_lookup
+from toycomp.capture.variables.objects import UserDefinedObjectVariable, is_data_descriptor
 from toycomp.capture.variables.tensor import TensorVariable
 
-# Methods by which a class takes over its own copying: its copy is not ``__dict__``'s copy.
+# Methods by which a class takes over its own copying (its copy is not its __dict__'s copy).
 COPY_HOOKS = ("__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__", "__getstate__",
               "__setstate__", "__getnewargs__", "__getnewargs_ex__")
 
@@ -125,17 +104,14 @@ def copy_variable(tx, var: VariableTracker, deep: bool, memo: dict) -> VariableT
         return var  # immutable, or atomic to copy (functions, classes): itself
     if type(var) in (ListVariable, TupleVariable, NamedTupleVariable):
         items = var.items(tx)
-        if deep:
-            new = [copy_variable(tx, v, deep, memo) for v in items]
-        else:
-            new = list(items)
-        if isinstance(var, NamedTupleVariable):
-            result = NamedTupleVariable(new, var.tuple_cls)
-        elif isinstance(var, TupleVariable):
-            # a tuple of unchanged items is itself (copy.copy of a tuple always is)
-            result = var if all(a is b for a, b in zip(new, items)) else TupleVariable(new)
-        else:
+        new = [copy_variable(tx, v, deep, memo) for v in items] if deep else list(items)
+        if type(var) is ListVariable:
             result = ListVariable(new)
+        elif all(a is b for a, b in zip(new, items)):  # a tuple of the same items: itself
+            result = var
+        else:
+            result = (NamedTupleVariable(new, var.tuple_cls) if type(var) is NamedTupleVariable
+                      else TupleVariable(new))
         memo[id(var)] = result
         return result
     if type(var) is DictVariable:

@@ -391,7 +391,7 @@ class SuperVariable(VariableTracker):
                 if attr is object.__getattribute__:  # past the class's own __getattribute__
                     return GenericGetattrVariable(self.obj)
                 if attr is object.__setattr__ and hasattr(self.obj, "object_setattr"):
-                    return ObjectSetattrVariable(self.obj)  # a copied config's __setattr__
+                    return user_dicts.DictSuperMethod(self.obj, name)  # (a copied config's)
                 found = user_dicts.super_method(self.obj, klass, name)
                 if found is not None:  # dict's own method on a dict subclass's items
                     return found
@@ -408,17 +408,6 @@ class GenericGetattrVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.generic_getattr(tx, args[0].as_python_constant())
-
-
-class ObjectSetattrVariable(VariableTracker):
-    """``object.__setattr__`` bound to an object made while tracing (``super().__setattr__``
-    in a class that defines its own ``__setattr__``)."""
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def call_function(self, tx, args, kwargs):
-        return self.obj.object_setattr(tx, args[0].as_python_constant(), args[1])
 
 
 class ObjectInitVariable(VariableTracker):
