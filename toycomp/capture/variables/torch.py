@@ -70,10 +70,8 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
-        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):
-            # a torch.library.custom_op (a CustomOpDef): the graph calls its operator, whose
-            # fake implementation gives the result's metadata, as Dynamo does
-            fn = fn._opoverload
+        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
+            fn = fn._opoverload  # the graph calls its operator (metadata: its fake impl), as Dynamo
         if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if is_special(fn):
