@@ -30,7 +30,7 @@ import reading_list  # noqa: E402
 # (capture's Python semantics and logs raised capture, aot and glue by about 170 lines in all:
 # live dict views, class-keeping rebuilds, grad-mode outputs, the logging hooks)
 TEACH_PATH_BUDGET = {
-    "capture": 870,
+    "capture": 890,
     "aot": 870,
     "prims": 470,
     "inductor": 1300,
@@ -44,10 +44,11 @@ TEACH_PATH_TOTAL = 4600
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
 # capture grew by about 1,050 for the constructs of real code: sets, itertools, functools, live
 # dict views, dataclass dicts, decorated frames, and by about 190 for copy.deepcopy/copy.copy
-# while tracing and tensors nested in an op's result; exercises by about 380 for the unfakeable grader,
+# while tracing and tensors nested in an op's result, and by about 100 for the special cases
+# named as helpers off the teach path (their def lines and docstrings); exercises by about 380 for the unfakeable grader,
 # the student bundle and notebook 05's checks; glue by the logs and the config)
 PACKAGE_BUDGET = {
-    "capture": 6800,
+    "capture": 6900,
     "aot": 2200,
     "prims": 3800,
     "inductor": 4250,
