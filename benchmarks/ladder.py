@@ -115,16 +115,16 @@ def main() -> None:
     parser.add_argument("--json", help="store the results here")
     args = parser.parse_args()
     backend = "triton" if args.device == "cuda" else "cpp"
+    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "backend": backend, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results = []
     for name, (fn, inputs) in examples(args.device, args.quick).items():
         results.append(run_example(name, fn, inputs, backend, args.device,
                                    0.05 if args.quick else args.budget))
         print_example(results[-1])
-    if args.json:
-        meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                "backend": backend, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "examples": results}, f, indent=1)
+        if args.json:  # after each example: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "examples": results}, f, indent=1)
 
 
 if __name__ == "__main__":
