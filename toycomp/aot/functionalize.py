@@ -116,8 +116,9 @@ class FunctionalRecorder(TorchDispatchMode):
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
             return func(*args, **kwargs)
         mutated = mutated_args(func, args, kwargs)
-        order = _memory_order(func, mutated, args)  # [Note: random ops draw in memory order]
-        if order is not None:
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        if random and (order := _memory_order(func, mutated, args)) is not None:
+            # [Note: random ops draw in memory order]
             view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
             self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
             return args[0]
@@ -127,7 +128,7 @@ class FunctionalRecorder(TorchDispatchMode):
         if mutated:
             self.tracker.snapshot([t for _, t in mutated])
         try:
-            with _draws_nothing(func, args, kwargs):
+            with _draws_nothing(args, kwargs) if random else contextlib.nullcontext():
                 out = func(*args, **kwargs)
         except RuntimeError as e:  # x[mask]'s nonzero, inside the fake kernel of aten.index
             if type(e).__name__ not in DATA_DEPENDENT_ERRORS:
@@ -386,10 +387,8 @@ def _as_list(value: Any) -> list:
 # compiled function's first call would get the numbers eager's second call gets. So the
 # generators' state is put back after it, as if nothing had been drawn. (On fake tensors
 # nothing is drawn.)
-def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
-    """A context that restores the RNG state of the devices of ``func``'s tensor arguments."""
-    if torch.Tag.nondeterministic_seeded not in func.tags:
-        return contextlib.nullcontext()
+def _draws_nothing(args: tuple, kwargs: dict) -> Any:
+    """A context that restores the RNG state of the devices of a random op's tensor args."""
     tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
     if any(is_fake(t) for t in tensors):
         return contextlib.nullcontext()
@@ -407,7 +406,7 @@ def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
 def _memory_order(func: Any, mutated: list, args: tuple) -> list[int] | None:
     """The dims of the tensor an in-place random op fills, outermost in memory first, when that
     is not their logical order (and the tensor is dense: a permutation makes it contiguous)."""
-    if len(mutated) != 1 or torch.Tag.nondeterministic_seeded not in func.tags:
+    if len(mutated) != 1:
         return None
     if not args or mutated[0][1] is not args[0]:  # (they all fill their first argument)
         return None
