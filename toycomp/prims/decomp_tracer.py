@@ -105,10 +105,8 @@ class DecompTracer:
         self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
-        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result.
-
-        ``val`` (a meta value) is only given for ATen ops that cannot run on meta tensors.
-        """
+        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result (``val``:
+        the meta value of an ATen op that cannot run on meta tensors)."""
         if prims.is_prim(target):
             _check_contract(target, args)
             val, device = _eval_prim_on_meta(target, args, kwargs)
