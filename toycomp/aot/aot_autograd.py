@@ -199,12 +199,14 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
         with recorder, torch.set_grad_enabled(grad_mode):
             outs = _as_tuple(fn(*passed))
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
-        mutations = _input_mutations(tracker, passed, grad_fns, inputs)
+        mutations = []
+        if tracker.rebound:  # some tensor got a new value: an input, perhaps
+            mutations = _input_mutations(tracker, passed, grad_fns, inputs)
         fwd_values = [*outs, *[passed[m.index] for m in mutations]]
         diff_outputs = [i for i, o in enumerate(outs) if joint and _requires_grad(o)]
         diff_outputs += [len(outs) + k for k, m in enumerate(mutations) if m.requires_grad]
         grad_nodes = _trace_backward(recorder, primals, fwd_values, diff_outputs) if joint else []
-        if joint and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:
+        if tracker.rebound and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
     tracker.graph.output((*out_nodes, *[m.node for m in mutations], *grad_nodes))
     tracker.graph.eliminate_dead_code()

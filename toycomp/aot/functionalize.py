@@ -107,10 +107,9 @@ class FunctionalRecorder(TorchDispatchMode):
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in DATA_DEPENDENT_OPS:
-            raise NotImplementedError(  # the graph then runs as captured, with a warning
-                f"toycomp.aot: {func} is data-dependent (its result or shape depends on tensor "
-                "values); it cannot be traced ahead of time")
+        if func in DATA_DEPENDENT_OPS:  # the graph then runs as captured, with a warning
+            raise _data_dependent(func, "is data-dependent (its result or shape depends on "
+                                  "tensor values); it cannot be traced ahead of time")
         if func in AS_STRIDED_OPS:
             return self._as_strided(func, args, kwargs)
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
@@ -131,10 +130,9 @@ class FunctionalRecorder(TorchDispatchMode):
             with _draws_nothing(args, kwargs) if random else contextlib.nullcontext():
                 out = func(*args, **kwargs)
         except RuntimeError as e:  # x[mask]'s nonzero, inside the fake kernel of aten.index
-            if type(e).__name__ not in DATA_DEPENDENT_ERRORS:
-                raise
-            raise NotImplementedError(  # as for DATA_DEPENDENT_OPS above
-                f"toycomp.aot: {func} has a data-dependent output shape here ({e})") from e
+            if type(e).__name__ in DATA_DEPENDENT_ERRORS:
+                raise _data_dependent(func, f"has a data-dependent output shape here ({e})") from e
+            raise
         if not mutated:
             node = self.tracker.emit(func, nargs, nkwargs, out)
             results = self.tracker.emit_results(node, out)
@@ -374,6 +372,10 @@ def _devices_like(val: Any, mutated: list) -> Any:
     if isinstance(val, (tuple, list)):
         return tuple(None if v is None else device for v in val)
     return device
+
+
+def _data_dependent(func: Any, what: str) -> NotImplementedError:
+    return NotImplementedError(f"toycomp.aot: {func} {what}")
 
 
 def _as_list(value: Any) -> list:

@@ -93,6 +93,7 @@ class TensorTracker:
         self.sym_nodes: dict[Any, fx.Node] = {}  # size expression -> the node computing it
         self._tracked: dict[int, Tracked] = {}
         self._by_storage: dict[tuple, dict[int, Tracked]] = defaultdict(dict)
+        self.rebound = False  # has a tracked tensor's node changed (a mutation, a relayout)?
 
     # -- adding nodes ----------------------------------------------------------------------
     def placeholder(self, name: str, t: Any) -> fx.Node:
@@ -165,6 +166,7 @@ class TensorTracker:
     # -- which node holds which tensor ---------------------------------------------------------
     def track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> Tracked:
         """From now on ``t``'s current value is ``node``'s."""
+        self.rebound |= id(t) in self._tracked
         entry = Tracked(t, node, constant=constant)
         self._tracked[id(t)] = entry
         self.values.setdefault(node, t)
@@ -176,6 +178,7 @@ class TensorTracker:
 
     def retrack(self, entry: Tracked, node: fx.Node) -> Tracked:
         """``entry``'s tensor now holds ``node``'s value (it is up to date again)."""
+        self.rebound = True
         entry.node, entry.stale = node, None
         value, meta = self.values.get(node), node.meta["val"]
         if value is None or (value is entry.tensor and value.stride() != meta.stride()):
