@@ -31,8 +31,8 @@ import reading_list  # noqa: E402
 # live dict views, class-keeping rebuilds, grad-mode outputs, the logging hooks)
 TEACH_PATH_BUDGET = {
     "capture": 1200,
-    "aot": 870,
-    "prims": 470,
+    "aot": 640,
+    "prims": 405,
     "inductor": 1300,
     "inductor/codegen": 400,
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach

@@ -117,10 +117,7 @@ class FunctionalRecorder(TorchDispatchMode):
         mutated = mutated_args(func, args, kwargs)
         random = torch.Tag.nondeterministic_seeded in func.tags
         if random and (order := _memory_order(func, mutated, args)) is not None:
-            # [Note: random ops draw in memory order]
-            view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
-            self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
-            return args[0]
+            return self._fill_in_memory_order(func, types, args, kwargs, order)
         if func.is_view or torch.Tag.inplace_view in func.tags:
             self._ensure_layout(args[0], str(func))
         nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
@@ -144,6 +141,13 @@ class FunctionalRecorder(TorchDispatchMode):
         else:
             self._functionalize(func, mutated, nargs, nkwargs, (args, kwargs), out)
         return out
+
+    def _fill_in_memory_order(self, func, types, args, kwargs, order: list[int]) -> Any:
+        """Record an in-place random op on the contiguous permutation of the tensor it fills
+        ([Note: random ops draw in memory order])."""
+        view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
+        self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
+        return args[0]
 
     # -- functionalisation -----------------------------------------------------------------
     def _replace(self, t: torch.Tensor, node: fx.Node, op: str, view_op: bool = False) -> None:

@@ -253,10 +253,14 @@ def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) 
         if g is None:  # an output its output_mask leaves undefined (a backward's grad_input)
             continue
         if isinstance(w, torch.Tensor) and (g.shape != w.shape or g.dtype != w.dtype):
-            raise RuntimeError(
-                f"toycomp.decompositions: decomposition of {target} (node {node.name}) gave "
-                f"{g.dtype}{list(g.shape)}, ATen gives {w.dtype}{list(w.shape)}"
-            )
+            raise _wrong_result(node, target, g, w)
+
+
+def _wrong_result(node: fx.Node, target: Any, got: Any, want: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"toycomp.decompositions: decomposition of {target} (node {node.name}) gave "
+        f"{got.dtype}{list(got.shape)}, ATen gives {want.dtype}{list(want.shape)}"
+    )
 
 
 # [Note: in-place ops]

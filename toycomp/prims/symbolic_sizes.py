@@ -77,7 +77,10 @@ def numbers_as_fake(prim: Any, args: tuple) -> tuple:
     tensors = [a for a in operands if isinstance(a, torch.Tensor)]
     if not any(is_fake(t) for t in tensors):
         return args
-    like = tensors[0]
+    return _numbers_as_tensors(args, tensors[0])
+
+
+def _numbers_as_tensors(args: tuple, like: torch.Tensor) -> tuple:
     return tuple(
         torch.full((), 1 if isinstance(a, _SYMBOLIC) else a, dtype=like.dtype, device="meta")
         if isinstance(a, (bool, int, float) + _SYMBOLIC)
