@@ -136,6 +136,7 @@ class TensorTracker:
         return self._emit_other_results(node, val)  # sizes, tuples of results
 
     def _emit_other_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
+        """``emit_results`` for a size, or a tuple of tensors, sizes and None."""
         if is_symbolic(val):  # aten.sym_size.int & co: the node computes that size from now on
             self._track_size(val, node)
             return [node]
