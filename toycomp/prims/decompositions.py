@@ -113,7 +113,8 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
-    _hoist_checks(graph)
+    if any(n.target in CHECK_OPS for n in graph.nodes):  # (checks that raise as eager does)
+        _hoist_checks(graph)
     graph.lint()
     return fx.GraphModule(gm, graph)
 
