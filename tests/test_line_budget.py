@@ -43,10 +43,11 @@ TEACH_PATH_TOTAL = 4600
 # (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
 # capture grew by about 1,050 for the constructs of real code: sets, itertools, functools, live
-# dict views, dataclass dicts, decorated frames; exercises by about 380 for the unfakeable grader,
+# dict views, dataclass dicts, decorated frames, and by about 190 for copy.deepcopy/copy.copy
+# while tracing and tensors nested in an op's result; exercises by about 380 for the unfakeable grader,
 # the student bundle and notebook 05's checks; glue by the logs and the config)
 PACKAGE_BUDGET = {
-    "capture": 6700,
+    "capture": 6800,
     "aot": 2200,
     "prims": 3800,
     "inductor": 4250,

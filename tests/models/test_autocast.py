@@ -1,7 +1,7 @@
 """Mixed precision through toycomp, as people train: ``torch.autocast`` around the loss.
 
-GPT-2 and Llama training steps (tests/models/hf_models.py) under bf16 autocast on the CPU,
-through ``toycomp.compile`` and through ``torch.compile(backend="toycomp")``: loss and every
+GPT-2 and Llama training steps (tests/models/hf_models.py; on CUDA every model of the suite) under
+bf16 autocast, through ``toycomp.compile`` and through ``torch.compile(backend="toycomp")``: loss and every
 gradient within autocast's tolerance of eager autocast's (bf16 has 8 bits of mantissa:
 torch.testing's bf16 rtol, 1.6e-2, with an absolute floor for gradients near zero). The CUDA
 cases (bf16, and fp16 with ``torch.amp.GradScaler``) skip without a GPU.
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import toycomp
-from tests.models.hf_models import batch, build
+from tests.models.hf_models import MODELS, batch, build
 
 RTOL, ATOL = 1.6e-2, 1e-3
 PATHS = ["toycomp.compile", "torch.compile"]
@@ -66,8 +66,9 @@ def test_bf16_autocast_training_step_cpu(name, path):
 
 @cuda
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_bf16_autocast_training_step_cuda(name, path):
+    """Every model of the capture suite, with SDPA (flash or cuDNN under bf16 on a GPU)."""
     check_amp_step(name, path, "cuda", torch.bfloat16)
 
 

@@ -229,10 +229,11 @@ class OutputGraph:
         if isinstance(result, torch.Tensor):
             node.meta["example_value"] = result
             return TensorVariable(node, result)
-        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        if isinstance(result, (tuple, list)) and _holds_tensor(result):
             node.meta["example_value"] = result
+            # nested too: histogramdd returns (hist, [edges, ...]), each edge a node of its own
             items = [self.wrap_result(self.graph.call_function(operator.getitem, (node, i)), r)
-                     if isinstance(r, torch.Tensor) else ConstantVariable(r)
+                     if _holds_tensor(r) else ConstantVariable(r)
                      for i, r in enumerate(result)]
             if getattr(type(result), "n_fields", None) is not None:  # a structseq
                 return NamedTupleVariable(items, type(result))
@@ -360,3 +361,10 @@ def is_argument(source: Source) -> bool:
             return False
         source = source.base
     return True
+
+
+def _holds_tensor(value) -> bool:
+    """Whether an op's result holds a tensor, at any depth of tuples and lists."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(map(_holds_tensor, value))

@@ -63,6 +63,7 @@ from toycomp.capture.variables.objects import (
     UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
+from toycomp.capture.variables.copying import CopyFunctionVariable, is_copy_function
 from toycomp.capture.variables.tensor import NumpyArrayVariable
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 from toycomp.capture.variables.user_dicts import (
@@ -243,6 +244,9 @@ class VariableBuilder:
             return self(value.__wrapped__, source and AttrSource(source, "__wrapped__"))
         if isinstance(value, functools.partial):
             return self.wrap_partial(value, source, g)
+        if is_copy_function(value):  # copy.copy, copy.deepcopy: on trackers (copying.py)
+            g and g.id_match(source, value)
+            return CopyFunctionVariable(value, source)
         if is_skipped(value):  # numpy, random...: np.finfo(np.float32) folds on constants
             return SkipFunctionVariable(value, source)
         if isinstance(value, type):

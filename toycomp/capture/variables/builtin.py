@@ -397,6 +397,13 @@ def _eq(fn):
     return rule
 
 
+def _delattr(tx, obj, name):
+    if not hasattr(obj, "delattr"):
+        raise Unsupported(f"delattr on {obj}")
+    obj.delattr(tx, name.as_python_constant())
+    return ConstantVariable(None)
+
+
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
@@ -404,7 +411,7 @@ RULES = {
     sum: _sum,
     all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr, reversed: _reversed,
-    hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
+    hasattr: _hasattr, setattr: _setattr, delattr: _delattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,
     operator.contains: _contains, super: _super, operator.eq: _eq(operator.eq),
     operator.ne: _eq(operator.ne),

@@ -61,6 +61,10 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):
+            # a torch.library.custom_op (a CustomOpDef): the graph calls its operator, whose
+            # fake implementation gives the result's metadata, as Dynamo does
+            fn = fn._opoverload
         if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if any(fn is f for f in TRACING_STATE):
