@@ -49,7 +49,7 @@ TEACH_PATH_TOTAL = 4600
 PACKAGE_BUDGET = {
     "capture": 6800,
     "aot": 2200,
-    "prims": 3800,
+    "prims": 3850,  # (+11: the teach path's special cases moved into named helpers)
     "inductor": 4250,
     "inductor/codegen": 2650,
     "inductor/opt": 2450,
