@@ -73,9 +73,7 @@ def _requires_grad(x: Any) -> bool:
 
 
 def _clone_input(x: Any, requires_grad: bool) -> Any:
-    """A private copy of an input (same strides), so tracing never mutates the user's data.
-
-    A size input (a SymInt, with dynamic shapes: Dynamo's ``s0`` placeholders) is itself."""
+    """A private copy of an input (same strides): tracing never mutates the user's data."""
     if is_symbolic(x) or type(x) is int:
         return x
     if not isinstance(x, torch.Tensor):
@@ -85,16 +83,14 @@ def _clone_input(x: Any, requires_grad: bool) -> Any:
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
 
 
+# [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
+# leaf (``a * 1``) is recorded by autograd, and the caller's tensor gets a new history. We
+# differentiate with respect to leaf primals, which autograd refuses to mutate, so ``fn``
+# gets ``primal.clone()`` (made before recording starts: nothing enters the graph, and its
+# backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
+# (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
 def _as_passed(primal: torch.Tensor) -> torch.Tensor:
-    """What ``fn`` sees for a primal: the leaf itself, or a non-leaf copy if it requires grad.
-
-    [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
-    leaf (``a * 1``) is recorded by autograd, and the caller's tensor gets a new history. We
-    differentiate with respect to leaf primals, which autograd refuses to mutate, so ``fn``
-    gets ``primal.clone()`` (made before recording starts: nothing enters the graph, and its
-    backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
-    (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
-    """
+    """What ``fn`` sees for a primal: the leaf itself, or a non-leaf copy if it requires grad."""
     return primal.clone() if _requires_grad(primal) else primal
 
 
@@ -120,17 +116,22 @@ def _input_mutations(tracker: TensorTracker, passed: list, grad_fns: list, input
         node = tracker.read(p, f"the input-mutation epilogue (input {i})")
         if node is placeholder:
             continue
-        if p.shape != inputs[i].shape or p.stride() != inputs[i].stride():
-            raise NotImplementedError(
-                f"toycomp.aot: input {i} changes its shape or strides in place (resize_, t_, "
-                "unsqueeze_...); toycomp replays only mutations of an input's values"
-            )
-        key = storage_key(inputs[i])
-        for j, other in enumerate(inputs):
-            if j != i and key is not None and storage_key(other) == key:
-                raise NotImplementedError(f"toycomp.aot: mutated input {i} aliases input {j}")
+        _check_replayable(i, p, inputs)  # only values change, and no other input sees them
         mutations.append(_Mutation(i, node, p.requires_grad and p.grad_fn is not grad_fns[i]))
     return mutations
+
+
+def _check_replayable(i: int, mutated: torch.Tensor, inputs: Sequence) -> None:
+    """Refuse a mutation of input ``i`` that the epilogue could not replay with ``copy_``."""
+    if mutated.shape != inputs[i].shape or mutated.stride() != inputs[i].stride():
+        raise NotImplementedError(
+            f"toycomp.aot: input {i} changes its shape or strides in place (resize_, t_, "
+            "unsqueeze_...); toycomp replays only mutations of an input's values"
+        )
+    key = storage_key(inputs[i])
+    for j, other in enumerate(inputs):
+        if j != i and key is not None and storage_key(other) == key:
+            raise NotImplementedError(f"toycomp.aot: mutated input {i} aliases input {j}")
 
 
 @dataclasses.dataclass
@@ -145,33 +146,32 @@ class _Trace:
                 for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
 
+# A graph that turns grad mode on itself (``with torch.enable_grad():`` in a function called
+# under ``no_grad``) may return outputs that require grad whatever the caller's mode: it is
+# traced jointly, starting in the caller's mode, as eager would run it.
 def _enables_grad(fn: Callable) -> bool:
-    """Does the graph turn grad mode on itself (``with torch.enable_grad():`` in a function
-    called under ``no_grad``)? Then its outputs may require grad whatever the caller's mode:
-    it is traced jointly, starting in the caller's mode, as eager would run it."""
+    """Does the graph call ``torch._C._set_grad_enabled(True)``?"""
     return isinstance(fn, fx.GraphModule) and any(
         n.target is torch._C._set_grad_enabled and n.args[0] is True for n in fn.graph.nodes)
 
 
+# [Note: cudnn off while tracing] Composite ops pick a backend while we trace
+# (batch_norm -> cudnn_batch_norm on CUDA), and cudnn's batch norm hides its running-stat
+# mutation and needs a workspace output; so do mkldnn's RNNs on CPU, whose workspace is
+# empty under no_grad (as in CompiledFunction.forward). With cudnn and mkldnn off we record
+# native ops, which run on every device; convolutions still pick a backend at run time.
 def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
-    # [Note: cudnn off while tracing] Composite ops pick a backend while we trace
-    # (batch_norm -> cudnn_batch_norm on CUDA), and cudnn's batch norm hides its running-stat
-    # mutation and needs a workspace output; so do mkldnn's RNNs on CPU, whose workspace is
-    # empty under no_grad (as in CompiledFunction.forward). With cudnn and mkldnn off we record
-    # native ops, which run on every device; convolutions still pick a backend at run time.
     with cudnn_and_mkldnn_disabled():
         return _trace_inner(fn, inputs, joint)
 
 
+# [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
+# require grad (user outputs, and new values of inputs that autograd saw being mutated)
+# w.r.t. the primals that require grad, with one tangent per such output.
 def _trace_backward(
     recorder: FunctionalRecorder, primals: list, outs: tuple, diff: list
 ) -> list:
-    """Record the backward: a gradient node (or None) per primal.
-
-    [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
-    require grad (user outputs, and new values of inputs that autograd saw being mutated)
-    w.r.t. the primals that require grad, with one tangent per such output.
-    """
+    """Record the backward: a gradient node (or None) per primal ([Note: the joint function])."""
     tangents = [torch.ones(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device)
                 for i in diff]  # fmt: skip
     for k, t in enumerate(tangents):
@@ -199,12 +199,14 @@ def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _
         with recorder, torch.set_grad_enabled(grad_mode):
             outs = _as_tuple(fn(*passed))
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
-        mutations = _input_mutations(tracker, passed, grad_fns, inputs)
+        mutations = []
+        if tracker.rebound:  # some tensor got a new value: an input, perhaps
+            mutations = _input_mutations(tracker, passed, grad_fns, inputs)
         fwd_values = [*outs, *[passed[m.index] for m in mutations]]
         diff_outputs = [i for i, o in enumerate(outs) if joint and _requires_grad(o)]
         diff_outputs += [len(outs) + k for k, m in enumerate(mutations) if m.requires_grad]
         grad_nodes = _trace_backward(recorder, primals, fwd_values, diff_outputs) if joint else []
-        if joint and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:
+        if tracker.rebound and _input_mutations(tracker, passed, grad_fns, inputs) != mutations:
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
     tracker.graph.output((*out_nodes, *[m.node for m in mutations], *grad_nodes))
     tracker.graph.eliminate_dead_code()
@@ -242,6 +244,10 @@ def trace_forward(fn: Callable, inputs: Sequence[torch.Tensor]) -> fx.GraphModul
     return _trace(fn, inputs, joint=False).gm
 
 
+# [Note: tracing on fake tensors] Given the capture's fake tensors (shapes, strides, dtypes,
+# no data), the joint trace runs under their FakeTensorMode: no computation on real data and
+# no random numbers drawn. The compilers then get fake example inputs.
+
 # What aot_function copies from the traced graph's meta into AOTOutput.
 _RUNTIME_METADATA = ("num_fwd_outputs", "num_user_outputs", "mutated_inputs", "requires_grad",
                      "diff_outputs", "grad_inputs", "output_alias_info")  # fmt: skip
@@ -258,24 +264,18 @@ def aot_function(
 
     Args:
         fn: callable on flat tensors returning a tensor or a tuple/list of tensors.
-        example_inputs: real tensors, or fake ones (then traced under their FakeTensorMode,
-            [Note: tracing on fake tensors]); ``requires_grad`` decides which get gradients.
+        example_inputs: real or fake tensors ([Note: tracing on fake tensors]).
         fw_compiler: ``compiler(gm, example_inputs) -> callable(list) -> sequence``; ``None``
-            runs the GraphModule.
-        bw_compiler: same for the backward; ``None`` uses ``fw_compiler``.
+            runs the GraphModule. ``bw_compiler``: the same for the backward.
         partition_fn: ``joint -> (forward, backward, saved value names)``.
 
     Returns:
-        An ``AOTOutput``. With no input requiring grad (or grad mode off) only the forward is
-        traced: ``joint`` and ``backward`` are ``None``.
+        An ``AOTOutput`` (``joint`` and ``backward`` are ``None`` when nothing needs a gradient).
     """
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
     enables_grad = _enables_grad(fn)
     joint = (torch.is_grad_enabled() or enables_grad) and any(map(_requires_grad, example_inputs))
-    # [Note: tracing on fake tensors] Given the capture's fake tensors (shapes, strides,
-    # dtypes, no data), the joint trace runs under their FakeTensorMode: no computation on
-    # real data and no random numbers drawn. The compilers then get fake example inputs.
     fake_mode = fake_mode_of(example_inputs)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         trace = _trace(fn, example_inputs, joint=joint)

@@ -63,9 +63,8 @@ def _is_pure(node: fx.Node) -> bool:
 def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
     """``(target, args, kwargs)`` with nodes replaced by their merged copies; None if unkeyable.
 
-    Constants are keyed with their type and floats by ``repr``: ``pow(x, 2)`` and ``pow(x, 2.0)``
-    are different calls, and so are ``mul(x, 0.0)`` and ``mul(x, -0.0)`` (0.0 == -0.0 in Python).
-    """
+    Constants are keyed with their type, floats by ``repr``: ``pow(x, 2)`` != ``pow(x, 2.0)``,
+    ``mul(x, 0.0)`` != ``mul(x, -0.0)``."""
 
     def norm(a):
         if isinstance(a, fx.Node):
@@ -86,17 +85,16 @@ def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
     return key
 
 
+# [Note: CSE before partitioning]
+# The joint graph often computes a value twice: autograd's formula for ``sin`` recomputes
+# ``cos(x)`` in the backward although the forward computed ``cos(x)`` for ``cos(x)**2``.
+# Merged, the partitioner sees one ``cos`` that both halves need, and can decide once whether
+# to save or recompute it. Random ops are never merged (two ``rand_like(x)`` are two draws),
+# nor in-place or allocating ones; and a node the graph returns is never replaced by an
+# earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
 def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
-    """Merge calls of the same pure op on the same arguments into one node (a new graph).
-
-    [Note: CSE before partitioning]
-    The joint graph often computes a value twice: autograd's formula for ``sin`` recomputes
-    ``cos(x)`` in the backward although the forward computed ``cos(x)`` for ``cos(x)**2``.
-    Merged, the partitioner sees one ``cos`` that both halves need, and can decide once whether
-    to save or recompute it. Random ops are never merged (two ``rand_like(x)`` are two draws),
-    nor in-place or allocating ones; and a node the graph returns is never replaced by an
-    earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
-    """
+    """Merge calls of the same pure op on the same arguments into one node, in a new graph
+    ([Note: CSE before partitioning])."""
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[tuple, fx.Node] = {}

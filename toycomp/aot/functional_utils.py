@@ -94,12 +94,18 @@ def bind_arguments(func, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 def mutated_args(func, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """(argument name, tensor) for every tensor that ``func`` writes to, in schema order."""
-    bound = bind_arguments(func, args, kwargs)
-    if func in BATCH_NORM_OPS:
-        training = bound.get("training", False)
+    if func in BATCH_NORM_OPS:  # [Note: batch norm's hidden mutation]
+        training = bind_arguments(func, args, kwargs).get("training", False)
         names = ["running_mean", "running_var"] if training else []
     else:
         names = [a.name for a in schema_of(func).arguments if a.is_write]
+    if not names:
+        return []
+    return _written_tensors(func, names, bind_arguments(func, args, kwargs))
+
+
+def _written_tensors(func, names: list[str], bound: dict) -> list[tuple[str, torch.Tensor]]:
+    """The tensors bound to ``names``, refusing mutations that toycomp cannot functionalise."""
     mutated = [(n, bound[n]) for n in names if bound.get(n) is not None]
     if mutated and func in UNSUPPORTED_MUTATIONS:
         raise NotImplementedError(f"toycomp.aot: {func} (in-place) is not supported")

@@ -107,33 +107,29 @@ class FunctionalRecorder(TorchDispatchMode):
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in DATA_DEPENDENT_OPS:
-            raise NotImplementedError(  # the graph then runs as captured, with a warning
-                f"toycomp.aot: {func} is data-dependent (its result or shape depends on tensor "
-                "values); it cannot be traced ahead of time")
+        if func in DATA_DEPENDENT_OPS:  # the graph then runs as captured, with a warning
+            raise _data_dependent(func, "is data-dependent (its result or shape depends on "
+                                  "tensor values); it cannot be traced ahead of time")
         if func in AS_STRIDED_OPS:
             return self._as_strided(func, args, kwargs)
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
             return func(*args, **kwargs)
         mutated = mutated_args(func, args, kwargs)
-        order = _memory_order(func, mutated, args)  # [Note: random ops draw in memory order]
-        if order is not None:
-            view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
-            self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
-            return args[0]
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        if random and (order := _memory_order(func, mutated, args)) is not None:
+            return self._fill_in_memory_order(func, types, args, kwargs, order)
         if func.is_view or torch.Tag.inplace_view in func.tags:
             self._ensure_layout(args[0], str(func))
         nargs, nkwargs = tree_map(lambda a: self.tracker.read(a, str(func)), (args, kwargs))
         if mutated:
             self.tracker.snapshot([t for _, t in mutated])
         try:
-            with _draws_nothing(func, args, kwargs):
+            with _draws_nothing(args, kwargs) if random else contextlib.nullcontext():
                 out = func(*args, **kwargs)
         except RuntimeError as e:  # x[mask]'s nonzero, inside the fake kernel of aten.index
-            if type(e).__name__ not in DATA_DEPENDENT_ERRORS:
-                raise
-            raise NotImplementedError(  # as for DATA_DEPENDENT_OPS above
-                f"toycomp.aot: {func} has a data-dependent output shape here ({e})") from e
+            if type(e).__name__ in DATA_DEPENDENT_ERRORS:
+                raise _data_dependent(func, f"has a data-dependent output shape here ({e})") from e
+            raise
         if not mutated:
             node = self.tracker.emit(func, nargs, nkwargs, out)
             results = self.tracker.emit_results(node, out)
@@ -145,6 +141,13 @@ class FunctionalRecorder(TorchDispatchMode):
         else:
             self._functionalize(func, mutated, nargs, nkwargs, (args, kwargs), out)
         return out
+
+    def _fill_in_memory_order(self, func, types, args, kwargs, order: list[int]) -> Any:
+        """Record an in-place random op on the contiguous permutation of the tensor it fills
+        ([Note: random ops draw in memory order])."""
+        view = self.__torch_dispatch__(aten.permute.default, types, (args[0], order), {})
+        self.__torch_dispatch__(func, types, (view, *args[1:]), kwargs)
+        return args[0]
 
     # -- functionalisation -----------------------------------------------------------------
     def _replace(self, t: torch.Tensor, node: fx.Node, op: str, view_op: bool = False) -> None:
@@ -375,6 +378,10 @@ def _devices_like(val: Any, mutated: list) -> Any:
     return device
 
 
+def _data_dependent(func: Any, what: str) -> NotImplementedError:
+    return NotImplementedError(f"toycomp.aot: {func} {what}")
+
+
 def _as_list(value: Any) -> list:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
@@ -386,10 +393,8 @@ def _as_list(value: Any) -> list:
 # compiled function's first call would get the numbers eager's second call gets. So the
 # generators' state is put back after it, as if nothing had been drawn. (On fake tensors
 # nothing is drawn.)
-def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
-    """A context that restores the RNG state of the devices of ``func``'s tensor arguments."""
-    if torch.Tag.nondeterministic_seeded not in func.tags:
-        return contextlib.nullcontext()
+def _draws_nothing(args: tuple, kwargs: dict) -> Any:
+    """A context that restores the RNG state of the devices of a random op's tensor args."""
     tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
     if any(is_fake(t) for t in tensors):
         return contextlib.nullcontext()
@@ -407,7 +412,7 @@ def _draws_nothing(func: Any, args: tuple, kwargs: dict) -> Any:
 def _memory_order(func: Any, mutated: list, args: tuple) -> list[int] | None:
     """The dims of the tensor an in-place random op fills, outermost in memory first, when that
     is not their logical order (and the tensor is dense: a permutation makes it contiguous)."""
-    if len(mutated) != 1 or torch.Tag.nondeterministic_seeded not in func.tags:
+    if len(mutated) != 1:
         return None
     if not args or mutated[0][1] is not args[0]:  # (they all fill their first argument)
         return None

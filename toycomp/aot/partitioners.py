@@ -93,19 +93,8 @@ def extract_graph(
     outputs: list[fx.Node],
     nodes: set[fx.Node],
 ) -> fx.GraphModule:
-    """Copy ``nodes`` (in the joint's order) into a new graph with ``inputs`` as placeholders.
-
-    Node names and ``meta`` are kept, so ``sin`` in the joint is ``sin`` in the forward graph.
-
-    Args:
-        joint: the graph module the nodes come from (also the root for ``get_attr`` constants).
-        inputs: joint nodes that become the new graph's placeholders, in order.
-        outputs: joint nodes the new graph returns, as a tuple, in order.
-        nodes: joint nodes to copy (must be closed under inputs, apart from ``inputs``).
-
-    Returns:
-        The new, linted ``GraphModule``.
-    """
+    """Copy ``nodes`` (in the joint's order) into a new graph that takes ``inputs`` and returns
+    ``outputs``; names and ``meta`` are kept (``sin`` in the joint is ``sin`` in the forward)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -126,32 +115,38 @@ def is_size(node: fx.Node) -> bool:
     return is_symbolic(node.meta.get("val")) or type(node.meta.get("val")) is int
 
 
+# [Note: saving sizes] With dynamic shapes the backward's inputs have symbolic sizes
+# (``tangents_1`` is (s0, 3)), and its compiler must know every symbol of them at run time,
+# not only those its ops read. Like PyTorch's partitioner (``saved_sym_nodes``), we save a
+# node holding each such symbol (a SymInt primal, or ``aten.sym_size.int`` of a primal); the
+# forward returns them after the saved tensors, and the backward takes them in that order.
+# A size computed from the primals alone is a forward node in both partitioners: saving it
+# costs nothing, and recomputing it in the backward could need the tensor it is read from.
 def with_sizes(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.Node]) -> list:
-    """The saved values, tensors first, then the sizes the backward needs.
-
-    [Note: saving sizes] With dynamic shapes the backward's inputs have symbolic sizes
-    (``tangents_1`` is (s0, 3)), and its compiler must know every symbol of them at run time,
-    not only those its ops read. Like PyTorch's partitioner (``saved_sym_nodes``), we save a
-    node holding each such symbol (a SymInt primal, or ``aten.sym_size.int`` of a primal); the
-    forward returns them after the saved tensors, and the backward takes them in that order.
-    A size computed from the primals alone is a forward node in both partitioners: saving it
-    costs nothing, and recomputing it in the backward could need the tensor it is read from.
-    """
+    """The saved values, tensors first, then the sizes the backward needs."""
     tensors = [n for n in saved if not is_size(n)]
     sizes = [n for n in saved if is_size(n)]
+    if any(free_symbols(n.meta.get("val")) for n in tensors + sizes + tangents):
+        sizes += _symbol_holders(joint, tensors + sizes + tangents, sizes)  # dynamic shapes
+    return tensors + sizes
+
+
+def _symbol_holders(joint: fx.GraphModule, nodes: list[fx.Node], sizes: list[fx.Node]) -> list:
+    """A node holding each symbol of ``nodes``' values that no size in ``sizes`` is."""
     bound = {sym_expr(n.meta["val"]) for n in sizes if is_symbolic(n.meta["val"])}
     holders: dict = {}
     for node in joint.graph.nodes:
         val = node.meta.get("val")
         if is_symbolic(val) and sym_expr(val).is_Symbol:
             holders.setdefault(sym_expr(val), node)
-    for node in tensors + sizes + tangents:
+    extra = []
+    for node in nodes:
         for symbol in sorted(free_symbols(node.meta.get("val")) - bound, key=str):
             if symbol not in holders:
                 raise RuntimeError(f"partitioner: no node of the joint graph holds {symbol}")
-            sizes.append(holders[symbol])
+            extra.append(holders[symbol])
             bound.add(symbol)
-    return tensors + sizes
+    return extra
 
 
 def _forward_nodes(fwd_outputs: list[fx.Node], primals: list[fx.Node]) -> set[fx.Node]:
@@ -258,12 +253,8 @@ def should_ban_recomputation(node: fx.Node) -> bool:
 
 
 def _weight(node: fx.Node) -> float:
-    """The cost of saving ``node``: its size in bytes.
-
-    A tuple (``native_batch_norm``'s outputs...) cannot be saved as such: infinite, so its
-    ``getitem``s are saved instead. A view is never saved either (PyTorch's
-    ``recompute_views``): its base is, and the backward takes the view again for free.
-    """
+    """The cost of saving ``node``: its size in bytes; infinite for a tuple (its ``getitem``s
+    are saved) and a view (its base is: PyTorch's ``recompute_views``)."""
     val = node.meta.get("val")
     if is_size(node):  # a number: as cheap as it gets ([Note: saving sizes])
         return 1
@@ -308,29 +299,20 @@ def _flow_graph(
     return flow
 
 
+# [Note: the flow graph]
+# Each joint node ``n`` becomes two vertices joined by an edge ``n_in -> n_out`` whose
+# capacity is what saving ``n`` costs (``_weight``); each use of ``n`` is an edge
+# ``n_out -> user_in`` of infinite capacity. The source feeds every primal (the forward starts
+# from them) and every forward node that must not be recomputed (``should_ban_recomputation``);
+# every node computed from a tangent drains into the sink (it can only run in the backward),
+# and so does every gradient. A finite cut between source and sink cuts only ``n_in -> n_out``
+# edges: saving those nodes lets the backward compute all it needs from them and the
+# tangents, recomputing the nodes on the sink's side. The minimum cut is the cheapest set.
 def solve_min_cut(
     joint: fx.GraphModule, fwd_outputs: list[fx.Node], bwd_outputs: list[fx.Node]
 ) -> list[fx.Node]:
-    """The values to save, in graph order: a minimum cut between the primals and the backward.
-
-    [Note: the flow graph]
-    Each joint node ``n`` becomes two vertices joined by an edge ``n_in -> n_out`` whose
-    capacity is what saving ``n`` costs (``_weight``); each use of ``n`` is an edge
-    ``n_out -> user_in`` of infinite capacity. The source feeds every primal (the forward starts
-    from them) and every forward node that must not be recomputed (``should_ban_recomputation``);
-    every node computed from a tangent drains into the sink (it can only run in the backward),
-    and so does every gradient. A finite cut between source and sink cuts only ``n_in -> n_out``
-    edges: saving those nodes lets the backward compute all it needs from them and the
-    tangents, recomputing the nodes on the sink's side. The minimum cut is the cheapest set.
-
-    Args:
-        joint: the joint graph.
-        fwd_outputs: its forward outputs (``required_fw`` are their ancestors and the primals).
-        bwd_outputs: its gradients that are not None.
-
-    Returns:
-        The nodes whose ``n_in -> n_out`` edge the minimum cut cuts.
-    """
+    """The values to save, in graph order: the nodes whose ``n_in -> n_out`` edge a minimum
+    cut between the primals and the backward cuts ([Note: the flow graph])."""
     tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
     required_fw = _ancestors(fwd_outputs) | {n for n in joint.graph.nodes if _is_primal(n)}
     required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
@@ -354,19 +336,8 @@ def solve_min_cut(
 def min_cut_rematerialization_partition(
     joint: fx.GraphModule, *, num_fwd_outputs: int | None = None
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
-    """Split a joint graph, saving the cheapest set of values (by size) the backward needs.
-
-    Runs ``fx_graph_cse`` on the joint graph, finds the saved values with ``solve_min_cut``,
-    and recomputes in the backward whatever else it needs (pointwise and view ops only).
-
-    Args:
-        joint: joint forward+backward graph (``trace_joint`` in aot_autograd.py).
-        num_fwd_outputs: how many leading outputs are forward outputs; defaults to
-            ``joint.meta["num_fwd_outputs"]``.
-
-    Returns:
-        ``(forward_gm, backward_gm, saved_values)``, with ``default_partition``'s contract.
-    """
+    """Split a joint graph, saving the cheapest set of values (by size) the backward needs and
+    recomputing the rest (pointwise and view ops only); ``default_partition``'s contract."""
     if num_fwd_outputs is None:
         num_fwd_outputs = joint.meta["num_fwd_outputs"]
     joint = fx.GraphModule(joint, fx_graph_cse(joint.graph))

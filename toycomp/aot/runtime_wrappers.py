@@ -95,7 +95,9 @@ class CompiledFunction(torch.autograd.Function):
     def forward(ctx, aot: AOTOutput, *args: torch.Tensor):  # type: ignore[override]
         outs = list(aot.compiled_forward(list(args)))
         fwd = aot.unalias_outputs(outs[: aot.num_fwd_outputs], args)
-        saved = aot.unshare_mutated(outs[aot.num_fwd_outputs :], args)
+        saved = outs[aot.num_fwd_outputs :]
+        if aot.mutated_inputs:  # the epilogue will overwrite inputs the backward may read
+            saved = aot.unshare_mutated(saved, args)
         is_tensor = [isinstance(s, torch.Tensor) for s in saved]
         ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
         ctx.non_tensors = [s for s, t in zip(saved, is_tensor) if not t]
@@ -191,10 +193,8 @@ class AOTOutput:
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = self._with_layouts(args)
-        for i in self.offset_sensitive:
-            if args[i].storage_offset() != 0:
-                raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
-                                   "applies as_strided to it (traced with offset 0)")  # fmt: skip
+        if self.offset_sensitive:  # as_strided reads an input: its storage offset must be 0
+            self._check_offsets(args)
         grad_mode = torch.is_grad_enabled() or self.enables_grad
         if grad_mode and any(_requires_grad(a) for a in args):
             self._check_requires_grad(args)
@@ -204,21 +204,40 @@ class AOTOutput:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
                 outs = self.unalias_outputs(outs, inputs)
-        # The input-mutation epilogue, as in AOTAutograd. A new value that requires grad came
-        # from a mutation autograd recorded ([Note: mutated inputs that require grad] in
-        # aot_autograd.py): copying it with grad on gives the caller's tensor eager's history
-        # (and, for a leaf, eager's error). Other mutations (buffers, a parameter clamped
-        # under no_grad) are copied without autograd seeing them, as they happened in eager.
-        for index, value in zip(self.mutated_inputs, outs[self.num_user_outputs :]):
+        if self.mutated_inputs:  # the input-mutation epilogue: the new values into ``args``
+            self._apply_mutations(args, outs[self.num_user_outputs :])
+        outs = outs[: self.num_user_outputs]
+        if any(info.is_input is not None for info in self.output_alias_info):
+            outs = self._inputs_as_outputs(args, outs)  # x.add_(y) returns x itself
+        return tuple(outs)
+
+    def _check_offsets(self, args: Sequence[torch.Tensor]) -> None:
+        for i in self.offset_sensitive:
+            if args[i].storage_offset() != 0:
+                raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
+                                   "applies as_strided to it (traced with offset 0)")  # fmt: skip
+
+    def _apply_mutations(self, args: Sequence[torch.Tensor], values: Sequence) -> None:
+        """The input-mutation epilogue, as in AOTAutograd.
+
+        A new value that requires grad came from a mutation autograd recorded ([Note: mutated
+        inputs that require grad] in aot_autograd.py): copying it with grad on gives the
+        caller's tensor eager's history (and, for a leaf, eager's error). Other mutations
+        (buffers, a parameter clamped under no_grad) are copied without autograd seeing them,
+        as they happened in eager.
+        """
+        for index, value in zip(self.mutated_inputs, values):
             with torch.set_grad_enabled(value.requires_grad and torch.is_grad_enabled()):
                 args[index].copy_(value)
-        # An output that was an input in eager (an in-place op's result: x.add_(y) returns x)
-        # is that input, now holding its new value: writes through it reach the caller's x.
-        outs = list(outs[: self.num_user_outputs])
+
+    def _inputs_as_outputs(self, args: Sequence[torch.Tensor], outs: Sequence) -> list:
+        """An output that was an input in eager (an in-place op's result) is that input, now
+        holding its new value: writes through it reach the caller's tensor."""
+        outs = list(outs)
         for i, info in enumerate(self.output_alias_info[: self.num_user_outputs]):
             if info.is_input is not None:
                 outs[i] = args[info.is_input]
-        return tuple(outs)
+        return outs
 
     def unshare_mutated(self, saved: Sequence, args: Sequence) -> list:
         """Saved values, with copies of those sharing memory with an input about to be mutated.
@@ -263,7 +282,10 @@ class AOTOutput:
         fresh = getattr(self.compiled_forward, "fresh_outputs", ())
         if all(fresh[: self.num_user_outputs]) and len(fresh) >= self.num_user_outputs:
             return list(outs)  # the compiler says: new buffers, none shared (no checks needed)
-        outs = list(outs)
+        return self._copy_shared_outputs(list(outs), inputs)
+
+    def _copy_shared_outputs(self, outs: list, inputs: Sequence) -> list:
+        """``outs`` with the outputs that share storage unlike eager's replaced by copies."""
         in_keys = [storage_key(x) for x in inputs] + self._constant_keys  # no output aliases those
         out_keys = [storage_key(o) for o in outs[: self.num_user_outputs]]
         for i, info in enumerate(self.output_alias_info[: self.num_user_outputs]):
@@ -301,9 +323,8 @@ class AOTOutput:
         return symbolic_inputs(self._placeholder_vals)
 
     def _with_layouts(self, args: Sequence) -> list:
-        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes]);
-        as they are when one C++ call finds them laid out as the last call's, which needed no
-        copy (see [Note: inputs checked once] in inductor/runtime.py)."""
+        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes],
+        [Note: inputs checked once] in inductor/runtime.py)."""
         if self._layouts_seen.check(*args):
             return list(args)
         sym = self._symbolic_inputs
@@ -355,11 +376,8 @@ def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch
 
 
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
-    """Inputs (of the first ``num_inputs`` placeholders) that ``gm`` reads with as_strided.
-
-    as_strided offsets are storage-absolute: functionalize.py records them for inputs
-    with storage offset 0 ([Note: as_strided reads memory]), so ``AOTOutput`` checks that.
-    """
+    """Inputs (of the first ``num_inputs``) that ``gm`` reads with as_strided, whose offsets
+    are storage-absolute ([Note: as_strided reads memory]): ``AOTOutput`` checks offset 0."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:num_inputs]
     uses = [{user.target for user in node.users} if isinstance(node.meta.get("val"), torch.Tensor)
             else set() for node in placeholders]  # (a size input is an argument of as_strided)

@@ -93,6 +93,7 @@ class TensorTracker:
         self.sym_nodes: dict[Any, fx.Node] = {}  # size expression -> the node computing it
         self._tracked: dict[int, Tracked] = {}
         self._by_storage: dict[tuple, dict[int, Tracked]] = defaultdict(dict)
+        self.rebound = False  # has a tracked tensor's node changed (a mutation, a relayout)?
 
     # -- adding nodes ----------------------------------------------------------------------
     def placeholder(self, name: str, t: Any) -> fx.Node:
@@ -107,19 +108,19 @@ class TensorTracker:
         self.placeholders.append(node)
         if isinstance(t, torch.Tensor):
             self.track(t, node)
-        else:  # a size: [Note: sizes in the recorded graph]
-            self.values[node] = t
-            if is_symbolic(t):
-                self.sym_nodes.setdefault(sym_expr(t), node)
+        else:
+            self._track_size(t, node)  # [Note: sizes in the recorded graph]
         return node
 
-    def emit(self, op: Any, args: tuple, kwargs: dict, val: Any, device: Any = None) -> fx.Node:
-        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph.
+    def _track_size(self, size: Any, node: fx.Node) -> None:
+        """``node`` (an input, or a result) holds the size ``size``, an int or a SymInt."""
+        self.values[node] = size
+        if is_symbolic(size):
+            self.sym_nodes.setdefault(sym_expr(size), node)
 
-        ``val`` is the real result (or a tensor laid out like it); when it is only a meta
-        description, ``device`` says where the real result lives ([Note: a node's device]).
-        SymInts among the arguments are replaced by the nodes computing them.
-        """
+    def emit(self, op: Any, args: tuple, kwargs: dict, val: Any, device: Any = None) -> fx.Node:
+        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph (``device``:
+        where the result lives when ``val`` is meta, [Note: a node's device])."""
         args, kwargs = tree_map(self.read_size, (args, kwargs))
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
@@ -132,9 +133,12 @@ class TensorTracker:
         (None for an element that is not a tensor: [Note: results that are not tensors])."""
         if isinstance(val, torch.Tensor):
             return [node]
+        return self._emit_other_results(node, val)  # sizes, tuples of results
+
+    def _emit_other_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
+        """``emit_results`` for a size, or a tuple of tensors, sizes and None."""
         if is_symbolic(val):  # aten.sym_size.int & co: the node computes that size from now on
-            self.sym_nodes.setdefault(sym_expr(val), node)
-            self.values[node] = val
+            self._track_size(val, node)
             return [node]
         if not isinstance(val, (tuple, list)):
             raise RuntimeError(f"toycomp.aot: {node.target} returned a non-tensor {val!r}")
@@ -163,6 +167,7 @@ class TensorTracker:
     # -- which node holds which tensor ---------------------------------------------------------
     def track(self, t: torch.Tensor, node: fx.Node, constant: bool = False) -> Tracked:
         """From now on ``t``'s current value is ``node``'s."""
+        self.rebound |= id(t) in self._tracked
         entry = Tracked(t, node, constant=constant)
         self._tracked[id(t)] = entry
         self.values.setdefault(node, t)
@@ -174,6 +179,7 @@ class TensorTracker:
 
     def retrack(self, entry: Tracked, node: fx.Node) -> Tracked:
         """``entry``'s tensor now holds ``node``'s value (it is up to date again)."""
+        self.rebound = True
         entry.node, entry.stale = node, None
         value, meta = self.values.get(node), node.meta["val"]
         if value is None or (value is entry.tensor and value.stride() != meta.stride()):
@@ -213,11 +219,7 @@ class TensorTracker:
             return self.read_size(t)
         entry = self.entry_for(t, op)
         if entry.stale:
-            raise RuntimeError(
-                f"toycomp.aot: {op} reads a tensor that {entry.stale} overwrote through a "
-                "view/alias (e.g. x[0].mul_(2) then reading x). In-place ops on views are not "
-                "functionalised by toycomp; use an out-of-place op (x = x * 2, torch.where...)."
-            )
+            raise _stale_read_error(op, entry)
         return entry.node
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -225,7 +227,10 @@ class TensorTracker:
         """The node computing a SymInt (built on first use); other values unchanged."""
         if not is_symbolic(value):
             return value
-        expr = sym_expr(value)
+        return self._size_node(sym_expr(value))
+
+    def _size_node(self, expr: Any) -> Any:
+        """The node computing the size expression ``expr`` (a number if it is constant)."""
         if expr not in self.sym_nodes:
             node = to_fx(expr, self.graph, self._symbol_node)
             if not isinstance(node, fx.Node):  # a constant expression: the number itself
@@ -292,6 +297,14 @@ class TensorTracker:
         if shape != list(t.shape):
             node = self.emit(aten.expand.default, (node, list(t.shape)), {}, t)
         return self.track(t, node, constant=True)
+
+
+def _stale_read_error(op: str, entry: Tracked) -> RuntimeError:
+    return RuntimeError(
+        f"toycomp.aot: {op} reads a tensor that {entry.stale} overwrote through a "
+        "view/alias (e.g. x[0].mul_(2) then reading x). In-place ops on views are not "
+        "functionalised by toycomp; use an out-of-place op (x = x * 2, torch.where...)."
+    )
 
 
 def _plain_meta(val: Any) -> Any:

@@ -105,10 +105,8 @@ class DecompTracer:
         self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
-        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result.
-
-        ``val`` (a meta value) is only given for ATen ops that cannot run on meta tensors.
-        """
+        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result (``val``:
+        the meta value of an ATen op that cannot run on meta tensors)."""
         if prims.is_prim(target):
             _check_contract(target, args)
             val, device = _eval_prim_on_meta(target, args, kwargs)
@@ -196,11 +194,7 @@ def _eval_op(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
 def _check_contract(prim: Any, args: tuple) -> None:
     if prims.prim_kind(prim) is not prims.PrimKind.POINTWISE or prim is prims.convert_element_type:
         return
-    operands = args
-    if prim is prims.where:
-        if args[0].dtype is not torch.bool:
-            raise TypeError(f"prims.where needs a bool condition, got {args[0].dtype}")
-        operands = args[1:]
+    operands = _where_operands(args) if prim is prims.where else args
     tensors = [a for a in args if isinstance(a, Proxy)]
     if any(tuple(t.shape) != tuple(tensors[0].shape) for t in tensors[1:]):  # (SymInts: no set)
         raise TypeError(f"prims.{prim.__name__}: operands of different shapes {operands}")
@@ -215,3 +209,10 @@ def _check_contract(prim: Any, args: tuple) -> None:
         dtype = next(iter(dtypes))
         if isinstance(number, (float, torch.SymFloat)) and not dtype.is_floating_point:
             raise TypeError(f"prims.{prim.__name__}: float {number} with a {dtype} tensor")
+
+
+def _where_operands(args: tuple) -> tuple:
+    """The operands of ``prims.where(condition, a, b)`` that must agree: ``a`` and ``b``."""
+    if args[0].dtype is not torch.bool:
+        raise TypeError(f"prims.where needs a bool condition, got {args[0].dtype}")
+    return args[1:]

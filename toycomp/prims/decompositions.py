@@ -80,15 +80,8 @@ aten = torch.ops.aten
 
 # --- the pass --------------------------------------------------------------------------------
 def decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.GraphModule:
-    """Rewrite an ATen graph into prims, extern ops and visible ATen fallbacks.
-
-    Args:
-        gm: an ATen-level graph (targets ``torch.ops.aten.X.overload``).
-        example_inputs: real tensors for the placeholders (shapes, dtypes and real device).
-
-    Returns:
-        A new GraphModule that computes the same values; see ``fallbacks`` for the ATen ops kept.
-    """
+    """Rewrite an ATen graph into prims, extern ops and visible ATen fallbacks (``fallbacks``
+    lists them), given example tensors for its placeholders; a new GraphModule."""
     token = _META_MODE.set(symbolic_fake_mode(example_inputs))  # see the Note in that module
     try:
         return _decompose(gm, example_inputs)
@@ -120,15 +113,17 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
-    _hoist_checks(graph)
+    if any(n.target in CHECK_OPS for n in graph.nodes):  # (checks that raise as eager does)
+        _hoist_checks(graph)
     graph.lint()
     return fx.GraphModule(gm, graph)
 
 
+# A check ([Note: checks that raise as eager does]) moves to just after its input: an
+# nll_loss's target check, emitted after the log_softmax, would otherwise stand between the
+# log_softmax kernel and the loss that the scheduler fuses with it.
 def _hoist_checks(graph: fx.Graph) -> None:
-    """Move each check ([Note: checks that raise as eager does]) to just after its input: an
-    nll_loss's target check, emitted after the log_softmax, would otherwise stand between the
-    log_softmax kernel and the loss that the scheduler fuses with it."""
+    """Move each check to just after its inputs."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     inputs = [n for n in graph.nodes if n.op == "placeholder"]  # (a get_attr may come later)
     for node in list(graph.nodes):
@@ -158,15 +153,19 @@ def _copy_input(
         value = getattr(gm, node.target)
         new = graph.get_attr(node.target)
     if node.op == "placeholder" and isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
-        new.meta["val"], new.meta["aten_origin"] = value, node.name
-        sizes.add_input(new, value)
-        return value
+        return _number_input(new, node, value, sizes)  # a size (Dynamo's s0) or a number
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"toycomp.decompositions: input {node.name} is not a tensor: {value!r}")
     new.meta["val"], new.meta["aten_origin"] = _to_meta(value), node.name
     if node.op == "placeholder":
         sizes.add_input(new, new.meta["val"])
     return Proxy(new, new.meta["val"], value.device)
+
+
+def _number_input(new: fx.Node, node: fx.Node, value: Any, sizes: "SymbolicSizes") -> Any:
+    new.meta["val"], new.meta["aten_origin"] = value, node.name
+    sizes.add_input(new, value)
+    return value
 
 
 def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
@@ -195,8 +194,6 @@ def _wrap_numbers(node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
     if (
         not isinstance(val, torch.Tensor)
         or schema is None
-        or not args
-        or not isinstance(args[0], (bool, int, float))
         or schema.arguments[0].type != "Tensor"
         or any(isinstance(v, (Proxy, torch.Tensor)) for v in leaves)
     ):
@@ -213,7 +210,8 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
         mark = len(tracer.emitted)
         try:
             with prims.tracing(tracer):
-                args = _wrap_numbers(node, target, args, kwargs)
+                if args and isinstance(args[0], (bool, int, float)):  # aten.add.Tensor(4, 3.3)
+                    args = _wrap_numbers(node, target, args, kwargs)
                 out = DECOMPOSITIONS[target](*args, **kwargs)
             _check_result(node, target, args, kwargs, out)
             return out
@@ -222,8 +220,15 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
             for n in reversed(tracer.emitted[mark:]):  # roll back the half-built decomposition
                 tracer.graph.erase_node(n)
             del tracer.emitted[mark:]
+    out = _fallback(tracer, node, target, args, kwargs)  # the ATen op itself, visibly
+    out.node.meta["fallback_reason"] = reason
+    return out
+
+
+def _fallback(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+    """Emit the ATen op ``target`` as it is (an extern call to eager PyTorch at run time)."""
     try:
-        out = tracer.emit(target, args, kwargs)
+        return tracer.emit(target, args, kwargs)
     except RuntimeError:  # no meta kernel: trust the value recorded when the graph was traced
         val = node.meta.get("val")
         several = isinstance(val, (tuple, list))  # _histogramdd_bin_edges: a tuple of tensors
@@ -233,9 +238,7 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
         if node.target is not target:
             raise
         meta = [_to_meta(v) for v in vals]
-        out = tracer.emit(target, args, kwargs, val=meta if several else meta[0])
-    out.node.meta["fallback_reason"] = reason
-    return out
+        return tracer.emit(target, args, kwargs, val=meta if several else meta[0])
 
 
 def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -251,10 +254,14 @@ def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) 
         if g is None:  # an output its output_mask leaves undefined (a backward's grad_input)
             continue
         if isinstance(w, torch.Tensor) and (g.shape != w.shape or g.dtype != w.dtype):
-            raise RuntimeError(
-                f"toycomp.decompositions: decomposition of {target} (node {node.name}) gave "
-                f"{g.dtype}{list(g.shape)}, ATen gives {w.dtype}{list(w.shape)}"
-            )
+            raise _wrong_result(node, target, g, w)
+
+
+def _wrong_result(node: fx.Node, target: Any, got: Any, want: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"toycomp.decompositions: decomposition of {target} (node {node.name}) gave "
+        f"{got.dtype}{list(got.shape)}, ATen gives {want.dtype}{list(want.shape)}"
+    )
 
 
 # [Note: in-place ops]

@@ -46,8 +46,7 @@ KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
 
 
 def is_symbolic(x: Any) -> bool:
-    """A SymInt / SymFloat / SymBool: a number known only as an expression in the sizes
-    (``mean`` over a dynamic dim divides by ``s0``)."""
+    """A SymInt / SymFloat / SymBool: a number known as an expression in the sizes (``s0``)."""
     return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
@@ -166,10 +165,10 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+# A tuple compares its items before its lengths, and with dynamic shapes comparing ``s0`` with
+# ``10`` records a guard (``s0 != 10``) that would recompile the graph when a batch of 10 comes.
 def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
-    """``tuple(a) == tuple(b)``, comparing no sizes when the ranks differ: a tuple compares its
-    items before its lengths, and with dynamic shapes comparing ``s0`` with ``10`` records a
-    guard (``s0 != 10``) that would recompile the graph when a batch of 10 comes."""
+    """``tuple(a) == tuple(b)``, comparing no sizes when the ranks differ."""
     return len(a) == len(b) and tuple(a) == tuple(b)
 
 

@@ -67,16 +67,20 @@ def symbolic_fake_mode(example_inputs: list) -> Any:
     return mode if mode is not None else contextlib.nullcontext()
 
 
+# With dynamic shapes (fake meta values), a pointwise prim's number operands become 0-d fake
+# tensors of the operands' dtype, as the prim's reference would make them (its ``torch.tensor``
+# would not be fake); a SymInt operand becomes 1 (the value does not matter for the shape, and
+# reading it would specialise the size).
 def numbers_as_fake(prim: Any, args: tuple) -> tuple:
-    """With dynamic shapes (fake meta values), a pointwise prim's number operands become 0-d
-    fake tensors of the operands' dtype, as the prim's reference would make them (its
-    ``torch.tensor`` would not be fake); a SymInt operand becomes 1 (the value does not matter
-    for the shape, and reading it would specialise the size)."""
+    """``args`` with numbers as 0-d fake tensors when the tensors among them are fake."""
     operands = args[1:] if prim is prims.where else args  # where's numbers follow a or b
     tensors = [a for a in operands if isinstance(a, torch.Tensor)]
     if not any(is_fake(t) for t in tensors):
         return args
-    like = tensors[0]
+    return _numbers_as_tensors(args, tensors[0])
+
+
+def _numbers_as_tensors(args: tuple, like: torch.Tensor) -> tuple:
     return tuple(
         torch.full((), 1 if isinstance(a, _SYMBOLIC) else a, dtype=like.dtype, device="meta")
         if isinstance(a, (bool, int, float) + _SYMBOLIC)
