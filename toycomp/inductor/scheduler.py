@@ -157,14 +157,8 @@ def _loads(*exprs: ir.Expr) -> list[str]:
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
-    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]).
-
-    Args:
-        lowered: the result of ``lowering.lower``.
-
-    Returns:
-        The ScheduledGraph: allocations, steps (Kernels and ExternKernels in run order), outputs.
-    """
+    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]): the ScheduledGraph's
+    allocations and steps (Kernels and ExternKernels in run order)."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
         if isinstance(node, ExternKernel):
@@ -178,26 +172,24 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
     steps: list[ir.Kernel | ExternKernel] = []
     allocations = []
     for group in groups:
-        if group.extern is not None:
-            steps.append(group.extern)
-            continue
         name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
-        if group.scatter is not None:
-            steps.append(_scatter_kernel(name, group.scatter))
+        if group.extern is not None or group.scatter is not None:  # a step of its own
+            steps.append(_own_step(name, group))
             continue
         kernel = _make_kernel(name, group, stored)
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
         steps.append(kernel)
     return ir.ScheduledGraph(
-        lowered.inputs,
-        tuple(allocations),
-        tuple(steps),
-        lowered.outputs,
-        lowered.device,
-        lowered.constants,
-        lowered.output_strides,
-        lowered.scalars,
-    )
+        lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
+        lowered.constants, lowered.output_strides, lowered.scalars,
+    )  # fmt: skip
+
+
+def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
+    """An extern call, or a scatter's second kernel (named ``name``): fused with nothing."""
+    if group.extern is not None:
+        return group.extern
+    return _scatter_kernel(name, group.scatter)
 
 
 def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
@@ -323,12 +315,9 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
     ivars = indexing.index_vars("i", len(node.size))
-    if isinstance(node, Reduction) and node.mix_order_rows:
-        if _is_column_partial(node, numel, rnumel):  # the chunk follows x // rows, and so on
-            rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
-            index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
-            index += unflatten_index(indexing.r, node.size[1:])
-            return dict(zip((ivars[0], r0, *ivars[1:]), index)), True
+    if isinstance(node, Reduction) and node.mix_order_rows:  # split_reduction.py's partials
+        if _is_column_partial(node, numel, rnumel):
+            return _column_partial_mapping(node, ivars), True
     if isinstance(node, Reduction):
         if not _same_group(_node_group(node), (numel, rnumel)):
             return None
@@ -345,6 +334,14 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
             index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
             return dict(zip(ivars, index)), True
     return None
+
+
+def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
+    """A mix-order partial in its row kernel: the chunk follows x // rows, and so on."""
+    rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
+    index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
+    index += unflatten_index(indexing.r, node.size[1:])
+    return dict(zip((ivars[0], r0, *ivars[1:]), index))
 
 
 def _same_group(a: tuple, b: tuple) -> bool:
@@ -387,11 +384,13 @@ def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
 
 
 # --- kernels -------------------------------------------------------------------------------------
+# [Note: pending stores]
+# The store of a reduction's result waits until a statement other than a Reduce comes, so that
+# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
+# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
+# (see [Note: fusion]).
 def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
-    # The store of a reduction's result waits until a statement other than a Reduce comes, so
-    # that consecutive reductions share one pass over r (LayerNorm's weight and bias gradients
-    # read the incoming gradient once); safe, since no statement of a kernel loads a buffer
-    # the kernel writes (see [Note: fusion]).
+    """The kernel of ``group``: its statements in Loops ([Note: pending stores])."""
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
