@@ -316,10 +316,7 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
         cmd = [cxx, *CXXFLAGS, str(src), "-o", tmp, *extra_flags]
         result = _run_compiler(cmd)
         if result.returncode != 0:
-            raise CppCompileError(
-                f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-                f"{result.stderr.strip()}\n(source: {src})"
-            )
+            raise _compile_error(cmd, result, src)
         os.chmod(tmp, 0o700)  # the linker honours the umask, which may let the group write
         binary = Path(tmp).read_bytes()
         os.replace(tmp, lib)
@@ -328,6 +325,13 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
             os.unlink(tmp)
     manifest = {"source_sha256": sha256(source.encode()), "binary_sha256": sha256(binary)}
     write_atomic(lib.with_suffix(".json"), json.dumps(manifest, indent=1) + "\n")
+
+
+def _compile_error(cmd: list[str], result: subprocess.CompletedProcess, src: Path) -> Exception:
+    return CppCompileError(
+        f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+        f"{result.stderr.strip()}\n(source: {src})"
+    )
 
 
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:

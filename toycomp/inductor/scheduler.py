@@ -161,11 +161,8 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
     allocations and steps (Kernels and ExternKernels in run order)."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
-        if isinstance(node, ExternKernel):
-            groups.append(_Group(0, 0, extern=node))
-        elif isinstance(node, ir.Scatter):  # [Note: a scatter is a buffer written twice]
-            _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
-            groups.append(_Group(0, 0, scatter=node))
+        if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
+            _add_own_group(node, groups)
         else:
             _place(node, groups)
     stored = _stored_buffers(groups, lowered.outputs)
@@ -183,6 +180,14 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
         lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
         lowered.constants, lowered.output_strides, lowered.scalars,
     )  # fmt: skip
+
+
+def _add_own_group(node: ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
+    if isinstance(node, ExternKernel):
+        groups.append(_Group(0, 0, extern=node))
+    else:  # [Note: a scatter is a buffer written twice]
+        _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
+        groups.append(_Group(0, 0, scatter=node))
 
 
 def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
