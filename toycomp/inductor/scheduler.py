@@ -399,10 +399,8 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
-        if _is_column_partial(e.node, group.numel, group.rnumel):
-            kind, dtype = e.node.reduction_type, e.node.dtype
-            partial = ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
-            statements.append((True, partial))
+        if _is_column_partial(e.node, group.numel, group.rnumel):  # (mix-order reductions)
+            statements.append((True, _column_reduce(e)))
         elif isinstance(e.node, Reduction):
             local = ir.Local(_local_name(e.node), e.node.dtype)
             reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
@@ -418,6 +416,11 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
         name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins,
         group.rows_per_program,
     )
+
+
+def _column_reduce(e: _Entry) -> ir.ColumnReduce:
+    kind, dtype = e.node.reduction_type, e.node.dtype
+    return ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
 
 
 def _split_loops(statements) -> tuple[ir.Loop, ...]:

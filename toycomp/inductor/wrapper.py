@@ -59,6 +59,7 @@ torch/_inductor/graph.py (GraphLowering.compile_to_module).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -92,26 +93,17 @@ __all__ = ["CompiledGraph", "GeneratedKernel", "compile_graph"]
 BACKENDS = ("cpp", "triton")
 
 
+@dataclass(eq=False)
 class CompiledGraph:
     """A compiled ``ScheduledGraph``: call it with the list of input tensors."""
 
-    def __init__(
-        self,
-        fn: Callable[[list[torch.Tensor]], tuple],
-        backend: str,
-        device: torch.device,
-        kernels: list[GeneratedKernel],
-        wrapper_source: str,
-        externs: list[str],
-        fresh_outputs: tuple[bool, ...] = (),
-    ) -> None:
-        self.fn = fn
-        self.fresh_outputs = fresh_outputs  # per output: see fresh_outputs()
-        self.backend = backend
-        self.device = device
-        self.kernels = kernels
-        self.wrapper_source = wrapper_source
-        self.externs = externs
+    fn: Callable[[list[torch.Tensor]], tuple]  # the wrapper's ``call``
+    backend: str
+    device: torch.device
+    kernels: list[GeneratedKernel]
+    wrapper_source: str
+    externs: list[str]
+    fresh_outputs: tuple[bool, ...] = ()  # per output: see fresh_outputs()
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.fn(list(inputs)))
