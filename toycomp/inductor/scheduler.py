@@ -298,12 +298,7 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         index = _subs(e.index, mapping, ranges)
         if e.buffer not in fused:
             return ir.Load(e.buffer, index, e.dtype, e.indirect)
-        producer = fused[e.buffer]
-        if sympy.expand(index - producer.position) != 0:
-            raise _NotFusable
-        if _is_column_partial(producer.node, group.numel, group.rnumel):
-            raise _NotFusable  # (known only after the program's last row)
-        return producer.result
+        return _fused_read(fused[e.buffer], index, group)  # computed in this kernel
 
     try:
         value = ir.map_expr(node.body, rewrite)
@@ -316,6 +311,15 @@ class _NotFusable(Exception):
     pass
 
 
+def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
+    """What replaces a load of ``producer``'s buffer at ``index``, in ``group``'s kernel."""
+    if sympy.expand(index - producer.position) != 0:
+        raise _NotFusable  # another element than the one computed at (x, r)
+    if _is_column_partial(producer.node, group.numel, group.rnumel):
+        raise _NotFusable  # (known only after the program's last row)
+    return producer.result
+
+
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
@@ -324,15 +328,29 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
         if _is_column_partial(node, numel, rnumel):
             return _column_partial_mapping(node, ivars), True
     if isinstance(node, Reduction):
-        if not _same_group(_node_group(node), (numel, rnumel)):
-            return None
-        rvars = indexing.index_vars("r", len(node.reduction_size))
-        index = unflatten_index(indexing.x, node.size)
-        index += unflatten_index(indexing.r, node.reduction_size)
-        return dict(zip(ivars + rvars, index)), True
-    if indexing.known_equal(indexing.numel(node.size), numel):
+        return _reduction_mapping(node, ivars, numel, rnumel)
+    if indexing.known_equal(indexing.numel(node.size), numel):  # per row
         return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
-    for k in range(len(node.size) + 1):  # split the dims: outer ones follow x, inner ones r
+    return _full_mapping(node, ivars, numel, rnumel)
+
+
+def _reduction_mapping(
+    node: Reduction, ivars: tuple, numel: int, rnumel: int
+) -> tuple[dict, bool] | None:
+    """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
+    if not _same_group(_node_group(node), (numel, rnumel)):
+        return None
+    rvars = indexing.index_vars("r", len(node.reduction_size))
+    index = unflatten_index(indexing.x, node.size)
+    index += unflatten_index(indexing.r, node.reduction_size)
+    return dict(zip(ivars + rvars, index)), True
+
+
+def _full_mapping(
+    node: Pointwise, ivars: tuple, numel: int, rnumel: int
+) -> tuple[dict, bool] | None:
+    """A Pointwise run once per (x, r): its outer dims follow x, its inner ones r."""
+    for k in range(len(node.size) + 1):
         outer, inner = node.size[:k], node.size[k:]
         split = (indexing.numel(outer), indexing.numel(inner))
         if indexing.known_less(1, rnumel) and _same_group(split, (numel, rnumel)):
