@@ -334,9 +334,7 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     return _full_mapping(node, ivars, numel, rnumel)
 
 
-def _reduction_mapping(
-    node: Reduction, ivars: tuple, numel: int, rnumel: int
-) -> tuple[dict, bool] | None:
+def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
     """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
     if not _same_group(_node_group(node), (numel, rnumel)):
         return None
@@ -346,9 +344,7 @@ def _reduction_mapping(
     return dict(zip(ivars + rvars, index)), True
 
 
-def _full_mapping(
-    node: Pointwise, ivars: tuple, numel: int, rnumel: int
-) -> tuple[dict, bool] | None:
+def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
     """A Pointwise run once per (x, r): its outer dims follow x, its inner ones r."""
     for k in range(len(node.size) + 1):
         outer, inner = node.size[:k], node.size[k:]
@@ -498,9 +494,6 @@ def _flatten(obj):
 
 
 def format_scheduled(scheduled: ir.ScheduledGraph) -> str:
-    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks).
-
-    The same text as ``repr(scheduled)``: the reprs of its allocations, extern calls and
-    kernels (each ``Kernel`` prints its ``Loop``s, each loop its ``Store``s and ``Reduce``s).
-    """
+    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks): the
+    same text as ``repr(scheduled)``, each ``Kernel`` printing its ``Loop``s and statements."""
     return repr(scheduled)
