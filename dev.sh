@@ -35,6 +35,13 @@ SANITIZE="$ROOT/.ci/nbval_sanitize.cfg"
 # Stable set/dict-of-str ordering in pytest and in the notebook kernels it (or JupyterLab) starts,
 # so that notebook outputs produced by `./dev.sh lab` match those of `./dev.sh test`.
 export PYTHONHASHSEED=0
+# TorchInductor's FX graph cache does not key on ATEN_CPU_CAPABILITY: a graph cached on this CPU's
+# own kernels is reused under `default` or `avx2` (so the variant would not test them), and where
+# its .so is gone it is rebuilt without the vector headers, a C++ compile error. One cache folder
+# per capability keeps the runs apart (unless TORCHINDUCTOR_CACHE_DIR is set).
+if [ -n "${ATEN_CPU_CAPABILITY:-}" ] && [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ]; then
+    export TORCHINDUCTOR_CACHE_DIR="${TMPDIR:-/tmp}/torchinductor_$(id -un)_${ATEN_CPU_CAPABILITY}"
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 say() { printf '[dev.sh] %s\n' "$*"; }

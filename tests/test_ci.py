@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STAND_IN = """#!/usr/bin/env bash
 echo "dev.sh $* ATEN=${ATEN_CPU_CAPABILITY:-} OMP=${OMP_NUM_THREADS:-}"
-[ "$1" = site ] && exit "${RC3:-0}"
-[ $# -le 1 ] && exit "${RC1:-0}" || exit "${RC2:-0}"
+[ "$1" = site ] && exit "${RCS:-0}"
+case "${ATEN_CPU_CAPABILITY:-}" in avx2) exit "${RC1:-0}";; default) exit "${RC2:-0}";; esac
+exit "${RC3:-0}"
 """
 
 
@@ -33,35 +34,38 @@ def checkout(tmp_path) -> Path:
     return tmp_path
 
 
-def ci(checkout: Path, rc1: int, rc2: int, rc3: int = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RC1=str(rc1), RC2=str(rc2), RC3=str(rc3))
+def ci(checkout: Path, rc1: int, rc2: int, rc3: int = 0, rcs: int = 0
+       ) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RC1=str(rc1), RC2=str(rc2), RC3=str(rc3), RCS=str(rcs))
     env.pop("ATEN_CPU_CAPABILITY", None), env.pop("OMP_NUM_THREADS", None)
     return subprocess.run([str(checkout / ".ci" / "run")], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
 
 
-def test_ci_runs_the_tests_then_the_notebooks_on_other_kernels(checkout):
+def test_ci_runs_the_tests_on_avx2_then_the_notebooks_on_other_kernels(checkout):
     run = ci(checkout, 0, 0)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith("dev.sh")]
-    assert lines == ["dev.sh test ATEN= OMP=",
-                     "dev.sh test notebooks/solutions/01_a.ipynb notebooks/02_b.ipynb "
-                     "ATEN=default OMP=1",
-                     "dev.sh site --check ATEN= OMP="]  # fmt: skip
+    assert lines[:2] == ["dev.sh test ATEN=avx2 OMP=",
+                         "dev.sh test notebooks/solutions/01_a.ipynb notebooks/02_b.ipynb "
+                         "ATEN=default OMP=1"]  # fmt: skip
+    assert lines[2].startswith("dev.sh test tests/inductor/test_cpp") and "ATEN= OMP=" in lines[2]
+    assert lines[3] == "dev.sh site --check ATEN= OMP="
 
 
-@pytest.mark.parametrize("rc1, rc2", [(1, 0), (0, 1), (5, 0), (0, 5), (2, 5)])
-def test_ci_fails_when_either_pass_fails_or_collects_nothing(checkout, rc1, rc2):
-    run = ci(checkout, rc1, rc2)
+@pytest.mark.parametrize("rc1, rc2, rc3", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (5, 0, 0),
+                                           (0, 5, 0), (0, 0, 5), (2, 5, 0)])
+def test_ci_fails_when_any_pass_fails_or_collects_nothing(checkout, rc1, rc2, rc3):
+    run = ci(checkout, rc1, rc2, rc3)
     assert run.returncode != 0
     stand_in = [line for line in run.stdout.splitlines() if line.startswith("dev.sh test")]
-    assert len(stand_in) == 2  # the second pass runs all the same
-    if 5 in (rc1, rc2):
+    assert len(stand_in) == 3  # the later passes run all the same
+    if 5 in (rc1, rc2, rc3):
         assert "collected no tests" in run.stdout
 
 
 def test_ci_fails_when_the_site_check_fails(checkout):
-    run = ci(checkout, 0, 0, rc3=1)
+    run = ci(checkout, 0, 0, rcs=1)
     assert run.returncode != 0 and "site: ./dev.sh site --check: exit 1" in run.stdout
 
 

@@ -30,24 +30,26 @@ import reading_list  # noqa: E402
 # (capture's Python semantics and logs raised capture, aot and glue by about 170 lines in all:
 # live dict views, class-keeping rebuilds, grad-mode outputs, the logging hooks)
 TEACH_PATH_BUDGET = {
-    "capture": 1200,
+    "capture": 890,
     "aot": 870,
     "prims": 470,
     "inductor": 1050,
     "inductor/codegen": 360,
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
-    "glue": 400,
+    "glue": 325,
 }
 TEACH_PATH_TOTAL = 4600
 # Lines of the package's modules, per stage and in all (wc -l).
 # (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
 # capture grew by about 1,050 for the constructs of real code: sets, itertools, functools, live
-# dict views, dataclass dicts, decorated frames; exercises by about 380 for the unfakeable grader,
+# dict views, dataclass dicts, decorated frames, and by about 190 for copy.deepcopy/copy.copy
+# while tracing and tensors nested in an op's result, and by about 100 for the special cases
+# named as helpers off the teach path (their def lines and docstrings); exercises by about 380 for the unfakeable grader,
 # the student bundle and notebook 05's checks; glue by the logs and the config; inductor and
 # codegen by about 120 for the helpers that took the special cases off the teach path)
 PACKAGE_BUDGET = {
-    "capture": 6700,
+    "capture": 6900,
     "aot": 2200,
     "prims": 3800,
     "inductor": 4350,

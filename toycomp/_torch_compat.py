@@ -7,7 +7,7 @@ and torch 2.11 on the GPU machine). Stages import these names from here, never f
 
 import contextlib
 import functools
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import sympy
 import torch
@@ -42,14 +42,14 @@ def tensor_version(t):  # capture/side_effects.py: a tensor's in-place version c
     return None if t.is_inference() else t._version
 
 
+# [Note: cudnn and mkldnn flags]
+# Through torch._C rather than ``torch.backends.*.enabled = False``: that assignment raises once
+# PyTorch's test utilities have frozen the global flags, and the ``flags()`` context managers
+# also reset TF32 and determinism settings.
 @contextlib.contextmanager
 def cudnn_and_mkldnn_disabled() -> Iterator[None]:
-    """Turn cudnn and mkldnn (oneDNN) off for a while (aot.py records native ATen ops).
-
-    Through torch._C rather than ``torch.backends.*.enabled = False``: that assignment raises
-    once PyTorch's test utilities have frozen the global flags, and the ``flags()`` context
-    managers also reset TF32 and determinism settings.
-    """
+    """Turn cudnn and mkldnn (oneDNN) off for a while (aot.py records native ATen ops), through
+    torch._C: see [Note: cudnn and mkldnn flags]."""
     was = torch._C._get_cudnn_enabled(), torch._C._get_mkldnn_enabled()
     torch._C._set_cudnn_enabled(False)
     torch._C._set_mkldnn_enabled(False)
@@ -89,16 +89,10 @@ def schema_of(op: OpOverload) -> OpSchema:  # functional_utils.py, partitioners.
     """
     schema = op._schema
     arguments = tuple(
-        SchemaArgument(
-            a.name,
-            str(a.type),
-            a.alias_info is not None and a.alias_info.is_write,
-            a.is_out,
-            a.has_default_value(),
-            a.default_value if a.has_default_value() else None,
-        )
-        for a in schema.arguments
-    )
+        SchemaArgument(a.name, str(a.type), a.alias_info is not None and a.alias_info.is_write,
+                       a.is_out, a.has_default_value(),
+                       a.default_value if a.has_default_value() else None)
+        for a in schema.arguments)
     return OpSchema(schema.name, arguments, schema.is_mutable)
 
 
@@ -357,13 +351,18 @@ class LayoutsSeen:  # inductor/wrapper.py, aot/runtime_wrappers.py: inputs check
             dynamic_dims_strides=[list(tensors[i].stride()) for i in unique],
         ).check
         n = len(tensors)
-        if len(unique) == n:  # (TensorGuards raises on another number of tensors)
+        if len(unique) < n:  # a tensor given twice
+            self.check = _with_repeats(check, tensors, first, unique)
+        else:  # (TensorGuards raises on another number of tensors)
             self.check = lambda *ts: len(ts) == n and check(*ts)
-            return
-        # TensorGuards is False for a tensor given twice (Dynamo passes each once): check the
-        # others, and that the repeated positions hold the same tensor again.
-        repeats = [(i, first[id(t)]) for i, t in enumerate(tensors) if first[id(t)] != i]
-        self.check = lambda *ts: (
-            len(ts) == n
-            and all(ts[i] is ts[j] for i, j in repeats)
-            and check(*[ts[i] for i in unique]))  # fmt: skip
+
+
+def _with_repeats(check, tensors, first: dict[int, int], unique: list[int]) -> Callable:
+    """TensorGuards is False for a tensor given twice (Dynamo passes each once): check the
+    others, and that the repeated positions hold the same tensor again."""
+    n = len(tensors)
+    repeats = [(i, first[id(t)]) for i, t in enumerate(tensors) if first[id(t)] != i]
+    return lambda *ts: (
+        len(ts) == n
+        and all(ts[i] is ts[j] for i, j in repeats)
+        and check(*[ts[i] for i in unique]))  # fmt: skip

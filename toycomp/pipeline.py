@@ -85,25 +85,18 @@ class GraphArtefacts:
     compiled: CompiledGraph
 
 
-def inductor_compiler(
-    backend: str | None,
-    name: str,
-    record: list[GraphArtefacts],
-    cudagraphs: CUDAGraphMode | None = None,
-    opaque: bool = False,
-) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledGraph]:
+def inductor_compiler(backend: str | None, name: str, record: list[GraphArtefacts],
+                      cudagraphs: CUDAGraphMode | None = None, opaque: bool = False) -> Callable:
     """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4;
-    with ``cudagraphs`` (``mode="reduce-overhead"``) its result replays a CUDA graph; with
-    ``opaque`` its generated code is hidden from Dynamo ([Note: the compiled callable is
-    opaque to Dynamo])."""
+    ``cudagraphs``: replay a CUDA graph; ``opaque``: hidden from Dynamo ([Note: the compiled
+    callable is opaque to Dynamo])."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
         lowered = lower(prims_gm, example_inputs)
         target = resolve_backend(backend, example_inputs, lowered.device)
         if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
-            hints = size_hints(example_inputs)  # the sizes' example values choose the splits
-            lowered = split_reductions(lowered, target, hints)
+            lowered = split_reductions(lowered, target, size_hints(example_inputs))
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
         if opaque:  # (the backward runs from autograd, outside the forward's disabled call)
@@ -116,24 +109,17 @@ def inductor_compiler(
     return compiler
 
 
-def compile_stages_2_to_4(
-    gm: torch.fx.GraphModule,
-    example_inputs: list,
-    backend: str | None,
-    partition: str,
-    cudagraphs: CUDAGraphMode | None = None,
-    opaque: bool = False,
-) -> tuple[AOTOutput, list[GraphArtefacts]]:
+def compile_stages_2_to_4(gm: torch.fx.GraphModule, example_inputs: list, backend: str | None,
+                          partition: str, cudagraphs: CUDAGraphMode | None = None,
+                          opaque: bool = False) -> tuple[AOTOutput, list[GraphArtefacts]]:
     """AOT (joint graph, partition) with stages 3-4 as its forward and backward compilers."""
     graphs: list[GraphArtefacts] = []
-    aot = aot_function(
-        gm,
-        list(example_inputs),
-        fw_compiler=inductor_compiler(backend, "forward", graphs, cudagraphs, opaque),
-        bw_compiler=inductor_compiler(backend, "backward", graphs, cudagraphs, opaque),
-        partition_fn=PARTITIONS[partition],
-    )
-    log_artefacts(graphs)
+    fw_compiler = inductor_compiler(backend, "forward", graphs, cudagraphs, opaque)
+    bw_compiler = inductor_compiler(backend, "backward", graphs, cudagraphs, opaque)
+    aot = aot_function(gm, list(example_inputs), fw_compiler=fw_compiler,
+                       bw_compiler=bw_compiler, partition_fn=PARTITIONS[partition])
+    if log_enabled("aot_graphs") or log_enabled("output_code") or any(g.fallbacks for g in graphs):
+        log_artefacts(graphs)
     return aot, graphs
 
 
@@ -184,9 +170,8 @@ class GraphCompiler:
     warning, and is kept in ``eager``.
     """
 
-    def __init__(
-        self, backend: str | None, partition: str, name: str = "fn", mode: str | None = None
-    ) -> None:
+    def __init__(self, backend: str | None, partition: str, name: str = "fn",
+                 mode: str | None = None) -> None:
         self.backend, self.partition, self.name = backend, partition, name
         self.cudagraphs: CUDAGraphMode | None = None  # made where config.triton.cudagraphs is on
         self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
@@ -198,36 +183,50 @@ class GraphCompiler:
         on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta"
                       for t in example_inputs)  # fmt: skip
         if on_meta:  # toycomp.explain on meta inputs: compile as for CPU tensors, run nothing
-            example_inputs = [fake_on_device(t, torch.device("cpu"))
-                              if isinstance(t, torch.Tensor) else t for t in example_inputs]
+            example_inputs = on_cpu(example_inputs)
         try:
             _check_layouts(example_inputs)
-            if config.triton.cudagraphs and self.cudagraphs is None:
-                self.cudagraphs = CUDAGraphMode(self.name)
-            cudagraphs = self.cudagraphs if config.triton.cudagraphs else None
+            cudagraphs = self.cudagraph_mode() if config.triton.cudagraphs else None
             tuned = self.autotune or config.max_autotune  # inductor/opt/autotune.py
             with autotune.requested(True) if tuned else contextlib.nullcontext():
-                aot, graphs = compile_stages_2_to_4(
-                    gm, example_inputs, self.backend, self.partition, cudagraphs
-                )
+                aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend,
+                                                    self.partition, cudagraphs)
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
-            self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
-            self.log.append(self.eager[-1])
-            warn_user(f"toycomp: a graph of {self.name} runs eagerly ({e})")
-            return gm.forward
+            return self.run_eagerly(gm, e)
         self.entries.append(CompiledEntry(gm, aot, graphs))
         self.log.append(self.entries[-1])
         ops = sorted({op for g in graphs for op in g.fallbacks})
         if ops:  # visible: these ops run as calls to eager PyTorch (explain lists them too)
-            warn_user(f"toycomp: a graph of {self.name} calls eager PyTorch for "
-                      f"{', '.join(ops)} (no decomposition or lowering)")
+            self.warn_fallbacks(ops)
         if on_meta:
             return gm.forward  # (generated kernels cannot run on meta tensors)
         return aot
 
+    def cudagraph_mode(self) -> CUDAGraphMode:
+        """One CUDAGraphMode for this function, made where config.triton.cudagraphs is on."""
+        if self.cudagraphs is None:
+            self.cudagraphs = CUDAGraphMode(self.name)
+        return self.cudagraphs
+
+    def run_eagerly(self, gm: torch.fx.GraphModule, e: NotImplementedError) -> Callable:
+        """A graph AOT refused runs as captured, with a warning, kept in ``eager``."""
+        self.eager.append(CompiledEntry(gm, None, eager_reason=str(e)))
+        self.log.append(self.eager[-1])
+        warn_user(f"toycomp: a graph of {self.name} runs eagerly ({e})")
+        return gm.forward
+
+    def warn_fallbacks(self, ops: list[str]) -> None:
+        warn_user(f"toycomp: a graph of {self.name} calls eager PyTorch for "
+                  f"{', '.join(ops)} (no decomposition or lowering)")
+
     @property
     def compile_count(self) -> int:
         return len(self.entries) + len(self.eager)
+
+
+def on_cpu(example_inputs: list) -> list:
+    return [fake_on_device(t, torch.device("cpu")) if isinstance(t, torch.Tensor) else t
+            for t in example_inputs]  # fmt: skip
 
 
 def _check_layouts(example_inputs: list) -> None:
@@ -257,15 +256,9 @@ class OptimizedFunction:
     toycomp/aot/runtime_wrappers.py is another thing: AOTAutograd's ``autograd.Function``.)
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        backend: str | None,
-        partition: str = "min_cut",
-        dynamic: bool | None = None,
-        mode: str | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut",
+                 dynamic: bool | None = None, mode: str | None = None,
+                 options: dict[str, Any] | None = None) -> None:
         self.fn = fn
         self.backend = backend
         self.partition = partition
@@ -273,8 +266,7 @@ class OptimizedFunction:
         self.compiler = GraphCompiler(backend, partition, name, mode)
         self.entries = self.compiler.entries
         self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
-        # Flags are read while compiling: each call runs with options= patched in
-        # (nothing to patch for options=None, so the call path stays the same).
+        # Flags are read while compiling: each call runs with options= patched in.
         if mode == "reduce-overhead":
             options = {"triton.cudagraphs": True, **(options or {})}
         self.options = config.check_options(options)
@@ -303,14 +295,14 @@ class OptimizedFunction:
         return f"<toycomp.compile of {name} ({state})>"
 
 
-def compile(  # noqa: A001 (torch.compile's name)
-    fn: Callable,
-    backend: str | None = None,
-    partition: str = "min_cut",
-    dynamic: bool | None = None,
-    mode: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> OptimizedFunction:
+# [Note: compile modes]
+# ``mode="reduce-overhead"`` replays each compiled graph on CUDA as a CUDA graph after a warm-up
+# call (toycomp/inductor/opt/cudagraphs.py: static shapes only; a graph it cannot apply to runs
+# as compiled, with a warning); ``"max-autotune"`` times a few launch configs of each Triton
+# kernel on CUDA at its first call and keeps the fastest (toycomp/inductor/opt/autotune.py).
+def compile(fn: Callable, backend: str | None = None, partition: str = "min_cut",  # noqa: A001
+            dynamic: bool | None = None, mode: str | None = None,
+            options: dict[str, Any] | None = None) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
     Args:
@@ -321,24 +313,18 @@ def compile(  # noqa: A001 (torch.compile's name)
             Triton on CPU tensors runs through Triton's interpreter).
         partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
             or ``"default"`` (save every forward value the backward reads).
-        dynamic: as in ``torch.compile``: ``None`` specialises every size at first, and a
-            recompile caused by a size change traces that dimension as a symbol (one graph for
-            every batch size); ``True`` makes every size a symbol from the start; ``False``
-            never does. ``toycomp.mark_dynamic(x, dim)`` makes a dimension a symbol in every
-            mode. Sizes 0 and 1 are always specialised.
-        mode: ``None`` or ``"default"``; ``"reduce-overhead"`` replays each compiled graph on
-            CUDA as a CUDA graph after a warm-up call (toycomp/inductor/opt/cudagraphs.py: static
-            shapes only; a graph it cannot apply to runs as compiled, with a warning);
-            ``"max-autotune"`` times a few launch configs of each Triton kernel on CUDA at its
-            first call and keeps the fastest (toycomp/inductor/opt/autotune.py).
+        dynamic: as in ``torch.compile``: ``None`` makes a size a symbol after a recompile
+            caused by its change; ``True``: every size (but 0 and 1) from the start; ``False``:
+            none but ``toycomp.mark_dynamic(x, dim)``'s.
+        mode: ``None``, ``"default"``, ``"reduce-overhead"`` (CUDA graphs) or ``"max-autotune"``
+            (Triton launch configs timed): see [Note: compile modes].
         options: flags of ``toycomp.config`` for this function only, as ``torch.compile``'s
             ``options=``: ``options=toycomp.config.teach`` turns every optimisation off.
 
     Returns:
-        A callable with the same results, gradients and Python side effects as ``fn``. A new
-        call whose inputs break a guard (other shape, dtype, device, requires_grad, Python
-        value) recompiles; a construct the capture cannot handle is a graph break (or, when the
-        frame cannot be resumed, makes it run eagerly), reported by ``toycomp.explain``.
+        A callable with the same results, gradients and Python side effects as ``fn``; inputs
+        that break a guard recompile; a construct capture cannot handle is a graph break (or
+        runs the frame eagerly), reported by ``toycomp.explain``.
     """
     check_choices(backend, partition)
     if mode is not None:

@@ -51,11 +51,8 @@ def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
 
 
 def python_number_dtype(x: bool | int | float | complex) -> torch.dtype:
-    """The dtype PyTorch gives a Python number: ``torch.tensor(x).dtype``.
-
-    bool -> bool, int -> int64, float -> the default dtype (float32 unless
-    ``torch.set_default_dtype`` changed it), complex -> the matching complex dtype.
-    """
+    """The dtype PyTorch gives a Python number, ``torch.tensor(x).dtype`` (a float: the default
+    dtype, float32 unless ``torch.set_default_dtype`` changed it)."""
     if isinstance(x, bool):
         return torch.bool
     if isinstance(x, int):

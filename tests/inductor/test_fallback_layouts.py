@@ -97,11 +97,16 @@ def test_multi_output_fallback_through_torch_compile(fn):
         torch.testing.assert_close(g, e)
 
 
-@pytest.mark.xfail(reason="capture returns the bin_edges list from its fake example values "
-                   "(toycomp/capture/output_graph.py wrap_result does not recurse)")  # fmt: skip
-def test_multi_output_fallback_through_toycomp_compile():
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, w: torch.histogramdd(x, bins=[3, 3], weight=w),  # (hist, [edges, edges])
+        lambda x, w: [e - 1 for e in torch.histogramdd(x, bins=[2, 4]).bin_edges],
+    ],
+    ids=["histogramdd", "bin_edges_used"],
+)
+def test_multi_output_fallback_through_toycomp_compile(fn):
     x, w = torch.randn(20, 2), torch.rand(20)
-    fn = lambda x, w: torch.histogramdd(x, bins=[3, 3], weight=w)  # noqa: E731
     expected = torch.utils._pytree.tree_leaves(fn(x, w))
     got = torch.utils._pytree.tree_leaves(toycomp.compile(fn)(x, w))
     for e, g in zip(expected, got, strict=True):

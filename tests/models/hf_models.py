@@ -68,10 +68,6 @@ def batch(name: str, seed: int = 1) -> dict:
                     labels=torch.randint(0, 3, (BATCH,), generator=g))
     inputs = dict(input_ids=torch.randint(3, VOCAB, (BATCH, SEQ), generator=g),
                   labels=torch.randint(0, VOCAB, (BATCH, SEQ), generator=g))
-    if name == "t5":
-        # T5's cache deep-copies the config (``copy.deepcopy``, a graph break in toycomp, not
-        # in Dynamo): a training step needs no cache.
-        inputs["use_cache"] = False
     return inputs
 
 

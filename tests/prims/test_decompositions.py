@@ -573,9 +573,16 @@ def test_low_precision_matches_eager(name, dtype):
     x, y = (torch.randn(20, 50, generator=gen).to(dtype) for _ in range(2))
     dgm = decompose(make_fx(fn)(x, y), [x, y])
     assert fallbacks(dgm) == []
-    for got, want in zip(tree_flatten(dgm(x, y))[0], tree_flatten(fn(x, y))[0], strict=True):
+    # Where eager's kernel for this CPU is not correctly rounded (rsqrt under
+    # ATEN_CPU_CAPABILITY=default rounds twice), a correctly rounded result of a CLOSE op is no
+    # mismatch; the EXACT ops must reproduce eager's bits on every CPU.
+    exact = tree_flatten(fn(x.double(), y.double()))[0]
+    outputs = zip(tree_flatten(dgm(x, y))[0], tree_flatten(fn(x, y))[0], exact, strict=True)
+    for got, want, best in outputs:
         differ, beyond_one_step = _ulp_mismatches(got, want)
         assert beyond_one_step == 0, f"{name}: {beyond_one_step} elements off by 2+ steps"
+        if name in LOW_PRECISION_CLOSE:
+            differ -= int(((got != want) & (got == best.to(got.dtype))).sum())
         allowed = 0 if name in LOW_PRECISION_EXACT else max(1, want.numel() // 100)
         assert differ <= allowed, f"{name}: {differ} of {want.numel()} elements differ"
 

@@ -31,19 +31,13 @@ _LITERALS = (int, float, str, bool, type(None), bytes)
 
 
 def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> str | None:
-    """``value`` as text without binding a new name, or None: a literal of one of ``scalars``
-    (never nan / inf, which have none), a torch dtype, or the name ``env`` already binds it to.
-    Shared by the transformed function's code and the guards' text.
+    """``value`` as text without binding a new name, or None: a literal of exactly one of
+    ``scalars`` (not an Enum over str or int, whose repr is no Python text; never nan / inf), a
+    torch dtype, or the name ``env`` already binds it to (for the transformed code and guards).
 
-    >>> known_text(3, {}, (int,)), known_text(torch.float16, {}, ())
-    ('3', 'torch.float16')
-    >>> known_text(len, {"n": len}, ())
-    'n'
-    >>> known_text(float("nan"), {}, (float,)) is None
-    True
+    >>> known_text(3, {}, (int,)), known_text(len, {"n": len}, ())
+    ('3', 'n')
     """
-    # The exact types: an Enum over str or int (``class Mode(str, Enum)``) is an instance of
-    # them, but its repr (``<Mode.A: 'a'>``) is no Python text: it gets a name like any object.
     if type(value) in scalars and repr(value) not in ("nan", "inf", "-inf"):
         return repr(value)
     if isinstance(value, torch.dtype):

@@ -125,18 +125,24 @@ class CompiledFrame:
                 return entry.fn(*args, **kwargs)
         if self.skip_reason is not None:
             return self.fn(*args, **kwargs)
-        if len(self.entries) >= self.context.recompile_limit:
-            self.warn_recompile_limit(L, G)
+        if self.entries and not self.may_recompile(L, G):  # logged, and limited
             return self.fn(*args, **kwargs)
-        if self.entries and log_enabled("recompiles"):
-            log("recompiles", "Recompiling function %s (%s)\n    triggered by the "
-                         "guard failure: %s", self.fn.__qualname__, location(self.fn),
-                         self.entries[-1].check.failing_guard(L, G))
         entry = self.compile(dict(L))
         if entry is None:
             return self.fn(*args, **kwargs)
         self.entries.append(entry)
         return entry.fn(*args, **kwargs)
+
+    def may_recompile(self, L, G) -> bool:
+        """No guard held: recompile (logged), unless this frame hit the recompile limit."""
+        if len(self.entries) >= self.context.recompile_limit:
+            self.warn_recompile_limit(L, G)
+            return False
+        if log_enabled("recompiles"):
+            log("recompiles", "Recompiling function %s (%s)\n    triggered by the "
+                         "guard failure: %s", self.fn.__qualname__, location(self.fn),
+                         self.entries[-1].check.failing_guard(L, G))
+        return True
 
     def warn_recompile_limit(self, L, G) -> None:
         failed = self.entries[-1].check.failing_guard(L, G)

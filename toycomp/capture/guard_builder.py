@@ -120,77 +120,85 @@ class GuardBuilder:
 
     def lean(self, source: Source) -> Source:
         """``source``, but ``m._parameters['weight']`` for ``m.weight`` where that is the same
-        read, after a line that checks the instance dict does not shadow it (``'weight' not
-        in m.__dict__``). The transformed function reads its graph inputs the same way, right
-        after this check ([Note: graph inputs read as the guards read them], transformed_code.py).
-        """
-        if source in self.leans:
-            return self.leans[source]
-        lean = source
-        if isinstance(source, ChainedSource):
-            base = self.lean(source.base)
-            table = None
-            if type(source) is AttrSource:
-                table = self.lookups.get(source.base, {}).get(source.member)
-            if table is None:
-                lean = source if base == source.base else replace(source, base=base)
-            else:
-                self.add(f"{source.member!r} not in {base.name()}.__dict__")
-                lean = GetItemSource(AttrSource(base, table), source.member)
-            if lean != source:
-                self.readable[lean.name()] = source.name()
-        self.leans[source] = lean
+        read (see lean_chained)."""
+        if not isinstance(source, ChainedSource):  # a local or a global: read as written
+            return source
+        if source not in self.leans:
+            self.leans[source] = self.lean_chained(source)
+        return self.leans[source]
+
+    def lean_chained(self, source: ChainedSource) -> Source:
+        """``m._parameters['weight']`` for ``m.weight``, after a line that checks the instance
+        dict does not shadow it (``'weight' not in m.__dict__``). The transformed function reads
+        its graph inputs the same way, right after this check ([Note: graph inputs read as the
+        guards read them], transformed_code.py)."""
+        base = self.lean(source.base)
+        table = None
+        if type(source) is AttrSource:
+            table = self.lookups.get(source.base, {}).get(source.member)
+        if table is None:
+            lean = source if base == source.base else replace(source, base=base)
+        else:
+            self.add(f"{source.member!r} not in {base.name()}.__dict__")
+            lean = GetItemSource(AttrSource(base, table), source.member)
+        if lean != source:
+            self.readable[lean.name()] = source.name()
         return lean
 
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 
     def tensor_match(self, source: Source, t: torch.Tensor, sizes=None, strides=None) -> None:
-        """Type, shape, strides, dtype, device and requires_grad of a tensor.
-
-        With dynamic shapes, ``sizes`` / ``strides`` say what to check of each dimension: a
-        number, None (a symbol: checked by the shape guards, ``L['x'].size(0) >= 2``) or the
-        text of an expression it must equal (``L['x'].size(0)``). A tensor read from an
-        attribute or an item with static sizes is checked with the others in one call at the
-        end ([Note: tensor guards in one call], guard_check.py)."""
+        """Type, shape, strides, dtype, device and requires_grad of a tensor (with dynamic
+        shapes, ``sizes`` and ``strides`` say what to check of each dimension: symbolic_layout)."""
         v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
-        chained = "." in v or v.count("[") > 1
-        if chained and sizes is None and config.fast_guards and _batchable(t):
-            self.batch.append((v, t, [f"type({v}) is {cls}", *self.layout_lines(v, t)]))
-            return
-        if chained:  # an attribute chain: read it once, name it (t0, ...)
-            name = self.new_name("t", source)
-            self.add(f"type({name} := {v}) is {cls}")
-            v = name
+        if "." in v or v.count("[") > 1:  # an attribute chain: batched, or read once and named
+            v = self.chained_tensor(source, t, v, cls, sizes)
+            if v is None:
+                return
         else:
             self.add(f"type({v}) is {cls}")
-        if sizes is None:
-            for line in self.layout_lines(v, t):
-                self.add(line)
+        if sizes is not None:  # dynamic shapes
+            self.symbolic_layout(v, t, sizes, strides)
             return
-        self.symbolic_layout(v, sizes, strides)
-        self.add(f"{v}.dtype == {t.dtype}")
-        self.add(f"{v}.device == {self.constant(t.device)}")
-        self.add(f"{v}.requires_grad is {t.requires_grad}")
+        for line in self.layout_lines(v, t):
+            self.add(line)
+
+    def chained_tensor(self, source: Source, t: torch.Tensor, v: str, cls: str, sizes):
+        """A tensor read from an attribute or an item: with static sizes, checked with the
+        others in one call at the end ([Note: tensor guards in one call], guard_check.py;
+        None); else read once and named (``t0 := ...``: the name)."""
+        if sizes is None and config.fast_guards and _batchable(t):
+            self.batch.append((v, t, [f"type({v}) is {cls}", *self.layout_lines(v, t)]))
+            return None
+        name = self.new_name("t", source)
+        self.add(f"type({name} := {v}) is {cls}")
+        return name
 
     def layout_lines(self, v: str, t: torch.Tensor) -> list[str]:
         return [f"{v}.shape == {tuple(t.shape)!r}", f"{v}.stride() == {tuple(t.stride())!r}",
                 f"{v}.dtype == {t.dtype}", f"{v}.device == {self.constant(t.device)}",
                 f"{v}.requires_grad is {t.requires_grad}"]
 
-    def symbolic_layout(self, v: str, sizes: list, strides: list) -> None:
-        """A tensor's layout when some sizes are symbols: its number of dimensions, then each
-        size and stride that is not a symbol of its own (``L['x'].size(1) == 3``)."""
+    def symbolic_layout(self, v: str, t: torch.Tensor, sizes: list, strides: list) -> None:
+        """A tensor's layout when some sizes are symbols. ``sizes`` / ``strides`` say what to
+        check of each dimension: a number, None (a symbol: checked by the shape guards,
+        ``L['x'].size(0) >= 2``) or the text of an expression it must equal (``L['x'].size(0)``).
+        Its number of dimensions, then each size and stride that is not a symbol of its own
+        (``L['x'].size(1) == 3``), then dtype, device and requires_grad."""
         self.add(f"{v}.dim() == {len(sizes)}")
         for d, size in enumerate(sizes):
             if size is not None:
                 self.add(f"{v}.size({d}) == {size}")
         if all(isinstance(st, int) for st in strides):  # one check for all (contiguous...)
             self.add(f"{v}.stride() == {tuple(strides)!r}")
-            return
-        for d, stride in enumerate(strides):
-            if stride is not None:
-                self.add(f"{v}.stride({d}) == {stride}")
+        else:
+            for d, stride in enumerate(strides):
+                if stride is not None:
+                    self.add(f"{v}.stride({d}) == {stride}")
+        self.add(f"{v}.dtype == {t.dtype}")
+        self.add(f"{v}.device == {self.constant(t.device)}")
+        self.add(f"{v}.requires_grad is {t.requires_grad}")
 
     def constant_match(self, source: Source, value: Any) -> None:
         """A Python value, by type and value (``True == 1``, so the type is checked too)."""
@@ -265,15 +273,19 @@ class GuardBuilder:
 
     def compile(self) -> Callable[[dict, dict], bool]:
         """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
-        conditions, batch = list(self.conditions), None
-        if self.batch:
-            name = "check_tensors"
-            while name in self.env:
-                name += "_"
-            batch = TensorBatch.of(name, self.batch)
-            self.env[name] = batch.check
-            conditions.append(batch.text)
+        conditions = list(self.conditions)
+        batch = self.batch_check(conditions) if self.batch else None  # fast_guards' one call
         return compile_check(conditions, self.env, self.named, self.readable, batch)
+
+    def batch_check(self, conditions: list[str]) -> TensorBatch:
+        """The batched tensors' one check, bound in the guard's globals, as the last condition."""
+        name = "check_tensors"
+        while name in self.env:
+            name += "_"
+        batch = TensorBatch.of(name, self.batch)
+        self.env[name] = batch.check
+        conditions.append(batch.text)
+        return batch
 
 
 def _batchable(t: torch.Tensor) -> bool:

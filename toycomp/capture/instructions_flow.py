@@ -26,15 +26,8 @@ def pop_call_operands(tx, inst):
     """Pop a call instruction's operands: ``(callable, args, kwargs)``, in every version's
     stack layout. Also used by the graph break at a call (the call then runs in Python)."""
     name = inst.opname
-    if name == "CALL_FUNCTION_EX":
-        kwargs = tx.pop().items if inst.arg & 1 else {}
-        args = tx.pop().unpack_var_sequence(tx)
-        if PY >= (3, 13):
-            tx.pop()  # NULL or self above the callable
-        fn = tx.pop()
-        if (3, 11) <= PY < (3, 13) and tx.stack and tx.stack[-1] is NULL:
-            tx.pop()
-        return fn, list(args), dict(kwargs)
+    if name == "CALL_FUNCTION_EX":  # f(*args, **kwargs)
+        return pop_call_ex_operands(tx, inst)
     names = ()
     if name in ("CALL_FUNCTION_KW", "CALL_KW"):
         names = tx.pop().as_python_constant()
@@ -53,6 +46,17 @@ def pop_call_operands(tx, inst):
             args = [self_or_null, *args]
     split = len(args) - len(names)
     return fn, args[:split], dict(zip(names, args[split:]))
+
+
+def pop_call_ex_operands(tx, inst):
+    kwargs = tx.pop().items if inst.arg & 1 else {}
+    args = tx.pop().unpack_var_sequence(tx)
+    if PY >= (3, 13):
+        tx.pop()  # NULL or self above the callable
+    fn = tx.pop()
+    if (3, 11) <= PY < (3, 13) and tx.stack and tx.stack[-1] is NULL:
+        tx.pop()
+    return fn, list(args), dict(kwargs)
 
 
 @handles("CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",

@@ -72,8 +72,7 @@ class OutputGraph:
         self.fn = fn
         self.root_globals = f_globals
         self.graph = torch.fx.Graph()
-        # [Note: automatic dynamic shapes] in capture/dynamic_shapes.py: a ShapeEnv only when
-        # some size will be a symbol; a static trace stays exactly as it was without one.
+        # A ShapeEnv only when some size will be a symbol ([Note: automatic dynamic shapes]).
         self.dynamic, self.frame_state = dynamic, frame_state or FrameState()
         symbolic = symbolic or dynamic is True or self.frame_state.has_dynamic()
         self.fake_mode = compat.symbolic_fake_tensor_mode() if symbolic else \
@@ -100,20 +99,28 @@ class OutputGraph:
         """A tensor read from ``source``: a placeholder, with metadata and alias guards."""
         if source is None:
             raise Unsupported("a tensor read from a place with no source")
-        for other_source, other, var in self.inputs:
-            if other is value:  # one placeholder for both: valid only while they are one
-                self.guards.alias_match(source, other_source, True)
-                return TensorVariable(var.proxy, var.example, source, var.cls)
-        if value.layout != torch.strided:  # sparse...: no strides to guard, trace or index
-            self.guards.add(f"{source.name()}.layout == {value.layout}")  # (torch.sparse_coo)
-            raise EagerInputs(f"{source.name()} is a {value.layout} tensor (toycomp compiles "
-                              "strided tensors only)")  # fmt: skip
+        if any(other is value for _, other, _ in self.inputs):  # the same tensor read twice
+            return self.same_input(value, source)
+        if value.layout != torch.strided:  # sparse...: run eagerly
+            raise self.eager_layout(value, source)
         fake = self.fake_tensor(value, source)
         node = self.placeholder(placeholder_name(source), fake, source)
         node.meta["version"] = None if fake.is_inference() else fake._version  # see mutated()
         var = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, var))
         return var
+
+    def same_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        """One placeholder for a tensor read twice: valid only while both are one object."""
+        other_source, var = next((s, var) for s, other, var in self.inputs if other is value)
+        self.guards.alias_match(source, other_source, True)
+        return TensorVariable(var.proxy, var.example, source, var.cls)
+
+    def eager_layout(self, value: torch.Tensor, source: Source) -> EagerInputs:
+        """A sparse (...) tensor has no strides to guard, trace or index: guarded, run eagerly."""
+        self.guards.add(f"{source.name()}.layout == {value.layout}")  # (torch.sparse_coo)
+        return EagerInputs(f"{source.name()} is a {value.layout} tensor (toycomp compiles "
+                           "strided tensors only)")  # fmt: skip
 
     def placeholder(self, name: str, example: Any, source: Source) -> torch.fx.Node:
         """A new graph input, after the others, read from ``source`` on every call."""
@@ -131,15 +138,18 @@ class OutputGraph:
     # ----- symbolic sizes (dynamic shapes) ----------------------------------------------------
 
     def fake_tensor(self, value: torch.Tensor, source: Source) -> torch.Tensor:
-        """``value``'s fake tensor, its sizes symbols where they are dynamic, and its guards.
-        Each new symbol becomes a graph input (``s0``, read from ``x.size(0)``), before the
-        tensor's, as in Dynamo's graphs."""
+        """``value``'s fake tensor (sizes as symbols where they are dynamic), and its guards."""
         kinds = dim_kinds(value, source, self.dynamic, self.frame_state)
-        if self.shape_env is None:
-            if any(k != "static" for k in kinds):
-                raise RestartWithSymbols()
-            self.guards.tensor_match(source, value)
-            return self.fake_mode.from_tensor(value)
+        if self.shape_env is not None:  # dynamic shapes: sizes as symbols
+            return self.symbolic_fake_tensor(value, source, kinds)
+        if any(k != "static" for k in kinds):
+            raise RestartWithSymbols()
+        self.guards.tensor_match(source, value)
+        return self.fake_mode.from_tensor(value)
+
+    def symbolic_fake_tensor(self, value: torch.Tensor, source: Source, kinds) -> torch.Tensor:
+        """Each new symbol becomes a graph input (``s0``, read from ``x.size(0)``), before the
+        tensor's, as in Dynamo's graphs."""
         fake = compat.fake_with_symbols(self.fake_mode, value, kinds, source.name())
         for symbol, size_source, size in new_symbols(fake, source, self.symbols):
             self.sym_nodes[symbol] = self.placeholder(str(symbol), size, size_source)
@@ -220,19 +230,25 @@ class OutputGraph:
                 else:
                     result = target(*fake_args, **fake_kwargs)
         except Exception as e:
-            self.graph.erase_node(node)
-            name = target if isinstance(target, str) else getattr(target, "__name__", target)
-            raise Unsupported(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}") from e
+            raise self.failed_call(node, e) from e
         return self.wrap_result(node, result)
+
+    def failed_call(self, node: torch.fx.Node, e: Exception) -> Unsupported:
+        """The op raised on fake tensors: no node, and an error naming the op."""
+        self.graph.erase_node(node)
+        target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", target)
+        return Unsupported(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
 
     def wrap_result(self, node, result) -> VariableTracker:
         if isinstance(result, torch.Tensor):
             node.meta["example_value"] = result
             return TensorVariable(node, result)
-        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        if isinstance(result, (tuple, list)) and _holds_tensor(result):
             node.meta["example_value"] = result
+            # nested too: histogramdd returns (hist, [edges, ...]), each edge a node of its own
             items = [self.wrap_result(self.graph.call_function(operator.getitem, (node, i)), r)
-                     if isinstance(r, torch.Tensor) else ConstantVariable(r)
+                     if _holds_tensor(r) else ConstantVariable(r)
                      for i, r in enumerate(result)]
             if getattr(type(result), "n_fields", None) is not None:  # a structseq
                 return NamedTupleVariable(items, type(result))
@@ -260,6 +276,11 @@ class OutputGraph:
         if isinstance(var, DictVariable):
             return {k: self._convert(v, leaf, size) for k, v in var.items.items()}
         value = var.as_python_constant()
+        if type(value) in (int, float, bool) or value is None:
+            return value
+        return self.convert_constant(value, size)  # sizes, shapes, slices, NumPy values
+
+    def convert_constant(self, value, size=None):
         if size is not None and is_symbolic(value):  # a size (x.shape[0] * 2): graph nodes
             return size(value)
         if size is not None and isinstance(value, tuple) and any(map(is_symbolic, value)):
@@ -295,6 +316,10 @@ class OutputGraph:
         """Guard which inputs the graph mutates share memory with another input; raise
         ``AliasedInputs`` if one does now (see [Note: inputs that share memory])."""
         updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
+        if updated:  # only a graph that mutates an input can read another one stale
+            self.guard_mutated_inputs(updated)
+
+    def guard_mutated_inputs(self, updated: list) -> None:
         shared, done = [], set()
         for ms, mv in updated:
             for s, v, _ in self.inputs:
@@ -360,3 +385,10 @@ def is_argument(source: Source) -> bool:
             return False
         source = source.base
     return True
+
+
+def _holds_tensor(value) -> bool:
+    """Whether an op's result holds a tensor, at any depth of tuples and lists."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(map(_holds_tensor, value))

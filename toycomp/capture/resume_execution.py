@@ -136,12 +136,14 @@ def _generate(code, offset, nulls, local_names) -> tuple[types.CodeType, int]:
     return bc.to_code(stacksize=stacksize, compute_exception_stack_depths=False), len(prefix)
 
 
+def is_resume_function(code: types.CodeType) -> bool:
+    return code in _ORIGIN
+
+
 def discarded_argument(code: types.CodeType) -> str | None:
     """The stack argument that a resume function pops unread as its first instruction (the
     result of a call whose value the user discards: ``y.sum().item()`` on its own line), or
     None. Its value needs no guard: a guard on it would recompile for every new value."""
-    if code not in _ORIGIN:
-        return None
     insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     names = [i.opname for i in insts]
     start = names.index("RESUME") + 1 if "RESUME" in names else 0

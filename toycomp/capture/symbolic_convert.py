@@ -56,7 +56,7 @@ import torch
 
 from toycomp.capture.instructions import COMPARE_OPS
 from toycomp.capture.instructions_flow import pop_call_operands
-from toycomp.capture.resume_execution import discarded_argument
+from toycomp.capture.resume_execution import discarded_argument, is_resume_function
 from toycomp.capture.sources import FunctionSource, LocalSource
 from toycomp.capture.translator_base import InstructionTranslatorBase
 from toycomp.capture.variables.base import (
@@ -139,7 +139,8 @@ class InstructionTranslator(InstructionTranslatorBase):
     """
 
     def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
-        unread = discarded_argument(fn.__code__)
+        resumed = is_resume_function(fn.__code__)  # its first argument may be unread: no guard
+        unread = discarded_argument(fn.__code__) if resumed else None
         symbolic = {name: output.wrap(value, LocalSource(name),
                                       guard=name != unread or isinstance(value, torch.Tensor))
                     for name, value in frame_locals.items()}

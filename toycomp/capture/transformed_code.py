@@ -73,16 +73,10 @@ def signature_text(code: types.CodeType) -> str:
 
 
 def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_index: int):
-    """Write, compile and return the transformed function for one trace of ``fn``.
-
-    Args:
-        fn: the function (or resume function) that was traced.
-        plan: the translator's ``Return`` or ``Break``.
-        output: its OutputGraph.
-        compile_graph: ``(gm, example_fake_inputs) -> callable`` (the backend).
-        frame_compiler: ``function -> compiled function`` for resume functions and helpers.
-        graph_index: the number in ``__compiled_fn_<k>``.
-    """
+    """Write, compile and return the transformed function for one trace of ``fn`` (a function
+    or resume function): ``plan`` is the translator's ``Return`` or ``Break``, ``output`` its
+    OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) -> callable``;
+    ``frame_compiler`` compiles resume functions; ``graph_index``: ``__compiled_fn_<k>``'s k."""
     cg = PyCodegen(output.symbol_code())
     body: list[str] = []
 
@@ -93,11 +87,8 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
         return name
 
     tail, resume = rebuild_frame(fn, plan, cg, emit, frame_compiler)
-    for record in output.side_effects.records:
-        line = record.codegen(cg)
-        body.extend(cg.lines)
-        cg.lines.clear()
-        body.append(line)
+    if output.side_effects.records:  # Python side effects, replayed after the graph
+        replay_side_effects(output.side_effects.records, cg, body)
     head, gm, examples = call_graph(output, cg, compile_graph, graph_index)
     name = "__transformed_" + re.sub(r"\W", "_", fn.__code__.co_name)  # <lambda>: _lambda_
     lines = [f"def {name}({signature_text(fn.__code__)}):"]
@@ -109,6 +100,14 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
     new_fn = env[name]
     new_fn.__defaults__, new_fn.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
     return TransformedCode(new_fn, source, gm, examples, resume)
+
+
+def replay_side_effects(records: list, cg: PyCodegen, body: list[str]) -> None:
+    for record in records:
+        line = record.codegen(cg)
+        body.extend(cg.lines)
+        cg.lines.clear()
+        body.append(line)
 
 
 def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], Any, list]:
@@ -125,7 +124,11 @@ def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], 
     compiled = compile_graph(gm, examples)
     name = f"__compiled_fn_{graph_index}"
     cg.env[name] = compiled
-    paths, inputs = read_inputs(output.input_sources(), output.guards.lean)
+    sources = output.input_sources()
+    if any(isinstance(s, ChainedSource) for s in sources):  # attributes, items: read_inputs
+        paths, inputs = read_inputs(sources, output.guards.lean)
+    else:
+        paths, inputs = [], [(s.code(), s.code()) for s in sources]
     return paths + call_lines(f"{'__graph_out = ' if cg.outputs else ''}{name}", inputs), gm, \
         examples
 
@@ -197,6 +200,12 @@ def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
     """The transformed function's last lines, and the resume functions they call."""
     if isinstance(plan, Return):
         return [f"return {emit(cg.reconstruct(plan.value), '__return_value')}"], {}
+    return resume_at_break(fn, plan, cg, emit, frame_compiler)
+
+
+def resume_at_break(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
+    """At a graph break: rebuild the stack and the live locals, run the instruction that broke
+    the graph in plain Python, and return what the resume function(s) return."""
     stack, nulls = [], []  # the rebuilt stack's names; the resume function's stack layout
     for i, v in enumerate(plan.stack):
         if isinstance(v, WithExitFunctionVariable):  # the resume function enters it again

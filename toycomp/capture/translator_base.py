@@ -62,23 +62,25 @@ MAX_INLINE_DEPTH = 32
 def decode(code) -> tuple[list, dict[int, int]]:
     """A code object's instructions (without ``EXTENDED_ARG``) and its jump targets, decoded
     once per code object: a model inlines the same few functions hundreds of times."""
-    instructions = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    return instructions, jump_targets(code, instructions)
+    every = list(dis.get_instructions(code))
+    instructions = [i for i in every if i.opname != "EXTENDED_ARG"]
+    index_of = {inst.offset: i for i, inst in enumerate(instructions)}  # offset -> index
+    if len(instructions) < len(every):  # EXTENDED_ARG prefixes: jump targets too
+        extended_jump_targets(every, index_of)
+    return instructions, index_of
 
 
-def jump_targets(code, instructions) -> dict[int, int]:
-    """Offset -> index in ``instructions``. A jump whose target needs an ``EXTENDED_ARG``
-    prefix lands on the prefix: it maps to the instruction it extends."""
-    index_of = {inst.offset: i for i, inst in enumerate(instructions)}
+def extended_jump_targets(every: list, index_of: dict[int, int]) -> None:
+    """A jump whose target needs an ``EXTENDED_ARG`` prefix lands on the prefix: it maps to
+    the instruction it extends."""
     pending = []
-    for inst in dis.get_instructions(code):
+    for inst in every:
         if inst.opname == "EXTENDED_ARG":
             pending.append(inst.offset)
             continue
         for offset in pending:
             index_of[offset] = index_of[inst.offset]
         pending = []
-    return index_of
 
 
 class InstructionTranslatorBase:
@@ -103,7 +105,9 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
-        self.cells = self.make_cells(closure)
+        self.cells = {}  # closures: cells of this frame's inner functions, or of its own
+        if code.co_cellvars or code.co_freevars:
+            self.cells = self.make_cells(closure)
 
     def make_cells(self, closure) -> dict[str, CellVariable]:
         cells = {}
@@ -155,6 +159,9 @@ class InstructionTranslatorBase:
         positions = getattr(inst, "positions", None)
         if positions is not None and positions.lineno:
             return positions.lineno
+        return self.last_line_start(inst)
+
+    def last_line_start(self, inst) -> int:
         for earlier in reversed(self.instructions[: self.index_of[inst.offset] + 1]):
             if isinstance(earlier.starts_line, int) and not isinstance(earlier.starts_line, bool):
                 return earlier.starts_line

@@ -21,6 +21,7 @@ NB: in PyTorch this lives in torch/_decomp/decompositions.py and torch/_refs/__i
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any
 
@@ -271,3 +272,30 @@ def hardtanh(a: Any, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
             raise Unsupported("hardtanh of an unsigned tensor with negative limits")  # eager's
         min_val, max_val = int(min_val), int(max_val)
     return clamp(a, min_val, max_val)
+
+
+# [Note: round half to even, from floor]
+# ATen's round is C's nearbyint: ties go to the even neighbour (round(2.5) == 2.0), zero keeps
+# its sign (round(-0.3) == -0.0). With f = floor(x), d = x - f is exact: the result is f + 1
+# above the tie, f below it, and at the tie f + 1 where f is odd. Big floats have d == 0; inf
+# and NaN give d = NaN and f. A zero takes x's sign from x * 0. With decimals, ATen's kernel
+# scales in the computation dtype and rounds once: nearbyint(x * 10**d) / 10**d (d > 0).
+def _round_half_even(x: Any) -> Any:
+    f = prims.floor(x)
+    d, up = prims.sub(x, f), prims.add(f, 1.0)
+    odd = prims.ne(prims.sub(f, prims.mul(prims.floor(prims.mul(f, 0.5)), 2.0)), 0.0)
+    r = prims.where(prims.gt(d, 0.5), up, prims.where(prims.lt(d, 0.5), f,
+                                                       prims.where(odd, up, f)))  # fmt: skip
+    return prims.where(prims.eq(r, 0.0), prims.mul(x, 0.0), r)
+
+
+@register(aten.round.default, aten.round.decimals)
+def round(a: Any, decimals: int = 0) -> Any:  # noqa: A001 (ATen's name)
+    if not a.dtype.is_floating_point:
+        if decimals == 0:
+            return a  # integers round to themselves, as eager's
+        raise Unsupported(f"round with decimals of a {a.dtype} tensor")  # eager raises too
+    s = float(10 ** builtins.abs(decimals))
+    if decimals >= 0:
+        return elementwise(lambda x: prims.div(_round_half_even(prims.mul(x, s)), s), a)
+    return elementwise(lambda x: prims.mul(_round_half_even(prims.div(x, s)), s), a)

@@ -125,6 +125,11 @@ class ValueVariable(VariableTracker):
 class ConstantVariable(ValueVariable):
     """An immutable Python value known while tracing: ints, strings, None, dtypes, shapes..."""
 
+    def __init__(self, value: Any, source: Source | None = None):
+        if _holds_fake(value):  # it would reach the user's code: a bug, never a result
+            raise AssertionError(f"a fake tensor held as a constant: {type(value).__name__}")
+        super().__init__(value, source)
+
     def var_getattr(self, tx, name):
         try:
             attr = getattr(self.value, name)
@@ -202,3 +207,10 @@ class CellVariable(VariableTracker):
 
     def __init__(self, contents: VariableTracker | None = None):
         self.contents = contents
+
+
+def _holds_fake(value: Any) -> bool:
+    """Whether ``value`` is, or a tuple or list holds, a fake tensor (a value only tracing sees)."""
+    if isinstance(value, (tuple, list)):
+        return any(map(_holds_fake, value))
+    return type(value).__name__ == "FakeTensor"

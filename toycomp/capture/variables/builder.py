@@ -63,6 +63,7 @@ from toycomp.capture.variables.objects import (
     UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
+from toycomp.capture.variables.copying import CopyFunctionVariable, is_copy_function
 from toycomp.capture.variables.tensor import NumpyArrayVariable
 from toycomp.capture.variables.torch import TRACING_STATE, TorchVariable
 from toycomp.capture.variables.user_dicts import (
@@ -91,10 +92,7 @@ def is_torch_function(value: Any) -> bool:
         return False
     if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
             and not isinstance(value.__self__, (torch.Tensor, torch.nn.Module)):
-        # A Python method of an object (GradScaler.scale): run opaquely on fake tensors it would
-        # store them in the object (``self._scale = torch.full(...)``); traced, its side effects
-        # are recorded and replayed, as a user object's are.
-        return False
+        return False  # GradScaler.scale: traced, its side effects replayed (not stored fakes)
     if isinstance(value, types.FunctionType) and "<" in value.__qualname__:
         return False  # a lambda or local function (OpInfo's ops): no import path for FX; inline
     return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
@@ -138,26 +136,47 @@ class VariableBuilder:
         if isinstance(value, torch.Tensor):
             return self.output.add_input(value, source)
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, tuple):
-            if type(value) is int and source is not None and guard:
-                size = self.output.symbolic_int(value, source)  # automatic dynamic ints
-                if size is not None:
-                    return ConstantVariable(size, source)
-            if source is not None and guard:
-                self.output.guards.constant_match(source, value)
-            return ConstantVariable(value, source)
-        if id(value) in self.seen:
-            var = self.seen[id(value)]
-            if guard and source is not None and var.source not in (None, source):
-                self.output.guards.alias_match(source, var.source, True)  # still the same one?
-            return var
+            return self.wrap_constant(value, source, guard)
+        if id(value) in self.seen:  # a mutable object read again: its one tracker
+            return self.seen_again(value, source, guard)
         var = self.wrap_object(value, source, guard)
         if isinstance(var, (ListVariable, DictVariable, UserDefinedObjectVariable)):
             self.seen[id(value)] = var
             self.output.keep_alive.append(value)
         return var
 
+    def wrap_constant(self, value, source, guard) -> ConstantVariable:
+        if type(value) is int and source is not None and guard:
+            size = self.output.symbolic_int(value, source)  # automatic dynamic ints
+            if size is not None:
+                return ConstantVariable(size, source)
+        if source is not None and guard:
+            self.output.guards.constant_match(source, value)
+        return ConstantVariable(value, source)
+
+    def seen_again(self, value, source, guard) -> VariableTracker:
+        var = self.seen[id(value)]
+        if guard and source is not None and var.source not in (None, source):
+            self.output.guards.alias_match(source, var.source, True)  # still the same one?
+        return var
+
     def wrap_object(self, value, source, guard) -> VariableTracker:
         g = self.output.guards if (source is not None) else None
+        if isinstance(value, (tuple, list, dict)):  # items wrapped from their own sources
+            return self.wrap_container(value, source, g, guard)
+        if type(value) is np.ndarray and g is not None and value.dtype in NUMPY_TENSOR_DTYPES:
+            return self.wrap_numpy(value, source, g)
+        if type(value) in ITERATOR_TYPES:
+            return self.wrap_iterator(value, source)
+        if isinstance(value, torch.nn.Module):
+            g and g.type_match(source, value)
+            g and g.note_module(source, value)  # guards may read its dicts: sources.py
+            return NNModuleVariable(value, source)
+        if isinstance(value, types.ModuleType):
+            return PythonModuleVariable(value, source)
+        return self.wrap_callable(value, source, g if guard else None)
+
+    def wrap_container(self, value, source, g, guard) -> VariableTracker:
         if g and guard and is_literal_tuple(value):  # [Note: tuples of constants]
             g.constant_match(source, value)
             return TupleVariable([self(v, GetItemSource(source, i), guard=False)
@@ -174,27 +193,18 @@ class VariableBuilder:
             return ListVariable(None, source, value)
         if is_user_dict_class(type(value)):  # a dict subclass: ModelOutput, a registry...
             return self.wrap_user_dict(value, source, g)
-        if isinstance(value, dict):
-            if not all(isinstance(k, (str, int)) for k in value):
-                raise Unsupported("a dict with keys that are not str or int")
-            g and g.type_match(source, value)
-            g and g.dict_keys_match(source, list(value))
-            return DictVariable({k: self(v, source and GetItemSource(source, k))
-                                 for k, v in value.items()}, source, type(value))
-        if type(value) is np.ndarray and g is not None and value.dtype in NUMPY_TENSOR_DTYPES:
-            g.type_match(source, value)  # (before the tensor's guards, which convert it)
-            g.add(f"{source.name()}.dtype == {codegen_numpy_dtype(value.dtype)}")
-            tensor = self.output.add_input(torch.from_numpy(value), NumpyTensorSource(source))
-            return NumpyArrayVariable(tensor)
-        if type(value) in ITERATOR_TYPES:
-            return self.wrap_iterator(value, source)
-        if isinstance(value, torch.nn.Module):
-            g and g.type_match(source, value)
-            g and g.note_module(source, value)  # guards may read its dicts: sources.py
-            return NNModuleVariable(value, source)
-        if isinstance(value, types.ModuleType):
-            return PythonModuleVariable(value, source)
-        return self.wrap_callable(value, source, g if guard else None)
+        if not all(isinstance(k, (str, int)) for k in value):  # a dict
+            raise Unsupported("a dict with keys that are not str or int")
+        g and g.type_match(source, value)
+        g and g.dict_keys_match(source, list(value))
+        return DictVariable({k: self(v, source and GetItemSource(source, k))
+                             for k, v in value.items()}, source, type(value))
+
+    def wrap_numpy(self, value, source, g) -> NumpyArrayVariable:
+        g.type_match(source, value)  # (before the tensor's guards, which convert it)
+        g.add(f"{source.name()}.dtype == {codegen_numpy_dtype(value.dtype)}")
+        tensor = self.output.add_input(torch.from_numpy(value), NumpyTensorSource(source))
+        return NumpyArrayVariable(tensor)
 
     def wrap_user_dict(self, value, source, g) -> UserDefinedDictVariable:
         if not all(isinstance(k, (str, int)) for k in value):
@@ -230,6 +240,25 @@ class VariableBuilder:
     def wrap_callable(self, value, source, g) -> VariableTracker:
         if value is os.environ:
             return EnvironVariable(value, source)
+        if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
+            return BuiltinVariable(value, source)
+        if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo
+            return self(value.__wrapped__, source and AttrSource(source, "__wrapped__"))
+        if isinstance(value, functools.partial):
+            return self.wrap_partial(value, source, g)
+        if is_copy_function(value):  # copy.copy, copy.deepcopy: on trackers (copying.py)
+            g and g.id_match(source, value)
+            return CopyFunctionVariable(value, source)
+        if is_skipped(value):  # numpy, random...: np.finfo(np.float32) folds on constants
+            return SkipFunctionVariable(value, source)
+        if isinstance(value, type):
+            return self.wrap_class(value, source, g)
+        if is_torch_function(value) or any(value is f for f in TRACING_STATE):
+            g and g.id_match(source, value)
+            return TorchVariable(value, source)
+        return self.wrap_python_callable(value, source, g)  # builtins, user functions, objects
+
+    def wrap_python_callable(self, value, source, g) -> VariableTracker:
         if value is inspect.signature:
             return InspectSignatureVariable()
         if (isinstance(value, types.MethodType) and value.__name__ == "clone"
@@ -237,41 +266,11 @@ class VariableBuilder:
             # ``@torch.no_grad()`` on a function: its wrapper enters ``ctx_factory()``, the
             # decorator's ``clone``, a new context manager of the same class
             return TorchVariable(type(value.__self__), None)
-        if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
-            return BuiltinVariable(value, source)
-        if isinstance(value, functools._lru_cache_wrapper):  # traced through, as in Dynamo
-            return self(value.__wrapped__, source and AttrSource(source, "__wrapped__"))
-        if isinstance(value, functools.partial):
-            return self.wrap_partial(value, source, g)
-        if is_skipped(value):  # numpy, random...: np.finfo(np.float32) folds on constants
-            return SkipFunctionVariable(value, source)
-        if isinstance(value, type):
-            if value in vars(builtins).values() or value is collections.OrderedDict:
-                return BuiltinVariable(value, source)
-            if issubclass(value, tuple) and hasattr(value, "_fields"):
-                g and g.id_match(source, value)
-                return NamedTupleClassVariable(value, source)
-            if is_torch_function(value):
-                return TorchVariable(value, source)
-            g and g.id_match(source, value)
-            return UserDefinedClassVariable(value, source)
-        if is_torch_function(value) or any(value is f for f in TRACING_STATE):
-            g and g.id_match(source, value)
-            return TorchVariable(value, source)
         if getattr(value, "__module__", None) in ("builtins", "math", "_operator", "operator") \
                 or any(value is v for m in BUILTIN_MODULES for v in vars(m).values()):
             return BuiltinVariable(value, source)
-        if is_skipped(value):
-            return SkipFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
-            if g is not None and "<locals>" in value.__qualname__:
-                # a function made by a call (a lambda handed over at a graph break): a new
-                # object each call, guarded by its code; its cells and defaults are read
-                # through the source, each with its own guard
-                g.id_match(AttrSource(source, "__code__"), value.__code__)
-            elif g is not None:
-                g.id_match(source, value)
-            return UserFunctionVariable(value, source)
+            return self.wrap_function(value, source, g)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             obj = self(value.__self__, source and AttrSource(source, "__self__"))
             if g is not None:
@@ -281,4 +280,25 @@ class VariableBuilder:
             return SkipFunctionVariable(value, source)
         g and g.type_match(source, value)
         return UserDefinedObjectVariable(value, source)
+
+    def wrap_class(self, value: type, source, g) -> VariableTracker:
+        if value in vars(builtins).values() or value is collections.OrderedDict:
+            return BuiltinVariable(value, source)
+        if issubclass(value, tuple) and hasattr(value, "_fields"):
+            g and g.id_match(source, value)
+            return NamedTupleClassVariable(value, source)
+        if is_torch_function(value):
+            return TorchVariable(value, source)
+        g and g.id_match(source, value)
+        return UserDefinedClassVariable(value, source)
+
+    def wrap_function(self, value: types.FunctionType, source, g) -> UserFunctionVariable:
+        if g is not None and "<locals>" in value.__qualname__:
+            # a function made by a call (a lambda handed over at a graph break): a new
+            # object each call, guarded by its code; its cells and defaults are read
+            # through the source, each with its own guard
+            g.id_match(AttrSource(source, "__code__"), value.__code__)
+        elif g is not None:
+            g.id_match(source, value)
+        return UserFunctionVariable(value, source)
 

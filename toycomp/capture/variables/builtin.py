@@ -99,18 +99,10 @@ class BuiltinVariable(VariableTracker):
         rule = RULES.get(self.fn)
         if rule is not None:
             return rule(tx, *args, **kwargs)
-        if self.fn in BINARY_DUNDERS and len(args) == 2:
-            user = _user_operator(tx, self.fn, *args)
-            if user is not None:
-                return user
-        if self.fn in SET_AND_DICT_OPS and isinstance(args[0], (SetVariable, DictVariable)):
-            return args[0].call_method(tx, SET_AND_DICT_OPS[self.fn], list(args[1:]), {})
-        if self.fn in CONTAINER_METHODS and isinstance(
-                args[0], (BaseListVariable, DictVariable, UserDefinedObjectVariable)):
-            method = CONTAINER_METHODS[self.fn]
-            if method == "__iadd__" and isinstance(args[0], TupleVariable):
-                method = "__add__"
-            return args[0].call_method(tx, method, list(args[1:]), {})
+        if any(isinstance(a, _OBJECTS) for a in args[:2]):  # user objects' operators, containers
+            result = self.call_on_objects(tx, args)
+            if result is not None:
+                return result
         if any(isinstance(a, TensorVariable) for a in args):
             fn = self.fn
             if fn in OUT_OF_PLACE and not isinstance(args[0], TensorVariable):
@@ -124,12 +116,32 @@ class BuiltinVariable(VariableTracker):
             return args[0].call_method(tx, CONTAINER_METHODS[self.fn], list(args[1:]), {})
         return fold(self.fn, args, kwargs)
 
+    def call_on_objects(self, tx, args):
+        """``a + b`` with a user object's ``__add__``, ``s | t`` of sets, ``l += m``...: the
+        object's method, or None where none applies."""
+        if self.fn in BINARY_DUNDERS and len(args) == 2:
+            user = _user_operator(tx, self.fn, *args)
+            if user is not None:
+                return user
+        if self.fn in SET_AND_DICT_OPS and isinstance(args[0], (SetVariable, DictVariable)):
+            return args[0].call_method(tx, SET_AND_DICT_OPS[self.fn], list(args[1:]), {})
+        if self.fn in CONTAINER_METHODS and isinstance(
+                args[0], (BaseListVariable, DictVariable, UserDefinedObjectVariable)):
+            method = CONTAINER_METHODS[self.fn]
+            if method == "__iadd__" and isinstance(args[0], TupleVariable):
+                method = "__add__"
+            return args[0].call_method(tx, method, list(args[1:]), {})
+        return None
+
     def reconstruct(self, codegen):
         return codegen.source(self.source) if self.source else codegen.constant(self.fn)
 
     def __repr__(self):
         return f"BuiltinVariable({getattr(self.fn, '__name__', self.fn)})"
 
+
+# The trackers whose values may answer a builtin call themselves (BuiltinVariable.call_on_objects).
+_OBJECTS = (UserDefinedObjectVariable, SetVariable, DictVariable, BaseListVariable)
 
 # ``a + b`` where ``a`` or ``b`` is an object of a user class with ``__add__`` / ``__radd__``.
 BINARY_DUNDERS = {getattr(operator, op): (f"__{op}__", f"__r{op}__") for op in (
@@ -397,6 +409,13 @@ def _eq(fn):
     return rule
 
 
+def _delattr(tx, obj, name):
+    if not hasattr(obj, "delattr"):
+        raise Unsupported(f"delattr on {obj}")
+    obj.delattr(tx, name.as_python_constant())
+    return ConstantVariable(None)
+
+
 RULES = {
     len: _len, isinstance: _isinstance, iter: _iter, next: _next, enumerate: _enumerate,
     zip: _zip, map: _map, list: _sequence(ListVariable), tuple: _sequence(TupleVariable),
@@ -404,7 +423,7 @@ RULES = {
     sum: _sum,
     all: _all_any(all), any: _all_any(any), min: _minmax(min),
     max: _minmax(max), getattr: _getattr, reversed: _reversed,
-    hasattr: _hasattr, setattr: _setattr, type: _type, operator.is_: _is,
+    hasattr: _hasattr, setattr: _setattr, delattr: _delattr, type: _type, operator.is_: _is,
     operator.is_not: _is_not, operator.not_: _not, bool: _bool, operator.truth: _bool,
     operator.contains: _contains, super: _super, operator.eq: _eq(operator.eq),
     operator.ne: _eq(operator.ne),

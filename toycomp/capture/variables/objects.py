@@ -390,6 +390,8 @@ class SuperVariable(VariableTracker):
                     return ObjectInitVariable()
                 if attr is object.__getattribute__:  # past the class's own __getattribute__
                     return GenericGetattrVariable(self.obj)
+                if attr is object.__setattr__ and hasattr(self.obj, "object_setattr"):
+                    return user_dicts.DictSuperMethod(self.obj, name)  # (a copied config's)
                 found = user_dicts.super_method(self.obj, klass, name)
                 if found is not None:  # dict's own method on a dict subclass's items
                     return found

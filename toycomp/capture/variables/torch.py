@@ -51,6 +51,15 @@ TRACING_STATE = {torch.jit.is_scripting: False, torch.jit.is_tracing: False,
                  torch.compiler.is_compiling: True, torch.compiler.is_exporting: False,
                  torch.fx._symbolic_trace.is_fx_tracing: False,
                  torch.nn.modules.activation._is_make_fx_tracing: True}
+# Callables whose call TorchVariable.call_special handles (most add no graph op).
+SPECIAL_FUNCTIONS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.jit.annotate,
+                     torch.is_tensor, torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
+
+
+def is_special(fn) -> bool:
+    """Tracing state, constants, grad mode, autocast, classes...: see call_special."""
+    return (any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
+            or fn in CONSTANT_FUNCTIONS or fn in AUTOCAST or isinstance(fn, type))
 
 
 class TorchVariable(ValueVariable):
@@ -61,8 +70,22 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
+            fn = fn._opoverload  # the graph calls its operator (metadata: its fake impl), as Dynamo
         if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
+        if is_special(fn):
+            return self.call_special(tx, args, kwargs)
+        if fn is torch.arange and "dtype" not in kwargs and all(
+                isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
+            # integer bounds give int64; written out, so that sizes (SymInts) keep it
+            kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
+        if fn is torch.nn.functional.one_hot:
+            args = _checked_one_hot_args(tx, args, kwargs)
+        return tx.output.create_call("call_function", fn, args, kwargs)
+
+    def call_special(self, tx, args, kwargs):
+        fn = self.value
         if any(fn is f for f in TRACING_STATE):
             return ConstantVariable(TRACING_STATE[fn])
         if fn in (torch.from_numpy, torch.as_tensor, torch.asarray) and not kwargs and \
@@ -84,13 +107,7 @@ class TorchVariable(ValueVariable):
             return AutocastVariable(args, kwargs)
         if isinstance(fn, type):
             raise Unsupported(f"creating a {fn.__qualname__}")
-        if fn is torch.arange and "dtype" not in kwargs and all(
-                isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
-            # integer bounds give int64; written out, so that sizes (SymInts) keep it
-            kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
-        if fn is torch.nn.functional.one_hot:
-            args = _checked_one_hot_args(tx, args, kwargs)
-        return tx.output.create_call("call_function", fn, args, kwargs)
+        return tx.output.create_call("call_function", fn, args, kwargs)  # torch.as_tensor(t)
 
     def reconstruct(self, codegen):
         return codegen.source(self.source) if self.source else codegen.constant(self.value)
