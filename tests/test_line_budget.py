@@ -33,8 +33,8 @@ TEACH_PATH_BUDGET = {
     "capture": 890,
     "aot": 640,
     "prims": 395,
-    "inductor": 1300,
-    "inductor/codegen": 400,
+    "inductor": 1050,
+    "inductor/codegen": 360,
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
     "glue": 325,
 }
@@ -46,14 +46,15 @@ TEACH_PATH_TOTAL = 4600
 # dict views, dataclass dicts, decorated frames, and by about 190 for copy.deepcopy/copy.copy
 # while tracing and tensors nested in an op's result, and by about 100 for the special cases
 # named as helpers off the teach path (their def lines and docstrings); exercises by about 380 for the unfakeable grader,
-# the student bundle and notebook 05's checks; glue by the logs and the config)
+# the student bundle and notebook 05's checks; glue by the logs and the config; inductor and
+# codegen by about 120 for the helpers that took the special cases off the teach path)
 PACKAGE_BUDGET = {
     "capture": 6900,
     "aot": 2200,
     "prims": 3850,  # (+11: the teach path's special cases moved into named helpers)
-    "inductor": 4250,
-    "inductor/codegen": 2650,
-    "inductor/opt": 2450,
+    "inductor": 4350,
+    "inductor/codegen": 2700,
+    "inductor/opt": 2500,
     "exercises": 2150,
     "glue": 2400,
 }

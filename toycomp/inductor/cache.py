@@ -132,19 +132,24 @@ def check_private(path: Path) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         return
+    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or others_write:
+        raise CacheDirError(_refusal(path, st))
+
+
+def _refusal(path: Path, st: os.stat_result) -> str:
+    """What is wrong with the cache directory ``path``, and how to fix it."""
     me, planted = os.geteuid(), "so another user could plant code that runs in your process"
     if not stat.S_ISDIR(st.st_mode):
         problem, fix = "it is not a directory", "set TOYCOMP_CACHE_DIR to a directory"
     elif st.st_uid != me:
         problem = f"it belongs to uid {st.st_uid}, not to you (uid {me}), {planted}"
         fix = "set TOYCOMP_CACHE_DIR to a directory of your own, or unset it (~/.cache/toycomp)"
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    else:
         mode = stat.S_IMODE(st.st_mode)
         problem = f"it is writable by group or others (mode {mode:o}), {planted}"
         fix = f"chmod 700 {path}, or set TOYCOMP_CACHE_DIR to a private directory"
-    else:
-        return
-    raise CacheDirError(f"toycomp refuses the kernel cache {path}: {problem}. Fix: {fix}.")
+    return f"toycomp refuses the kernel cache {path}: {problem}. Fix: {fix}."
 
 
 def _entry_dir(kind: str) -> Path:
@@ -162,7 +167,11 @@ def _build_dir(kind: str) -> Path:
         path.mkdir(mode=0o700, exist_ok=True)
     if path.is_dir() and os.access(path, os.W_OK | os.X_OK):
         return path
-    root = path.parent
+    return _temp_build_dir(path.parent, kind)  # a read-only cache
+
+
+def _temp_build_dir(root: Path, kind: str) -> Path:
+    """This process's private stand-in for the unwritable cache ``root`` (warned once)."""
     with _temp_lock:
         if root not in _TEMP_DIRS:
             _TEMP_DIRS[root] = Path(tempfile.mkdtemp(prefix="toycomp-"))  # 0700
@@ -270,17 +279,8 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 
 # --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """Compile ``source`` to a shared library (or find it already compiled) and return its path.
-
-    Args:
-        source: a C++ translation unit (``extern "C"`` functions).
-        extra_flags: added after ``CXXFLAGS`` and the source file (``-D...``, ``-lmvec``); part
-            of the cache key, so one source compiled with other flags is another library.
-
-    Raises:
-        CppCompileError: no compiler, or it rejected the source.
-        CacheDirError: the cache directory is not private (see [Note: cache security]).
-    """
+    """Compile ``source`` (with ``extra_flags``, part of the key) to a shared library, or find
+    it compiled, and return its path; ``CppCompileError``/``CacheDirError`` otherwise."""
     cxx = find_cxx()
     extra_flags = (*isa_flags(), *extra_flags)
     flags = (*CXXFLAGS, *extra_flags)
@@ -316,10 +316,7 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
         cmd = [cxx, *CXXFLAGS, str(src), "-o", tmp, *extra_flags]
         result = _run_compiler(cmd)
         if result.returncode != 0:
-            raise CppCompileError(
-                f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-                f"{result.stderr.strip()}\n(source: {src})"
-            )
+            raise _compile_error(cmd, result, src)
         os.chmod(tmp, 0o700)  # the linker honours the umask, which may let the group write
         binary = Path(tmp).read_bytes()
         os.replace(tmp, lib)
@@ -328,6 +325,13 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
             os.unlink(tmp)
     manifest = {"source_sha256": sha256(source.encode()), "binary_sha256": sha256(binary)}
     write_atomic(lib.with_suffix(".json"), json.dumps(manifest, indent=1) + "\n")
+
+
+def _compile_error(cmd: list[str], result: subprocess.CompletedProcess, src: Path) -> Exception:
+    return CppCompileError(
+        f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+        f"{result.stderr.strip()}\n(source: {src})"
+    )
 
 
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:

@@ -128,6 +128,11 @@ def known_nonnegative(expr) -> bool:
     expr = sympy.sympify(expr)
     if expr.is_number:
         return bool(expr >= 0)
+    return _symbolic_nonnegative(expr)
+
+
+def _symbolic_nonnegative(expr: sympy.Expr) -> bool:
+    """Each size symbol written ``2 + t``: is every term of the expansion nonnegative?"""
     shift = {v: v + SIZE_SYMBOL_MIN for v in expr.free_symbols if is_size_symbol(v)}
     shifted = expr.subs(shift, simultaneous=True)
     floors = [e for e in sympy.preorder_traversal(shifted) if isinstance(e, FloorDiv)]
@@ -213,11 +218,8 @@ def numel(size: tuple[int, ...]) -> int:
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Expand ``expr`` and drop the ``//`` (and so ``%``) terms that the variables' ranges make
-    trivial: with ``0 <= i1 < 1000``, ``(1000*i0 + i1) // 1000`` becomes ``i0``.
-
-    ``ranges`` maps a variable to its extent (``i1 -> 1000``); other symbols are left alone.
-    """
+    """Expand ``expr`` and drop the ``//`` (and so ``%``) terms that the variables' ranges
+    (``i1 -> 1000``) make trivial: ``(1000*i0 + i1) // 1000`` becomes ``i0``."""
     return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
 
 

@@ -207,13 +207,18 @@ def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
             args = tuple(new[id(a)] for a in node.args)
             if any(a is not b for a, b in zip(args, node.args)):
                 rebuilt = Op(node.name, args, node.dtype)
-        elif isinstance(node, Load) and node.indirect:
-            values = tuple(new[id(a)] for a in node.indirect)
-            if any(a is not b for a, b in zip(values, node.indirect)):
-                rebuilt = Load(node.buffer, node.index, node.dtype, values)
+        elif isinstance(node, Load) and node.indirect:  # its index values rebuilt too
+            rebuilt = _rebuilt_load(node, new)
         replaced = fn(rebuilt)
         new[id(node)] = rebuilt if replaced is None else replaced
     return new[id(expr)]
+
+
+def _rebuilt_load(node: Load, new: dict[int, Expr]) -> Load:
+    values = tuple(new[id(a)] for a in node.indirect)
+    if any(a is not b for a, b in zip(values, node.indirect)):
+        return Load(node.buffer, node.index, node.dtype, values)
+    return node
 
 
 def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:

@@ -95,15 +95,8 @@ REALIZE_READS_THRESHOLD = 4
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> ir.LoweredGraph:
-    """Lower a prims graph to the loop IR.
-
-    Args:
-        gm: graph whose call_function targets are toycomp prims or ATen OpOverloads.
-        example_inputs: real tensors matching the placeholders (their strides are used).
-
-    Returns:
-        The LoweredGraph: inputs, buffers to compute in order, outputs as TensorArgs.
-    """
+    """Lower a prims graph (prims and ATen ops) to the loop IR, for ``example_inputs``' strides:
+    the LoweredGraph's inputs, buffers to compute in order, outputs as TensorArgs."""
     return GraphLowering(gm, example_inputs).run()
 
 
@@ -142,21 +135,15 @@ class GraphLowering:
                 self.output(node)
             else:
                 raise LoweringError(f"toycomp cannot lower {node.op} node {node.name!r}")
+        scalars = tuple(ir.SizeScalar(f, e) for e, f in self.sizevars.scalars.items())
         return ir.LoweredGraph(
-            tuple(self.inputs),
-            tuple(self.nodes),
-            self.outputs,
-            self.device,
-            tuple(self.constants),
-            self.output_strides,
-            tuple(ir.SizeScalar(f, e) for e, f in self.sizevars.scalars.items()),
-        )
+            tuple(self.inputs), tuple(self.nodes), self.outputs, self.device,
+            tuple(self.constants), self.output_strides, scalars,
+        )  # fmt: skip
 
     def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
         if isinstance(tensor, (int, float, torch.SymInt, torch.SymFloat)):  # a size: s0
-            self.env[node] = self.meta[node] = self.sizevars.expr(tensor)  # (or a float f0)
-            self.inputs.append(ir.SizeInput(node.name, self.env[node]))
-            return
+            return self.size_input(node, tensor)
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
@@ -167,6 +154,10 @@ class GraphLowering:
                                           any_device))
         self.meta[node] = to_meta(tensor)
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
+
+    def size_input(self, node: Node, size: int | float | torch.SymInt | torch.SymFloat) -> None:
+        self.env[node] = self.meta[node] = self.sizevars.expr(size)  # s0 (or a float f0)
+        self.inputs.append(ir.SizeInput(node.name, self.env[node]))
 
     # [Note: extern seeds]
     # On CUDA, memory-efficient attention returns its RNG seed and offset, which its backward
@@ -195,10 +186,7 @@ class GraphLowering:
         if is_symbolic(self.meta[node]) or isinstance(self.meta[node], int):
             self.env[node] = self.sizevars.expr(self.meta[node])  # sym_size(x, 0) * 4: 4*s0
         elif node.target is operator.getitem:  # one tensor of an extern call's tuple result
-            source, index = node.args
-            if not isinstance(self.env.get(source), tuple):
-                raise LoweringError(f"toycomp cannot lower {node.name!r}: getitem of {source}")
-            self.env[node] = self.env[source][index]
+            self.getitem(node)
         elif isinstance(node.target, OpOverload):
             fallback = node.target not in EXTERN_OPS
             self.extern(node, _kernel_name(node), fallback)
@@ -206,6 +194,12 @@ class GraphLowering:
             self.prim(node)
         else:
             raise LoweringError(f"toycomp cannot lower {node.name!r}: unknown target {node.target}")
+
+    def getitem(self, node: Node) -> None:
+        source, index = node.args
+        if not isinstance(self.env.get(source), tuple):
+            raise LoweringError(f"toycomp cannot lower {node.name!r}: getitem of {source}")
+        self.env[node] = self.env[source][index]
 
     def prim(self, node: Node) -> None:
         rule = LOWERINGS.get(node.target)
@@ -304,11 +298,8 @@ class GraphLowering:
         return TensorMeta(self.sizevars.shape(t), t.dtype)
 
     def eager_stride(self, arg: Any, val: Any) -> tuple | None:
-        """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None.
-
-        Eager strides matter for the forward's saved tensors: AOT compiles the backward for them
-        (a chunk of a bigger tensor keeps that tensor's strides; our realized copy is contiguous).
-        """
+        """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None
+        (AOT compiles the backward for eager's strides of the forward's saved tensors)."""
         if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
             return None
         size, stride = self.sizevars.shape(val), self.sizevars.stride(val)

@@ -69,6 +69,11 @@ def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
         return meta[node.args[0]][node.args[1]]
     if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
         return to_meta_value(val)
+    return _run_on_meta(node, meta)  # no value recorded
+
+
+def _run_on_meta(node: Node, meta: dict[Node, Any]) -> Any:
+    """Run ``node``'s op (a prim's eager reference) on meta tensors."""
     args, kwargs = _map_nodes((node.args, node.kwargs), meta.__getitem__)
     fn = prims.PRIM_INFO[node.target].ref if prims.is_prim(node.target) else node.target
     try:

@@ -129,6 +129,15 @@ def check_input(
     if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:
         if t.shape == size and t.device == device:
             return
+    _check_input_fully(t, size, stride, dtype, device, name)
+
+
+def _check_input_fully(
+    t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype,
+    device: torch.device | None, name: str
+) -> None:
+    """``check_input`` for an input unlike the layout it was compiled for: raise unless only
+    what kernels never read (a size-0/1 dim's stride, a device index left open) differs."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"input {name}: expected a tensor, got {type(t).__name__}")
     same_device = device is None or (

@@ -157,47 +157,44 @@ def _loads(*exprs: ir.Expr) -> list[str]:
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
-    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]).
-
-    Args:
-        lowered: the result of ``lowering.lower``.
-
-    Returns:
-        The ScheduledGraph: allocations, steps (Kernels and ExternKernels in run order), outputs.
-    """
+    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]): the ScheduledGraph's
+    allocations and steps (Kernels and ExternKernels in run order)."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
-        if isinstance(node, ExternKernel):
-            groups.append(_Group(0, 0, extern=node))
-        elif isinstance(node, ir.Scatter):  # [Note: a scatter is a buffer written twice]
-            _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
-            groups.append(_Group(0, 0, scatter=node))
+        if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
+            _add_own_group(node, groups)
         else:
             _place(node, groups)
     stored = _stored_buffers(groups, lowered.outputs)
     steps: list[ir.Kernel | ExternKernel] = []
     allocations = []
     for group in groups:
-        if group.extern is not None:
-            steps.append(group.extern)
-            continue
         name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
-        if group.scatter is not None:
-            steps.append(_scatter_kernel(name, group.scatter))
+        if group.extern is not None or group.scatter is not None:  # a step of its own
+            steps.append(_own_step(name, group))
             continue
         kernel = _make_kernel(name, group, stored)
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
         steps.append(kernel)
     return ir.ScheduledGraph(
-        lowered.inputs,
-        tuple(allocations),
-        tuple(steps),
-        lowered.outputs,
-        lowered.device,
-        lowered.constants,
-        lowered.output_strides,
-        lowered.scalars,
-    )
+        lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
+        lowered.constants, lowered.output_strides, lowered.scalars,
+    )  # fmt: skip
+
+
+def _add_own_group(node: ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
+    if isinstance(node, ExternKernel):
+        groups.append(_Group(0, 0, extern=node))
+    else:  # [Note: a scatter is a buffer written twice]
+        _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
+        groups.append(_Group(0, 0, scatter=node))
+
+
+def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
+    """An extern call, or a scatter's second kernel (named ``name``): fused with nothing."""
+    if group.extern is not None:
+        return group.extern
+    return _scatter_kernel(name, group.scatter)
 
 
 def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
@@ -301,12 +298,7 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         index = _subs(e.index, mapping, ranges)
         if e.buffer not in fused:
             return ir.Load(e.buffer, index, e.dtype, e.indirect)
-        producer = fused[e.buffer]
-        if sympy.expand(index - producer.position) != 0:
-            raise _NotFusable
-        if _is_column_partial(producer.node, group.numel, group.rnumel):
-            raise _NotFusable  # (known only after the program's last row)
-        return producer.result
+        return _fused_read(fused[e.buffer], index, group)  # computed in this kernel
 
     try:
         value = ir.map_expr(node.body, rewrite)
@@ -319,32 +311,56 @@ class _NotFusable(Exception):
     pass
 
 
+def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
+    """What replaces a load of ``producer``'s buffer at ``index``, in ``group``'s kernel."""
+    if sympy.expand(index - producer.position) != 0:
+        raise _NotFusable  # another element than the one computed at (x, r)
+    if _is_column_partial(producer.node, group.numel, group.rnumel):
+        raise _NotFusable  # (known only after the program's last row)
+    return producer.result
+
+
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
     node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
     ivars = indexing.index_vars("i", len(node.size))
-    if isinstance(node, Reduction) and node.mix_order_rows:
-        if _is_column_partial(node, numel, rnumel):  # the chunk follows x // rows, and so on
-            rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
-            index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
-            index += unflatten_index(indexing.r, node.size[1:])
-            return dict(zip((ivars[0], r0, *ivars[1:]), index)), True
+    if isinstance(node, Reduction) and node.mix_order_rows:  # split_reduction.py's partials
+        if _is_column_partial(node, numel, rnumel):
+            return _column_partial_mapping(node, ivars), True
     if isinstance(node, Reduction):
-        if not _same_group(_node_group(node), (numel, rnumel)):
-            return None
-        rvars = indexing.index_vars("r", len(node.reduction_size))
-        index = unflatten_index(indexing.x, node.size)
-        index += unflatten_index(indexing.r, node.reduction_size)
-        return dict(zip(ivars + rvars, index)), True
-    if indexing.known_equal(indexing.numel(node.size), numel):
+        return _reduction_mapping(node, ivars, numel, rnumel)
+    if indexing.known_equal(indexing.numel(node.size), numel):  # per row
         return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
-    for k in range(len(node.size) + 1):  # split the dims: outer ones follow x, inner ones r
+    return _full_mapping(node, ivars, numel, rnumel)
+
+
+def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
+    """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
+    if not _same_group(_node_group(node), (numel, rnumel)):
+        return None
+    rvars = indexing.index_vars("r", len(node.reduction_size))
+    index = unflatten_index(indexing.x, node.size)
+    index += unflatten_index(indexing.r, node.reduction_size)
+    return dict(zip(ivars + rvars, index)), True
+
+
+def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
+    """A Pointwise run once per (x, r): its outer dims follow x, its inner ones r."""
+    for k in range(len(node.size) + 1):
         outer, inner = node.size[:k], node.size[k:]
         split = (indexing.numel(outer), indexing.numel(inner))
         if indexing.known_less(1, rnumel) and _same_group(split, (numel, rnumel)):
             index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
             return dict(zip(ivars, index)), True
     return None
+
+
+def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
+    """A mix-order partial in its row kernel: the chunk follows x // rows, and so on."""
+    rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
+    index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
+    index += unflatten_index(indexing.r, node.size[1:])
+    return dict(zip((ivars[0], r0, *ivars[1:]), index))
 
 
 def _same_group(a: tuple, b: tuple) -> bool:
@@ -387,18 +403,18 @@ def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
 
 
 # --- kernels -------------------------------------------------------------------------------------
+# [Note: pending stores]
+# The store of a reduction's result waits until a statement other than a Reduce comes, so that
+# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
+# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
+# (see [Note: fusion]).
 def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
-    # The store of a reduction's result waits until a statement other than a Reduce comes, so
-    # that consecutive reductions share one pass over r (LayerNorm's weight and bias gradients
-    # read the incoming gradient once); safe, since no statement of a kernel loads a buffer
-    # the kernel writes (see [Note: fusion]).
+    """The kernel of ``group``: its statements in Loops ([Note: pending stores])."""
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
-        if _is_column_partial(e.node, group.numel, group.rnumel):
-            kind, dtype = e.node.reduction_type, e.node.dtype
-            partial = ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
-            statements.append((True, partial))
+        if _is_column_partial(e.node, group.numel, group.rnumel):  # (mix-order reductions)
+            statements.append((True, _column_reduce(e)))
         elif isinstance(e.node, Reduction):
             local = ir.Local(_local_name(e.node), e.node.dtype)
             reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
@@ -414,6 +430,11 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
         name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins,
         group.rows_per_program,
     )
+
+
+def _column_reduce(e: _Entry) -> ir.ColumnReduce:
+    kind, dtype = e.node.reduction_type, e.node.dtype
+    return ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
 
 
 def _split_loops(statements) -> tuple[ir.Loop, ...]:
@@ -473,9 +494,6 @@ def _flatten(obj):
 
 
 def format_scheduled(scheduled: ir.ScheduledGraph) -> str:
-    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks).
-
-    The same text as ``repr(scheduled)``: the reprs of its allocations, extern calls and
-    kernels (each ``Kernel`` prints its ``Loop``s, each loop its ``Store``s and ``Reduce``s).
-    """
+    """The steps of ``scheduled`` as readable pseudo-code (deterministic: fit for notebooks): the
+    same text as ``repr(scheduled)``, each ``Kernel`` printing its ``Loop``s and statements."""
     return repr(scheduled)

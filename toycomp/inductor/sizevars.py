@@ -71,6 +71,9 @@ class SizeVars:
         """An int or SymInt -> an int or an expression over toycomp's size symbols."""
         if not is_symbolic(value):
             return value
+        return self._symbolic_expr(value)  # dynamic shapes
+
+    def _symbolic_expr(self, value: torch.SymInt | torch.SymFloat) -> Size:
         expr = sym_expr(value)
         if not isinstance(expr, sympy.Basic) or expr.is_number:
             return int(expr) if isinstance(value, torch.SymInt) else expr
@@ -86,13 +89,15 @@ class SizeVars:
 
     def known_equal(self, a: Size, b: Size) -> bool:
         """``a == b`` for every size the trace's guards allow: by algebra (``indexing``), else
-        by asking the ShapeEnv, which knows the guards tracing recorded. A slice ``x[1::3]``
-        of a dimension ``s0`` has ``(s0 + 1) // 3`` rows, and the ShapeEnv may have
-        specialised that to 1 under a guard: the node's meta then says 1 where the lowering
-        computed ``FloorDiv(s0 + 1, 3)``, and both are right for every call the guards let
-        through."""
-        if indexing.known_equal(a, b):
-            return True
+        by asking the ShapeEnv ([Note: sizes equal under guards])."""
+        return indexing.known_equal(a, b) or self._equal_under_guards(a, b)
+
+    # [Note: sizes equal under guards]
+    # The ShapeEnv knows the guards tracing recorded. A slice ``x[1::3]`` of a dimension ``s0``
+    # has ``(s0 + 1) // 3`` rows, and the ShapeEnv may have specialised that to 1 under a guard:
+    # the node's meta then says 1 where the lowering computed ``FloorDiv(s0 + 1, 3)``, and both
+    # are right for every call the guards let through.
+    def _equal_under_guards(self, a: Size, b: Size) -> bool:
         a, b = sympy.sympify(a), sympy.sympify(b)
         if self.shape_env is None or not (a.free_symbols | b.free_symbols):
             return False

@@ -59,6 +59,7 @@ torch/_inductor/graph.py (GraphLowering.compile_to_module).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -92,29 +93,17 @@ __all__ = ["CompiledGraph", "GeneratedKernel", "compile_graph"]
 BACKENDS = ("cpp", "triton")
 
 
+@dataclass(eq=False)
 class CompiledGraph:
     """A compiled ``ScheduledGraph``: call it with the list of input tensors."""
 
-    def __init__(
-        self,
-        fn: Callable[[list[torch.Tensor]], tuple],
-        backend: str,
-        device: torch.device,
-        kernels: list[GeneratedKernel],
-        wrapper_source: str,
-        externs: list[str],
-        fresh_outputs: tuple[bool, ...] = (),
-    ) -> None:
-        self.fn = fn
-        # Per output: True when it is a buffer a kernel of this graph wrote, returned once (so
-        # it shares memory with no input, constant or other output). The AOT runtime skips its
-        # aliasing checks for such outputs.
-        self.fresh_outputs = fresh_outputs
-        self.backend = backend
-        self.device = device
-        self.kernels = kernels
-        self.wrapper_source = wrapper_source
-        self.externs = externs
+    fn: Callable[[list[torch.Tensor]], tuple]  # the wrapper's ``call``
+    backend: str
+    device: torch.device
+    kernels: list[GeneratedKernel]
+    wrapper_source: str
+    externs: list[str]
+    fresh_outputs: tuple[bool, ...] = ()  # per output: see fresh_outputs()
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.fn(list(inputs)))
@@ -137,21 +126,9 @@ class CompiledGraph:
 def compile_graph(
     scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
-    """Generate kernels and the wrapper for ``scheduled``; compile and load everything.
-
-    Args:
-        scheduled: the scheduler's result.
-        backend: ``"cpp"`` (CPU tensors only) or ``"triton"`` (CUDA, or CPU via Triton's
-            interpreter).
-        memory_planning: reuse dead buffers and write matmuls into planned buffers (see
-            [Note: memory planning] in opt/memory_planning.py); False allocates every buffer
-            and frees it at its last use; None (the default): ``toycomp.config.memory_planning``,
-            and where that is off (``teach``), each buffer is allocated before the step that
-            first writes it and lives until ``call`` returns.
-
-    Returns:
-        A ``CompiledGraph`` mapping a list of input tensors to the list of outputs.
-    """
+    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
+    ``"triton"``); compile and load everything. ``memory_planning``: see [Note: planning
+    modes]."""
     device = torch.device(scheduled.device)
     _check_backend(backend, device)
     if device.type == "cuda" and device.index is None:  # the device the wrapper enters
@@ -161,25 +138,46 @@ def compile_graph(
         generated = [cpp.generate(k) for k in kernels]
     else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
         generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
+    return _load_graph(scheduled, backend, device, generated, memory_planning)
+
+
+# [Note: planning modes]
+# compile_graph's memory_planning: True reuses dead buffers and writes matmuls into planned
+# buffers ([Note: memory planning] in opt/memory_planning.py); False allocates every buffer and
+# frees it at its last use; None (the default) follows toycomp.config.memory_planning, and where
+# that is off (teach) each buffer is allocated before the step that first writes it and lives
+# until `call` returns.
+def _load_graph(
+    scheduled: ir.ScheduledGraph,
+    backend: str,
+    device: torch.device,
+    generated: list[GeneratedKernel],
+    memory_planning: bool | None,
+) -> CompiledGraph:
+    """Write the wrapper, load the kernels into its namespace and ``exec`` it."""
     plain = memory_planning is None and not config.memory_planning
     planned = memory_planning is not False
     source = WrapperCodegen(scheduled, generated, planned, plain).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
-    for step in scheduled.steps:
-        if isinstance(step, ir.ExternKernel):
-            # Resolve now, to fail with the op's name at compile time rather than at the first
-            # call; only the eager_<prim> names need binding (aten.* resolves through `aten`).
-            fn, name = resolve_extern(step.kernel), extern_name(step.kernel)
-            if name.startswith("eager_"):
-                namespace[name] = fn
-    code = compile(source, f"<toycomp wrapper ({backend})>", "exec")
-    exec(code, namespace)
-    externs = [f"{s.name} = {s.kernel}" for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
+    externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
+    if externs:  # matmuls, convolutions, fallbacks: bound (and checked) now
+        _bind_externs(namespace, externs)
+    exec(compile(source, f"<toycomp wrapper ({backend})>", "exec"), namespace)
+    externs = [f"{s.name} = {s.kernel}" for s in externs]
     return CompiledGraph(
         namespace["call"], backend, device, generated, source, externs, fresh_outputs(scheduled)
     )
+
+
+def _bind_externs(namespace: dict[str, Any], externs: list[ir.ExternKernel]) -> None:
+    """Resolve each extern now, to fail with the op's name at compile time rather than at the
+    first call; only the eager_<prim> names need binding (aten.* resolves through `aten`)."""
+    for step in externs:
+        fn, name = resolve_extern(step.kernel), extern_name(step.kernel)
+        if name.startswith("eager_"):
+            namespace[name] = fn
 
 
 def fresh_outputs(scheduled: ir.ScheduledGraph) -> tuple[bool, ...]:
@@ -256,38 +254,51 @@ class WrapperCodegen:
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
             if names and self.memory_planning:  # see call_boxed
                 code.writeline("args.clear()")
-            for symbol, source in self.symbols.items():  # dynamic shapes: the sizes of this call
-                code.writeline(f"{symbol} = {source}")
-            used = scalars_used(self.graph)
-            for scalar in self.graph.scalars:  # floats made from them: f0 = 2.0 / (s0 - 1)
-                if scalar.symbol in used and scalar.symbol not in self.symbols:
-                    names = {s: str(s) for s in scalar.expr.free_symbols}
-                    code.writeline(f"{scalar.symbol} = {to_text(scalar.expr, names)}")
+            if self.symbols or self.graph.scalars:  # dynamic shapes: the sizes of this call
+                self._write_sizes(code)
             self._write_input_checks(code)
-            if torch.device(self.graph.device).type != "cuda":
-                self._write_steps(code)
-                return code.getvalue()
-            index = torch.device(self.graph.device).index  # (compile_graph gives one)
-            index = "torch.cuda.current_device()" if index is None else index
-            code.writeline(f"with torch.cuda.device({index}):")  # [Note: lean launches]
-            with code.indent():
-                code.writeline(f"stream0 = get_raw_stream({index})")
+            if torch.device(self.graph.device).type == "cuda":
+                self._write_cuda_steps(code)
+            else:
                 self._write_steps(code)
         return code.getvalue()
+
+    def _write_sizes(self, code: IndentedBuffer) -> None:
+        """The size symbols read from the inputs, and the floats made from them."""
+        for symbol, source in self.symbols.items():
+            code.writeline(f"{symbol} = {source}")
+        used = scalars_used(self.graph)
+        for scalar in self.graph.scalars:  # f0 = 2.0 / (s0 - 1)
+            if scalar.symbol in used and scalar.symbol not in self.symbols:
+                names = {s: str(s) for s in scalar.expr.free_symbols}
+                code.writeline(f"{scalar.symbol} = {to_text(scalar.expr, names)}")
+
+    def _write_cuda_steps(self, code: IndentedBuffer) -> None:
+        """The steps inside the graph's device guard, with its stream read once."""
+        index = torch.device(self.graph.device).index  # (compile_graph gives one)
+        index = "torch.cuda.current_device()" if index is None else index
+        code.writeline(f"with torch.cuda.device({index}):")  # [Note: lean launches]
+        with code.indent():
+            code.writeline(f"stream0 = get_raw_stream({index})")
+            self._write_steps(code)
 
     def _write_input_checks(self, code: IndentedBuffer) -> None:
         """One ``check_input`` per tensor input; with many, only when one C++ check finds them
         unlike the last inputs that passed ([Note: inputs checked once] in runtime.py)."""
-        lines = []
-        for b in self.tensor_inputs:
-            layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
-            here = b.device in (None, self.graph.device)
-            where = "device" if here else self._render(b.device)
-            where = "None" if b.any_device else where
-            lines.append(f"check_input({b.name}, {layout}, {where}, {b.name!r})")
+        lines = [self._input_check(b) for b in self.tensor_inputs]
         if len(lines) <= FEW_INPUTS:
             code.writelines(lines)
-            return
+        else:  # many inputs: checked only when unlike the last ones
+            self._write_inputs_seen_check(code, lines)
+
+    def _input_check(self, b: ir.InputBuffer) -> str:
+        layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
+        here = b.device in (None, self.graph.device)
+        where = "device" if here else self._render(b.device)
+        where = "None" if b.any_device else where
+        return f"check_input({b.name}, {layout}, {where}, {b.name!r})"
+
+    def _write_inputs_seen_check(self, code: IndentedBuffer, lines: list[str]) -> None:
         names = ", ".join(b.name for b in self.tensor_inputs)
         code.writeline(f"if not inputs_seen.check({names}):")
         with code.indent():
@@ -295,9 +306,14 @@ class WrapperCodegen:
             code.writeline(f"inputs_seen.remember({names})")
 
     def _write_steps(self, code: IndentedBuffer) -> None:
-        """The steps, each with its allocations and frees, then the ``return``."""
+        """The steps, each with its allocations, then the ``return``."""
         if self.plain:
-            return self._write_plain_steps(code)
+            self._write_plain_steps(code)
+        else:  # reused buffers, frees at last uses
+            self._write_planned_steps(code)
+
+    def _write_planned_steps(self, code: IndentedBuffer) -> None:
+        """The steps, each with its allocations and frees ([Note: memory planning])."""
         allocs = {a.name: a for a in self.graph.allocations}
         keep = {b.name for b in self.graph.inputs} | self.constants
         if self.memory_planning:  # args.clear() left the wrapper the inputs' only holder
@@ -340,6 +356,9 @@ class WrapperCodegen:
     def _step_line(self, step: ir.Kernel | ir.ExternKernel) -> str:
         if isinstance(step, ir.Kernel):
             return self.calls[step.name]
+        return self._extern_call(step)
+
+    def _extern_call(self, step: ir.ExternKernel) -> str:
         target = extern_name(step.kernel)
         args = [self._render(a) for a in step.args]
         args += [f"{k}={self._render(v)}" for k, v in step.kwargs]
@@ -419,25 +438,35 @@ def extern_name(name: str) -> str:
     return name if name.startswith("aten.") else f"torch.ops.{name}"
 
 
+# The names every wrapper calls, whatever its device (the functions are in runtime.py).
+_WRAPPER_GLOBALS = {
+    "torch": torch,
+    "aten": torch.ops.aten,
+    "empty_strided": torch.empty_strided,
+    "reinterpret_tensor": reinterpret_tensor,
+    "restride": restride,
+    "check_input": check_input,
+    "check_extern": check_extern,
+    "cdiv": cdiv,
+    "reduction_blocks": triton.reduction_blocks,
+    **CHECK_FUNCTIONS,  # check_targets(...): [Note: checks that raise as eager does]
+}
+
+
 def _namespace(device: torch.device) -> dict[str, Any]:
     namespace = {
-        "torch": torch,
-        "aten": torch.ops.aten,
+        **_WRAPPER_GLOBALS,
         "device": device,
-        "empty_strided": torch.empty_strided,
-        "reinterpret_tensor": reinterpret_tensor,
-        "restride": restride,
-        "check_input": check_input,
-        "check_extern": check_extern,
         "inputs_seen": LayoutsSeen(),  # one per wrapper (see _write_input_checks)
-        "cdiv": cdiv,
-        "reduction_blocks": triton.reduction_blocks,
         "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
-        **CHECK_FUNCTIONS,  # check_targets(...): [Note: checks that raise as eager does]
     }
     if device.type == "cuda":  # inside the wrapper's device guard; new names go in `taken` too
-        from toycomp.inductor.check_kernels import CUDA_CHECK_FUNCTIONS  # imports Triton
-
-        namespace.update(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream,
-                         **CUDA_CHECK_FUNCTIONS)  # [Note: checks in one launch]
+        namespace.update(_cuda_namespace())
     return namespace
+
+
+def _cuda_namespace() -> dict[str, Any]:
+    from toycomp.inductor.check_kernels import CUDA_CHECK_FUNCTIONS  # imports Triton
+
+    return dict(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream,
+                **CUDA_CHECK_FUNCTIONS)  # [Note: checks in one launch]

@@ -33,6 +33,11 @@ from toycomp.inductor.codegen.common import IndexPrinter
 # is an error, never a wrong index (the caller's shape guards normally recompile first).
 def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
     """Each size symbol of ``inputs`` -> Python source reading it from the call's arguments."""
+    needed = indexing.size_symbols(*(_symbolic_parts(b) for b in inputs))
+    return _read_symbols(inputs, needed) if needed else {}  # dynamic shapes
+
+
+def _read_symbols(inputs, needed: list[sympy.Symbol]) -> dict[sympy.Symbol, str]:
     sources: dict[sympy.Symbol, str] = {}
     for b in inputs:
         if isinstance(b, ir.SizeInput) and isinstance(b.expr, sympy.Symbol):
@@ -42,7 +47,6 @@ def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
             for dim, value in enumerate(getattr(b, what, ())):
                 if isinstance(value, sympy.Symbol):
                     sources.setdefault(value, f"{b.name}.{what}({dim})")
-    needed = indexing.size_symbols(*(_symbolic_parts(b) for b in inputs))
     missing = [s for s in needed if s not in sources]
     if missing:
         raise NotImplementedError(f"toycomp wrapper: no input gives the size {missing[0]} alone")

@@ -252,18 +252,22 @@ class KernelCodegen:
             if not loop.over_r and isinstance(stmt, ir.Reduce):
                 raise ValueError(f"{self.kernel.name}: Reduce {stmt.name} outside an r loop")
             value = self.codegen_expr(stmt.value)
-            if isinstance(stmt, ir.Store) and (stmt.indirect or stmt.accumulate):
-                index = self.indirect_index(stmt.index, stmt.indirect)
-                self.store(stmt.buffer, index, value, stmt.value, stmt.accumulate)
-            elif isinstance(stmt, ir.Store):
+            if isinstance(stmt, ir.Store) and not (stmt.indirect or stmt.accumulate):
                 self.check_index(stmt.index)
                 self.store(stmt.buffer, stmt.index, value, stmt.value)
-            elif isinstance(stmt, ir.ColumnReduce):
-                self.check_index(stmt.index)
-                self.column_reduce(stmt, value)
-            else:
+            elif isinstance(stmt, ir.Reduce):
                 self.locals[stmt.name] = self.local_name(stmt.name)
                 self.reduce(stmt, value)
+            else:  # a scatter's store, a mix-order partial
+                self.codegen_rare_statement(stmt, value)
+
+    def codegen_rare_statement(self, stmt: ir.Store | ir.ColumnReduce, value: str) -> None:
+        if isinstance(stmt, ir.Store):  # at an indirect index, or adding to the buffer
+            index = self.indirect_index(stmt.index, stmt.indirect)
+            self.store(stmt.buffer, index, value, stmt.value, stmt.accumulate)
+        else:
+            self.check_index(stmt.index)
+            self.column_reduce(stmt, value)
 
     def codegen_expr(self, expr: ir.Expr) -> str:
         """The code of ``expr``'s value in the current loop. Each distinct node is generated
@@ -286,15 +290,10 @@ class KernelCodegen:
         if isinstance(expr, ir.Load):
             if expr.buffer not in self.args:
                 raise ValueError(f"{self.kernel.name}: load from unknown buffer {expr.buffer}")
-            if not expr.indirect:
-                self.check_index(expr.index)
-                return self.load(expr.buffer, expr.index, expr.dtype)
-            index = self.indirect_index(expr.index, expr.indirect)
-            loads, self.loads = self.loads, self.compute  # after the values its index reads
-            try:
-                return self.load(expr.buffer, index, expr.dtype)
-            finally:
-                self.loads = loads
+            if expr.indirect:  # gather: at an index read from other values
+                return self.indirect_load(expr)
+            self.check_index(expr.index)
+            return self.load(expr.buffer, expr.index, expr.dtype)
         if isinstance(expr, ir.Constant):
             return self.constant(expr.value, expr.dtype)
         if isinstance(expr, ir.IndexValue):
@@ -307,6 +306,14 @@ class KernelCodegen:
         if isinstance(expr, ir.Op):
             return self.codegen_op(expr)
         raise TypeError(f"unknown loop-IR expression {expr!r}")
+
+    def indirect_load(self, expr: ir.Load) -> str:
+        index = self.indirect_index(expr.index, expr.indirect)
+        loads, self.loads = self.loads, self.compute  # after the values its index reads
+        try:
+            return self.load(expr.buffer, index, expr.dtype)
+        finally:
+            self.loads = loads
 
     def codegen_op(self, expr: ir.Op) -> str:
         if expr.name == "pow":

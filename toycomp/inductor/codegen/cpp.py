@@ -177,16 +177,20 @@ class CppKernelCodegen(KernelCodegen):
         self.rplane: int | None = None  # and [Note: reductions over planes]
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
+        if vector_math() and compute_dtype(expr.dtype) == torch.float32:  # cpp.simdlen
+            return self.vector_math_op(expr, args) or super().op(expr, args)
+        return super().op(expr, args)
+
+    def vector_math_op(self, expr: ir.Op, args: list[str]) -> str | None:
         """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
         for every element of every kernel (see [Note: vectorised libm])."""
-        if vector_math() and compute_dtype(expr.dtype) == torch.float32:
-            if expr.name in VECTOR_MATH:
-                fn, arity = VECTOR_MATH[expr.name]
-                self.vector_math[fn] = arity
-                return f"toycomp_{fn}({', '.join(args)})"
-            if expr.name in libmvec.SIN_COS:  # declared by codegen_kernel, when used
-                return f"toycomp_{libmvec.SIN_COS[expr.name]}({args[0]})"
-        return super().op(expr, args)
+        if expr.name in VECTOR_MATH:
+            fn, arity = VECTOR_MATH[expr.name]
+            self.vector_math[fn] = arity
+            return f"toycomp_{fn}({', '.join(args)})"
+        if expr.name in libmvec.SIN_COS:  # declared by codegen_kernel, when used
+            return f"toycomp_{libmvec.SIN_COS[expr.name]}({args[0]})"
+        return None
 
     def codegen_loop(self, loop: ir.Loop) -> None:
         super().codegen_loop(loop)
@@ -204,9 +208,7 @@ class CppKernelCodegen(KernelCodegen):
         dtype = self.dtypes[buffer]
         target = f"{self.args[buffer]}[{self.print_index(index)}]"
         if accumulate:  # a scatter-add: its r loop runs in order ([Note: a scatter is a buffer
-            # written twice] in scheduler.py)
-            current = f"bf16_to_float({target})" if dtype == torch.bfloat16 else target
-            value = f"{current} + {value}"
+            value = _added_to(target, value, dtype)  # written twice] in scheduler.py)
         if dtype == torch.bfloat16:
             value = f"float_to_bf16({value})"
         elif compute_dtype(dtype) != compute_dtype(expr.dtype):
@@ -224,12 +226,8 @@ class CppKernelCodegen(KernelCodegen):
         if dtype == torch.bool:
             return "true" if value else "false"
         if dtype.is_floating_point:
-            ctype = cpp_type(dtype)
-            if math.isnan(value):
-                return f"std::numeric_limits<{ctype}>::quiet_NaN()"
-            if math.isinf(value):
-                sign = "-" if value < 0 else ""
-                return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+            if not math.isfinite(value):
+                return _non_finite(value, cpp_type(dtype))
             text = repr(float(value)) + ("f" if dtype == torch.float32 else "")
             return f"({text})" if value < 0 else text
         if int(value) == torch.iinfo(dtype).min:
@@ -237,11 +235,16 @@ class CppKernelCodegen(KernelCodegen):
         return f"{cpp_type(dtype)}({int(value)})"
 
     def print_index(self, index: sympy.Expr) -> str:
+        if self.plane is not None or self.rplane is not None:  # cpp.layouts' planes
+            index = self.plane_index(index)
+        return super().print_index(index)
+
+    def plane_index(self, index: sympy.Expr) -> sympy.Expr:
         # x = plane*x0 + x1, r = rplane*r0 + r1: see [Note: pointwise kernels over planes]
         for var, plane in ((indexing.x, self.plane), (indexing.r, self.rplane)):
             if plane is not None:
                 index = cpp_layout.plane_index(sympy.sympify(index), plane, var)
-        return super().print_index(index)
+        return index
 
     def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
         return self.cse.generate(self.compute, self.print_index(index), dtype)
@@ -259,28 +262,35 @@ class CppKernelCodegen(KernelCodegen):
         # rows and columns] in opt/cpp_layout.py
         if len(parts) == 1:
             functions = [self.codegen_function(k.name, self.codegen_body())]
-        else:
-            functions, calls = [], IndentedBuffer()
-            for part in parts:
-                cg = CppKernelCodegen(part)
-                functions.append(cg.codegen_function(part.name, cg.codegen_body(), "static "))
-                self.vector_math.update(cg.vector_math)
-                self.declared_reductions.update(cg.declared_reductions)
-                args = [self.args[b] for b in cg.args] + list(map(str, part.size_symbols()))
-                calls.writeline(f"{part.name}({', '.join(args)});")
-            functions.append(self.codegen_function(k.name, calls))
+        else:  # one static function per part, and the kernel calling them in turn
+            functions = self.codegen_parts(parts)
         code = IndentedBuffer()
         code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
-        for fn, arity in sorted(self.vector_math.items()):
-            code.writelines(_declare_vector_math(fn, arity))
-        called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", "".join(functions))
-        for fn in sorted(set(called)):
-            code.writelines(libmvec.declare_sin_cos(fn))
+        if vector_math():  # the libm functions called, vectorised (opt/libmvec.py)
+            self.declare_vector_math(code, "".join(functions))
         if "toycomp_pow(" in "".join(functions):
             code.writelines(POW_HELPERS.splitlines())
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
         return preamble() + "\n" + code.getvalue() + "".join(functions)
+
+    def codegen_parts(self, parts: list[ir.Kernel]) -> list[str]:
+        functions, calls = [], IndentedBuffer()
+        for part in parts:
+            cg = CppKernelCodegen(part)
+            functions.append(cg.codegen_function(part.name, cg.codegen_body(), "static "))
+            self.vector_math.update(cg.vector_math)
+            self.declared_reductions.update(cg.declared_reductions)
+            args = [self.args[b] for b in cg.args] + list(map(str, part.size_symbols()))
+            calls.writeline(f"{part.name}({', '.join(args)});")
+        return [*functions, self.codegen_function(self.kernel.name, calls)]
+
+    def declare_vector_math(self, code: IndentedBuffer, functions: str) -> None:
+        for fn, arity in sorted(self.vector_math.items()):
+            code.writelines(_declare_vector_math(fn, arity))
+        called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", functions)
+        for fn in sorted(set(called)):
+            code.writelines(libmvec.declare_sin_cos(fn))
 
     def codegen_function(self, name: str, body: IndentedBuffer, linkage='extern "C" ') -> str:
         code = IndentedBuffer()
@@ -322,14 +332,16 @@ class CppKernelCodegen(KernelCodegen):
             else:
                 for section in (self.loads, self.compute, self.stores):
                     body.splice(section)
-        code = IndentedBuffer()
+        return self.codegen_x_loop(body, parallel)
+
+    def codegen_x_loop(self, body: IndentedBuffer, parallel: str | None) -> IndentedBuffer:
+        """``body`` run for every x (on all cores when ``parallel`` is not None)."""
+        k, code = self.kernel, IndentedBuffer()
         if indexing.known_equal(k.numel, 1):
             code.writeline("const int64_t xindex = 0;")
             code.splice(body)
             return code
-        # A pointwise kernel's x loop is its only loop: vectorise it too.
-        independent = cpp_layout.independent_iterations
-        simd = vector_math() and all(not loop.over_r and independent(loop) for loop in k.loops)
+        simd = vector_math() and self.simd_x_loop()
         if self.plane is not None:  # planes on the cores, each plane's elements vectorised
             outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
             inner = "#pragma omp simd" if simd else None
@@ -341,10 +353,14 @@ class CppKernelCodegen(KernelCodegen):
         code.splice(_block(body))
         return code
 
+    def simd_x_loop(self) -> bool:
+        """A pointwise kernel's x loop is its only loop: vectorise it too."""
+        independent = cpp_layout.independent_iterations
+        return all(not loop.over_r and independent(loop) for loop in self.kernel.loops)
+
     def parallel_if(self, elements, minimum: int) -> str | None:
-        """Whether a loop over ``elements`` runs on all cores: None (no), "" (yes), or, when
-        ``elements`` is symbolic, an OpenMP clause deciding it at run time: ``if(parallel:
-        4*s0 >= 16384)`` (a kernel serves every size, small and big)."""
+        """Whether a loop over ``elements`` runs on all cores: None (no), "" (yes), or an OpenMP
+        clause deciding at run time: ``if(parallel: 4*s0 >= 16384)`` (symbolic sizes)."""
         if indexing.is_static(elements):
             return "" if elements >= minimum else None
         return f" if(parallel: {self.print_index(elements)} >= {minimum})"
@@ -369,6 +385,19 @@ def _block(body: IndentedBuffer) -> IndentedBuffer:
         code.splice(body)
     code.writeline("}")
     return code
+
+
+def _added_to(target: str, value: str, dtype: torch.dtype) -> str:
+    """``value`` added to what ``target`` holds (a scatter-add's store)."""
+    current = f"bf16_to_float({target})" if dtype == torch.bfloat16 else target
+    return f"{current} + {value}"
+
+
+def _non_finite(value: float, ctype: str) -> str:
+    if math.isnan(value):
+        return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+    sign = "-" if value < 0 else ""
+    return f"{sign}std::numeric_limits<{ctype}>::infinity()"
 
 
 def _ctype(arg: str) -> type:
@@ -414,19 +443,11 @@ def generate(kernel: ir.Kernel) -> GeneratedKernel:
 
 
 def load(generated: GeneratedKernel) -> Callable[..., None]:
-    """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers.
-
-    The kernel is compiled with the vector math this machine has (see [Note: vectorised libm]);
-    should that fail to compile or load, it is compiled again with scalar calls, with a warning.
-    """
+    """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers."""
     wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
-    flags = libmvec.vector_math_flags(wanted) if wanted else ()  # (none: no probe either)
-    try:
-        lib = cache.load_cpp_library(generated.source, flags)
-    except (cache.CppCompileError, OSError) as e:
-        if not flags:
-            raise
-        warnings.warn(f"{generated.name}: vectorised libm failed, using scalar calls ({e})")
+    if wanted:  # glibc's vector math, where this machine has it
+        lib = _load_vector_math(generated, wanted)
+    else:
         lib = cache.load_cpp_library(generated.source)
     fn = getattr(lib, generated.name)
     # Declared argument types let ctypes take the ints from data_ptr() directly: the call is
@@ -435,3 +456,16 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     fn.argtypes = [_ctype(a) for a in args if a]  # pointers, then sizes s0... and floats f0...
     fn.restype = None
     return fn
+
+
+def _load_vector_math(generated: GeneratedKernel, wanted: list[str]) -> ctypes.CDLL:
+    """The kernel compiled with the vector math this machine has ([Note: vectorised libm]);
+    should that fail to compile or load, compiled again with scalar calls, with a warning."""
+    flags = libmvec.vector_math_flags(wanted)
+    try:
+        return cache.load_cpp_library(generated.source, flags)
+    except (cache.CppCompileError, OSError) as e:
+        if not flags:
+            raise
+        warnings.warn(f"{generated.name}: vectorised libm failed, using scalar calls ({e})")
+        return cache.load_cpp_library(generated.source)
