@@ -38,7 +38,7 @@ TEACH_PATH_BUDGET = {
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
     "glue": 325,
 }
-TEACH_PATH_TOTAL = 4600
+TEACH_PATH_TOTAL = 3650
 # Lines of the package's modules, per stage and in all (wc -l).
 # (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
@@ -58,7 +58,7 @@ PACKAGE_BUDGET = {
     "exercises": 2150,
     "glue": 2400,
 }
-PACKAGE_TOTAL = 26500
+PACKAGE_TOTAL = 26800
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 
