@@ -84,7 +84,10 @@ def _transformers_model(kind: str, device: str, small: bool):
 def _timm_model(name: str, device: str, small: bool):
     import timm
 
-    model = timm.create_model(name, pretrained=False, drop_rate=0.0, drop_path_rate=0.0)
+    try:
+        model = timm.create_model(name, pretrained=False, drop_rate=0.0, drop_path_rate=0.0)
+    except TypeError:  # a model without stochastic depth (densenet121) takes no drop_path_rate
+        model = timm.create_model(name, pretrained=False, drop_rate=0.0)
     size = 2 if small else 32
     torch.manual_seed(1)
     x = torch.randn(size, 3, 224, 224, device=device)
