@@ -100,7 +100,7 @@ def isa_flags() -> tuple[str, ...]:
 # (read-only home, chmod 555) still serves hits; misses compile into a private temporary
 # directory for the rest of the process, with one warning.
 
-_LIBRARIES: dict[Path, ctypes.CDLL] = {}
+_LIBRARIES: dict[tuple[str, tuple[str, ...]], ctypes.CDLL] = {}  # (source, flags) -> library
 _MODULES: dict[Path, ModuleType] = {}
 _TEMP_DIRS: dict[Path, Path] = {}  # unwritable cache directory -> this process's stand-in
 _temp_lock = threading.Lock()  # _TEMP_DIRS and _LIBRARIES
@@ -279,10 +279,37 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 
 # --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """Compile ``source`` (with ``extra_flags``, part of the key) to a shared library, or find
-    it compiled, and return its path; ``CppCompileError``/``CacheDirError`` otherwise."""
+    """Compile ``source`` (with ``extra_flags``) to a shared library and return its path;
+    ``CppCompileError`` if the compiler rejects it. Each call compiles into a fresh private
+    temporary folder, unless ``config.kernel_cache`` keeps libraries on disk between runs."""
+    from toycomp import config  # (a leaf module: no cycle)
+
+    if config.kernel_cache:  # the content-hash cache: [Note: cache security]
+        return _compile_cached(source, (*isa_flags(), *extra_flags))
+    folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    src = folder / "kernel.cpp"
+    src.write_text(source)
+    lib = folder / "kernel.so"
+    _run_cxx(find_cxx(), src, lib, (*isa_flags(), *extra_flags))
+    return lib
+
+
+def _run_cxx(cxx: str, src: Path, out: Path | str, extra_flags: Sequence[str]) -> None:
+    """Compile the file ``src`` into the library ``out``, or raise ``CppCompileError``."""
+    cmd = [cxx, *CXXFLAGS, str(src), "-o", str(out), *extra_flags]
+    result = _run_compiler(cmd)
+    if result.returncode != 0:
+        raise CppCompileError(
+            f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+            f"{result.stderr.strip()}\n(source: {src})"
+        )
+
+
+def _compile_cached(source: str, extra_flags: Sequence[str]) -> Path:
+    """``compile_cpp`` through the cache: the library keyed by all that changes the binary,
+    found compiled (and verified) or built under a lock against other threads and processes."""
     cxx = find_cxx()
-    extra_flags = (*isa_flags(), *extra_flags)
     flags = (*CXXFLAGS, *extra_flags)
     key = content_hash(source, compiler_id(cxx), " ".join(flags), cpu_features())
     lib = _entry_dir("cpp") / f"{key}.so"
@@ -313,10 +340,7 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
     fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        cmd = [cxx, *CXXFLAGS, str(src), "-o", tmp, *extra_flags]
-        result = _run_compiler(cmd)
-        if result.returncode != 0:
-            raise _compile_error(cmd, result, src)
+        _run_cxx(cxx, src, tmp, extra_flags)
         os.chmod(tmp, 0o700)  # the linker honours the umask, which may let the group write
         binary = Path(tmp).read_bytes()
         os.replace(tmp, lib)
@@ -327,20 +351,14 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
     write_atomic(lib.with_suffix(".json"), json.dumps(manifest, indent=1) + "\n")
 
 
-def _compile_error(cmd: list[str], result: subprocess.CompletedProcess, src: Path) -> Exception:
-    return CppCompileError(
-        f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-        f"{result.stderr.strip()}\n(source: {src})"
-    )
-
-
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """Compile (cached) and ``dlopen`` ``source``; the library stays loaded for the process."""
-    path = compile_cpp(source, extra_flags)
-    with _temp_lock:  # compile threads (opt/async_compile.py) may load one library at once
-        if path not in _LIBRARIES:
-            _LIBRARIES[path] = ctypes.CDLL(str(path))
-        return _LIBRARIES[path]
+    """Compile and ``dlopen`` ``source``, once per process for each source and flags."""
+    key = (source, tuple(extra_flags))
+    if key not in _LIBRARIES:  # (compile threads may both build one: the first one loaded stays)
+        library = ctypes.CDLL(str(compile_cpp(source, extra_flags)))
+        with _temp_lock:
+            _LIBRARIES.setdefault(key, library)
+    return _LIBRARIES[key]
 
 
 # --- Python modules (Triton kernels) -------------------------------------------------------------
