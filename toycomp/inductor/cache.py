@@ -100,7 +100,8 @@ def isa_flags() -> tuple[str, ...]:
 # (read-only home, chmod 555) still serves hits; misses compile into a private temporary
 # directory for the rest of the process, with one warning.
 
-_LIBRARIES: dict[tuple[str, tuple[str, ...]], ctypes.CDLL] = {}  # (source, flags) -> library
+_LIBRARIES: dict[Path, ctypes.CDLL] = {}
+_COMPILED: dict[tuple[str, tuple[str, ...]], Path] = {}  # (source, flags) -> library, no cache
 _MODULES: dict[Path, ModuleType] = {}
 _TEMP_DIRS: dict[Path, Path] = {}  # unwritable cache directory -> this process's stand-in
 _temp_lock = threading.Lock()  # _TEMP_DIRS and _LIBRARIES
@@ -284,15 +285,16 @@ def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
     temporary folder, unless ``config.kernel_cache`` keeps libraries on disk between runs."""
     from toycomp import config  # (a leaf module: no cycle)
 
+    extra_flags = (*isa_flags(), *extra_flags)
     if config.kernel_cache:  # the content-hash cache: [Note: cache security]
-        return _compile_cached(source, (*isa_flags(), *extra_flags))
-    folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    src = folder / "kernel.cpp"
-    src.write_text(source)
-    lib = folder / "kernel.so"
-    _run_cxx(find_cxx(), src, lib, (*isa_flags(), *extra_flags))
-    return lib
+        return _compile_cached(source, extra_flags)
+    if (source, extra_flags) not in _COMPILED:  # (compiled once per process)
+        folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        (folder / "kernel.cpp").write_text(source)
+        _run_cxx(find_cxx(), folder / "kernel.cpp", folder / "kernel.so", extra_flags)
+        _COMPILED[source, extra_flags] = folder / "kernel.so"
+    return _COMPILED[source, extra_flags]
 
 
 def _run_cxx(cxx: str, src: Path, out: Path | str, extra_flags: Sequence[str]) -> None:
@@ -352,13 +354,12 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
 
 
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """Compile and ``dlopen`` ``source``, once per process for each source and flags."""
-    key = (source, tuple(extra_flags))
-    if key not in _LIBRARIES:  # (compile threads may both build one: the first one loaded stays)
-        library = ctypes.CDLL(str(compile_cpp(source, extra_flags)))
-        with _temp_lock:
-            _LIBRARIES.setdefault(key, library)
-    return _LIBRARIES[key]
+    """Compile and ``dlopen`` ``source``; the library stays loaded for the process."""
+    path = compile_cpp(source, extra_flags)
+    with _temp_lock:  # compile threads (opt/async_compile.py) may load one library at once
+        if path not in _LIBRARIES:
+            _LIBRARIES[path] = ctypes.CDLL(str(path))
+        return _LIBRARIES[path]
 
 
 # --- Python modules (Triton kernels) -------------------------------------------------------------
