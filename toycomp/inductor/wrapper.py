@@ -128,35 +128,26 @@ class CompiledGraph:
 # convention).
 
 
-def compile_graph(
-    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
-) -> CompiledGraph:
-    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
-    ``"triton"``); compile and load everything. ``memory_planning``: see [Note: planning
-    modes]."""
-    device = _check_backend(backend, torch.device(scheduled.device))
-    kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
-    if backend == "cpp":
-        generated = [cpp.generate(k) for k in kernels]
-    else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
-        generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
-    return _load_graph(scheduled, backend, device, generated, memory_planning)
-
-
 # [Note: planning modes]
 # compile_graph's memory_planning: True reuses dead buffers and writes matmuls into planned
 # buffers ([Note: memory planning] in opt/memory_planning.py); False allocates every buffer and
 # frees it at its last use; None (the default) follows toycomp.config.memory_planning, and where
 # that is off (teach) each buffer is allocated before the step that first writes it and lives
 # until `call` returns (WrapperCodegen's memory_planning=None: no plan at all).
-def _load_graph(
-    scheduled: ir.ScheduledGraph,
-    backend: str,
-    device: torch.device,
-    generated: list[GeneratedKernel],
-    memory_planning: bool | None,
+
+
+def compile_graph(
+    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
-    """Write the wrapper, load the kernels into its namespace and ``exec`` it."""
+    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
+    ``"triton"``), compile and load the kernels into the wrapper's namespace and ``exec`` it.
+    ``memory_planning``: see [Note: planning modes]."""
+    device = _check_backend(backend, torch.device(scheduled.device))
+    kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
+    if backend == "cpp":
+        generated = [cpp.generate(k) for k in kernels]
+    else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
+        generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
     if memory_planning is None:  # the config's choice: a plan, or none at all (teach)
         memory_planning = True if config.memory_planning else None
     source = WrapperCodegen(scheduled, generated, memory_planning).generate()
@@ -244,10 +235,9 @@ class WrapperCodegen:
         self.symbols = symbol_sources(scheduled.inputs)
 
     def generate(self) -> str:
-        code = IndentedBuffer()
-        steps = len(self.graph.steps)
-        plural = "s" * (steps != 1)
-        code.writeline(f"# toycomp wrapper ({steps} step{plural} on {self.graph.device})")
+        code, steps = IndentedBuffer(), len(self.graph.steps)
+        steps_text = f"{steps} step{'s' * (steps != 1)}"
+        code.writeline(f"# toycomp wrapper ({steps_text} on {self.graph.device})")
         code.writeline("def call(args):")
         with code.indent():
             names = [b.name for b in self.graph.inputs]

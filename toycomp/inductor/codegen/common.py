@@ -242,6 +242,10 @@ class KernelCodegen:
             self.generated.clear()
 
     # --- the walk -------------------------------------------------------------------------------
+    # [Note: each node generated once]
+    # codegen_expr generates each distinct node once per loop, its arguments first, iteratively
+    # (see [Note: expressions are DAGs] in loop_body.py); ``generated`` keeps the node alive, so
+    # its ``id`` stays its own.
     def codegen_loop(self, loop: ir.Loop) -> None:
         """Fill the five sections for one ``ir.Loop`` (call ``new_sections`` first)."""
         self.in_r_loop = loop.over_r
@@ -267,9 +271,7 @@ class KernelCodegen:
             self.column_reduce(stmt, value)
 
     def codegen_expr(self, expr: ir.Expr) -> str:
-        """The code of ``expr``'s value in the current loop. Each distinct node is generated
-        once per loop, its arguments first (iteratively: see [Note: expressions are DAGs] in
-        loop_body.py); ``generated`` keeps the node alive, so its ``id`` stays its own."""
+        """The code of ``expr``'s value in the current loop ([Note: each node generated once])."""
         stack = [(expr, False)]
         while stack:
             node, args_done = stack.pop()
