@@ -1,6 +1,6 @@
-"""Stage 4d: source text -> loaded code, cached on disk by content hash.
+"""Stage 4d: source text -> loaded code.
 
-Input -> output: C++ source -> a shared library loaded with ``ctypes`` (compiled once by the system
+Input -> output: C++ source -> a shared library loaded with ``ctypes`` (compiled by the system
 compiler); Triton/Python source -> an imported module (Triton's ``@triton.jit`` reads the source
 back with ``inspect``, so it must live in a real file).
 
@@ -8,21 +8,13 @@ back with ``inspect``, so it must live in a real file).
     >>> lib.one()
     1
 
-What the cache holds, per user, in ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/toycomp``, 0700):
-
-    cpp/<key>.cpp     the source, for reading and for compiler error messages
-    cpp/<key>.so      the library
-    cpp/<key>.json    its manifest: SHA-256 of the source and of the library (written last)
-    cpp/<key>.lock    held while one thread or process builds <key>; the others wait
-    triton/triton_<key>.py
-    autotune/<key>.json   the launch config autotuning chose (data, checked before use)
-
-The key hashes all that changes the binary: source, compiler path and ``--version``, flags,
-and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
-the compiler; an entry failing its manifest is rebuilt (see [Note: cache security]).
-
-Which glibc vector math functions C++ kernels may call is probed in opt/libmvec.py, whose
-probe library is cached here like any kernel.
+Without ``config.kernel_cache`` (teach), each C++ source compiles once per process into a fresh
+private temporary folder. With it (fast), libraries are cached per user in ``$TOYCOMP_CACHE_DIR``
+(default ``~/.cache/toycomp``, 0700) as ``cpp/<key>.cpp``, ``.so``, ``.json`` (the manifest:
+SHA-256 of the source and of the library, written last) and ``.lock`` (held while one thread or
+process builds it), keyed by all that changes the binary: source, compiler path and
+``--version``, flags, and the CPU features ``-march=native`` sees ([Note: cache security]).
+Triton modules (``triton/``) and autotuning's choices (``autotune/``) are kept there too.
 
 NB: in PyTorch this lives in torch/_inductor/codecache.py (CppCodeCache, PyCodeCache,
 write_atomic) and torch/_inductor/cpp_builder.py (compiler discovery and flags).
@@ -280,9 +272,8 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 
 # --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """Compile ``source`` (with ``extra_flags``) to a shared library and return its path;
-    ``CppCompileError`` if the compiler rejects it. Each call compiles into a fresh private
-    temporary folder, unless ``config.kernel_cache`` keeps libraries on disk between runs."""
+    """Compile ``source`` (with ``extra_flags``) to a shared library and return its path, or
+    raise ``CppCompileError`` (see the module docstring for where the library goes)."""
     from toycomp import config  # (a leaf module: no cycle)
 
     extra_flags = (*isa_flags(), *extra_flags)
