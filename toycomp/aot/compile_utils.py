@@ -49,9 +49,7 @@ def is_random(node: fx.Node) -> bool:
 def _is_pure(node: fx.Node) -> bool:
     """A call whose result depends only on its arguments: safe to merge with an equal call."""
     target = node.target
-    if target is operator.getitem:
-        return True
-    return (
+    return target is operator.getitem or (
         isinstance(target, OpOverload)  # (a placeholder's or get_attr's target is a string)
         and not schema_of(target).is_mutable
         and not is_random(node)

@@ -89,7 +89,7 @@ DATA_DEPENDENT_ERRORS = ("DynamicOutputShapeException", "DataDependentOutputExce
 # Ops that answer a question about a tensor (no tensor result): a fake tensor answers its device
 # through the dispatcher, so the recorder sees them when tracing on fake tensors.
 METADATA_QUERIES = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
-_SPECIAL_OPS = DATA_DEPENDENT_OPS | AS_STRIDED_OPS | METADATA_QUERIES
+_SPECIAL_OPS = DATA_DEPENDENT_OPS | AS_STRIDED_OPS
 
 
 class FunctionalRecorder(TorchDispatchMode):
@@ -108,7 +108,9 @@ class FunctionalRecorder(TorchDispatchMode):
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _SPECIAL_OPS:  # data-dependent ops, as_strided, metadata queries
+        if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
+            return func(*args, **kwargs)
+        if func in _SPECIAL_OPS:  # data-dependent ops, as_strided
             return self._special_op(func, args, kwargs)
         mutated = mutated_args(func, args, kwargs)
         random = torch.Tag.nondeterministic_seeded in func.tags
@@ -135,13 +137,11 @@ class FunctionalRecorder(TorchDispatchMode):
         return out
 
     def _special_op(self, func, args: tuple, kwargs: dict) -> Any:
-        """A data-dependent op (refused), ``as_strided`` or a metadata query."""
+        """A data-dependent op (refused) or ``as_strided``."""
         if func in DATA_DEPENDENT_OPS:  # the graph then runs as captured, with a warning
             raise _data_dependent(func, "is data-dependent (its result or shape depends on "
                                   "tensor values); it cannot be traced ahead of time")  # fmt: skip
-        if func in AS_STRIDED_OPS:
-            return self._as_strided(func, args, kwargs)
-        return func(*args, **kwargs)  # a fake tensor's device asked through the dispatcher
+        return self._as_strided(func, args, kwargs)
 
     def _fill_in_memory_order(self, func, types, args, kwargs, order: list[int]) -> Any:
         """Record an in-place random op on the contiguous permutation of the tensor it fills

@@ -238,11 +238,9 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     """True for a call the backward must not recompute ([Note: what may be recomputed])."""
     if node.op != "call_function" or node.target is operator.getitem:
         return False
-    if is_random(node):
-        return True
-    if not node.all_input_nodes:  # a creation op (scalar_tensor, full...): nothing to read
-        return False
-    return getattr(node.target, "overloadpacket", None) not in RECOMPUTABLE_OPS
+    packet = getattr(node.target, "overloadpacket", None)
+    # A creation op (scalar_tensor, full...) reads nothing: it is recomputed unless random.
+    return is_random(node) or (bool(node.all_input_nodes) and packet not in RECOMPUTABLE_OPS)
 
 
 def _weight(node: fx.Node) -> float:
@@ -251,9 +249,8 @@ def _weight(node: fx.Node) -> float:
     val = node.meta.get("val")
     if is_size(node):  # a number: as cheap as it gets ([Note: saving sizes])
         return 1
-    if not isinstance(val, torch.Tensor):
-        return math.inf
-    if getattr(node.target, "overloadpacket", None) in VIEW_OPS:
+    is_view = getattr(node.target, "overloadpacket", None) in VIEW_OPS
+    if is_view or not isinstance(val, torch.Tensor):
         return math.inf
     return hint(val.numel()) * val.element_size()  # a symbolic size weighs its example value
 

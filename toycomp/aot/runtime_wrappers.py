@@ -100,12 +100,8 @@ class CompiledFunction(torch.autograd.Function):
         ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
         ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]  # sizes
         ctx.aot = aot
-        # An output may be returned twice or be an input; autograd wants distinct tensors.
-        seen = set(map(id, args))
-        for i, out in enumerate(fwd):
-            if isinstance(out, torch.Tensor):
-                fwd[i] = out.view_as(out) if id(out) in seen else out
-                seen.add(id(fwd[i]))
+        if len(set(map(id, [*fwd, *args]))) < len(fwd) + len(args):  # an object given twice
+            fwd = _distinct_outputs(fwd, args)
         ctx.mark_non_differentiable(*[o for i, o in enumerate(fwd)
                                       if i not in aot.diff_outputs and isinstance(o, torch.Tensor)])
         return tuple(fwd)
@@ -126,6 +122,16 @@ class CompiledFunction(torch.autograd.Function):
             grads = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)(args)
         grads = dict(zip(aot.grad_inputs, grads))  # the input each gradient is for
         return (None, *[grads.get(i) for i in range(len(aot.requires_grad))])
+
+
+def _distinct_outputs(fwd: list, args: Sequence) -> list:
+    """An output may be returned twice or be an input; autograd wants distinct tensors."""
+    seen = {id(a) for a in args if isinstance(a, torch.Tensor)}
+    for i, out in enumerate(fwd):
+        if isinstance(out, torch.Tensor):
+            fwd[i] = out.view_as(out) if id(out) in seen else out
+            seen.add(id(fwd[i]))
+    return fwd
 
 
 # [Note: double backward]
@@ -198,12 +204,15 @@ class AOTOutput:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
                 outs = self.unalias_outputs(outs, inputs)
-        if self.mutated_inputs:  # the input-mutation epilogue: the new values into ``args``
+        if self.mutated_inputs or any(i.is_input is not None for i in self.output_alias_info):
+            return self._epilogue(args, outs)  # in-place ops on inputs
+        return tuple(outs[: self.num_user_outputs])
+
+    def _epilogue(self, args: Sequence[torch.Tensor], outs: Sequence) -> tuple:
+        """The user outputs, once the new values of mutated inputs are copied into ``args``."""
+        if self.mutated_inputs:
             self._apply_mutations(args, outs[self.num_user_outputs :])
-        outs = outs[: self.num_user_outputs]
-        if any(info.is_input is not None for info in self.output_alias_info):
-            outs = self._inputs_as_outputs(args, outs)  # x.add_(y) returns x itself
-        return tuple(outs)
+        return tuple(self._inputs_as_outputs(args, outs[: self.num_user_outputs]))
 
     def _check_offsets(self, args: Sequence[torch.Tensor]) -> None:
         for i in self.offset_sensitive:
@@ -303,14 +312,14 @@ class AOTOutput:
     # sizes such as (s0, 3), and sizes are inputs too (Dynamo's s0). On each call we read every
     # symbol's value from the first input that holds it (a size input, else a tensor's size),
     # compute the shapes and strides all inputs must then have, and check them as for static
-    # inputs: a mismatch raises instead of running kernels on the wrong sizes.
+    # inputs: a mismatch raises instead of running kernels on the wrong sizes. Inputs seen
+    # before are not checked again ([Note: inputs checked once] in inductor/runtime.py).
     @functools.cached_property
     def _symbolic_inputs(self) -> SymbolicInputs | None:
         return symbolic_inputs(self._placeholder_vals)
 
     def _with_layouts(self, args: Sequence) -> list:
-        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes],
-        [Note: inputs checked once] in inductor/runtime.py)."""
+        """``args`` with the layouts they were traced with ([Note: inputs checked once])."""
         if self._layouts_seen.check(*args):
             return list(args)
         vals = self._placeholder_vals
