@@ -70,13 +70,18 @@ def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
 
 def _clone_input(x: Any, requires_grad: bool) -> Any:
     """A private copy of an input (same strides): tracing never mutates the user's data."""
-    if is_symbolic(x) or type(x) is int:
-        return x
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
+        return _size_input(x)
     dense = is_dense(x)
     clone = copy_like(x, x) if dense else x.detach().clone(memory_format=torch.contiguous_format)
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
+
+
+def _size_input(x: Any) -> Any:
+    """A size input (an int or a SymInt) as it is; anything else is refused."""
+    if is_symbolic(x) or type(x) is int:
+        return x
+    raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
 
 
 # [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
@@ -133,8 +138,7 @@ class _Trace:
     values: dict[str, torch.Tensor]  # real value of every node, by node name
 
     def examples(self, gm: fx.GraphModule) -> list[torch.Tensor]:
-        """The real values of ``gm``'s placeholders (the compilers' example inputs); a size
-        computed in the graph is its SymInt (``meta["val"]``)."""
+        """The real values of ``gm``'s inputs (for a size computed in the graph, its SymInt)."""
         return [self.values.get(n.name, n.meta.get("val"))
                 for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
@@ -151,9 +155,7 @@ def _enables_grad(fn: Callable) -> bool:
 # [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
 # require grad (user outputs, and new values of inputs that autograd saw being mutated)
 # w.r.t. the primals that require grad, with one tangent per such output.
-def _trace_backward(
-    recorder: FunctionalRecorder, primals: list, outs: tuple, diff: list
-) -> list:
+def _trace_backward(recorder: FunctionalRecorder, primals: list, outs: list, diff: list) -> list:
     """Record the backward: a gradient node (or None) per primal ([Note: the joint function])."""
     tangents = [torch.ones_like(outs[i], memory_format=torch.contiguous_format) for i in diff]
     for k, t in enumerate(tangents):
@@ -254,8 +256,7 @@ def aot_function(
     bw_compiler: Compiler | None = None,
     partition_fn: Callable = default_partition,
 ) -> AOTOutput:
-    """Trace ``fn`` at the ATen level, partition, compile both halves, and wrap them
-    ([Note: aot_function's arguments])."""
+    """Trace, partition, compile and wrap ``fn`` ([Note: aot_function's arguments])."""
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
     enables_grad = _enables_grad(fn)

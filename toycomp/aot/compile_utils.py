@@ -88,8 +88,7 @@ def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
 # nor in-place or allocating ones; and a node the graph returns is never replaced by an
 # earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
 def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
-    """Merge calls of the same pure op on the same arguments into one node, in a new graph
-    ([Note: CSE before partitioning])."""
+    """One node for equal calls of a pure op, in a new graph ([Note: CSE before partitioning])."""
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[tuple, fx.Node] = {}

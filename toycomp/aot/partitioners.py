@@ -88,8 +88,7 @@ def _ancestors(roots: list[fx.Node], stop: set[fx.Node] = frozenset()) -> set[fx
 def extract_graph(
     joint: fx.GraphModule, inputs: list[fx.Node], outputs: list[fx.Node], nodes: set[fx.Node]
 ) -> fx.GraphModule:
-    """Copy ``nodes`` (in the joint's order) into a new graph that takes ``inputs`` and returns
-    ``outputs``; names and ``meta`` are kept (``sin`` in the joint is ``sin`` in the forward)."""
+    """A graph of ``nodes`` (joint's order, names, meta) from ``inputs`` to ``outputs``."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -117,11 +116,10 @@ def is_size(node: fx.Node) -> bool:
 # costs nothing, and recomputing it in the backward could need the tensor it is read from.
 def with_sizes(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.Node]) -> list:
     """The saved values, tensors first, then the sizes the backward needs."""
-    tensors = [n for n in saved if not is_size(n)]
-    sizes = [n for n in saved if is_size(n)]
-    if any(free_symbols(n.meta.get("val")) for n in tensors + sizes + tangents):
-        sizes += _symbol_holders(joint, tensors + sizes + tangents, sizes)  # dynamic shapes
-    return tensors + sizes
+    saved = sorted(saved, key=is_size)  # (a stable sort: in graph order)
+    if any(free_symbols(n.meta.get("val")) for n in saved + tangents):  # dynamic shapes
+        saved += _symbol_holders(joint, saved + tangents, [n for n in saved if is_size(n)])
+    return saved
 
 
 def _symbol_holders(joint: fx.GraphModule, nodes: list[fx.Node], sizes: list[fx.Node]) -> list:
@@ -243,9 +241,10 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     return is_random(node) or (bool(node.all_input_nodes) and packet not in RECOMPUTABLE_OPS)
 
 
+# [Note: weights] Saving a tuple costs infinitely much (its ``getitem``s are saved instead), and so
+# does saving a view (its base is: PyTorch's ``recompute_views``).
 def _weight(node: fx.Node) -> float:
-    """The cost of saving ``node``: its size in bytes; infinite for a tuple (its ``getitem``s
-    are saved) and a view (its base is: PyTorch's ``recompute_views``)."""
+    """The cost of saving ``node``: its size in bytes ([Note: weights])."""
     val = node.meta.get("val")
     if is_size(node):  # a number: as cheap as it gets ([Note: saving sizes])
         return 1
@@ -253,6 +252,15 @@ def _weight(node: fx.Node) -> float:
     if is_view or not isinstance(val, torch.Tensor):
         return math.inf
     return hint(val.numel()) * val.element_size()  # a symbolic size weighs its example value
+
+
+def _tangent_closure(joint: fx.GraphModule, tangents: list[fx.Node]) -> set[fx.Node]:
+    """The tangents and every node computed from them: these can only run in the backward."""
+    closure = set(tangents)
+    for node in joint.graph.nodes:
+        if node.op != "output" and not closure.isdisjoint(node.all_input_nodes):
+            closure.add(node)
+    return closure
 
 
 def _flow_graph(
@@ -290,14 +298,11 @@ def _flow_graph(
 def solve_min_cut(
     joint: fx.GraphModule, fwd_outputs: list[fx.Node], bwd_outputs: list[fx.Node]
 ) -> list[fx.Node]:
-    """The values to save, in graph order: the nodes whose ``n_in -> n_out`` edge a minimum
-    cut between the primals and the backward cuts ([Note: the flow graph])."""
+    """The nodes to save, in graph order: the minimum cut of [Note: the flow graph]."""
+    tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
     required_fw = _ancestors(fwd_outputs) | {n for n in joint.graph.nodes if _is_primal(n)}
-    required_bw: set[fx.Node] = set()  # the tangents and every node computed from them
-    for node in joint.graph.nodes:
-        if _is_tangent(node) or not required_bw.isdisjoint(node.all_input_nodes):
-            required_bw.add(node)
-    flow = _flow_graph(joint, required_fw, required_bw | set(bwd_outputs))
+    required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
+    flow = _flow_graph(joint, required_fw, required_bw)
     try:
         _, (source, sink) = nx.minimum_cut(flow, "source", "sink")
     except nx.NetworkXUnbounded as e:
@@ -314,8 +319,7 @@ _NO_FINITE_CUT = (
 def min_cut_rematerialization_partition(
     joint: fx.GraphModule, *, num_fwd_outputs: int | None = None
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
-    """Split a joint graph, saving the cheapest set of values (by size) the backward needs and
-    recomputing the rest (pointwise and view ops only); ``default_partition``'s contract."""
+    """``default_partition``, saving the cheapest values (by size) and recomputing the rest."""
     if num_fwd_outputs is None:
         num_fwd_outputs = joint.meta["num_fwd_outputs"]
     joint = fx.GraphModule(joint, fx_graph_cse(joint.graph))

@@ -368,8 +368,8 @@ def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch
 
 
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
-    """Inputs (of the first ``num_inputs``) that ``gm`` reads with as_strided, whose offsets
-    are storage-absolute ([Note: as_strided reads memory]): ``AOTOutput`` checks offset 0."""
+    """The inputs ``gm`` reads with as_strided, whose offset must be 0 ([Note: as_strided reads
+    memory]): the first ``num_inputs`` placeholders are the inputs."""
     inputs = list(gm.graph.find_nodes(op="placeholder"))[:num_inputs]
     tensors = [i for i, n in enumerate(inputs) if isinstance(n.meta.get("val"), torch.Tensor)]
     return [i for i in tensors if aten.as_strided.default in {u.target for u in inputs[i].users}]

@@ -294,8 +294,7 @@ def _stale_read_error(op: str, entry: Tracked) -> RuntimeError:
 
 
 def _plain_meta(val: Any) -> Any:
-    """``to_meta_value``, giving ordinary meta tensors even while a ``FakeTensorMode`` is active
-    (tracing on fake tensors): later stages compute with them outside that mode."""
+    """``to_meta_value``, plain meta tensors also under a ``FakeTensorMode`` (for later stages)."""
     with no_fake_mode():
         return to_meta_value(val)
 
