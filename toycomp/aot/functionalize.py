@@ -131,10 +131,17 @@ class FunctionalRecorder(TorchDispatchMode):
             self._functionalize(func, mutated, nargs, nkwargs, (args, kwargs), out)
             return out
         node = self.tracker.emit(func, nargs, nkwargs, out)
+        if isinstance(out, torch.Tensor):
+            self.tracker.track(out, node)
+        else:
+            self._track_results(node, out)  # sizes, tuples of results
+        return out
+
+    def _track_results(self, node: fx.Node, out: Any) -> None:
+        """Track each tensor of a result that is not one tensor: a size, or a tuple."""
         for t, result in zip(_as_list(out), self.tracker.emit_results(node, out)):
             if result is not None:
                 self.tracker.track(t, result)
-        return out
 
     def _special_op(self, func, args: tuple, kwargs: dict) -> Any:
         """A data-dependent op (refused) or ``as_strided``."""
