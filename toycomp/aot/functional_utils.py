@@ -146,8 +146,7 @@ def copy_like(t: torch.Tensor, like: torch.Tensor | tuple) -> torch.Tensor:
     """A copy of ``t`` with ``like``'s (a tensor's, or (shape, strides)) layout, if possible."""
     shape, stride = (like.shape, like.stride()) if isinstance(like, torch.Tensor) else like
     try:
-        out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-        return out.copy_(t.detach())
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t.detach())
     except RuntimeError:  # e.g. expanded (stride 0) layouts cannot be written to
         return t.detach().clone(memory_format=torch.contiguous_format)
 
