@@ -224,13 +224,10 @@ class WrapperCodegen:
         buffers = [*self.tensor_inputs, *scheduled.constants, *scheduled.allocations]
         buffers += [b for step in externs for b in (step, *step.outputs)]
         self.layouts = {b.name: (tuple(b.size), tuple(b.stride)) for b in buffers}
-        taken = set(_namespace(torch.device("cpu"))) | {"get_raw_stream", "stream0"}  # + CUDA's
-        taken |= set(self.calls)
-        taken |= {v for g in generated for v in g.variants}
-        sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
-        for name in [*self.layouts, *sizes]:
-            is_symbol = indexing.size_symbol_named(name) is not None
-            if not name.isidentifier() or name in taken or is_symbol:
+        taken = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}  # + CUDA's
+        taken |= {*self.calls, *(v for g in generated for v in g.variants)}
+        for name in [*self.layouts, *(b.name for b in scheduled.inputs)]:  # + the sizes' inputs
+            if not name.isidentifier() or name in taken or indexing.size_symbol_named(name):
                 raise ValueError(f"buffer name {name!r} cannot be a wrapper variable")
         self.symbols = symbol_sources(scheduled.inputs)
 

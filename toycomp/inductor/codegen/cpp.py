@@ -339,16 +339,22 @@ class CppKernelCodegen(KernelCodegen):
             code.splice(body)
             return code
         simd = vector_math() and self.simd_x_loop()
-        if self.plane is not None:  # planes on the cores, each plane's elements vectorised
-            outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
-            inner = "#pragma omp simd" if simd else None
-            return cpp_layout.plane_loops("x", k.numel, self.plane, body, outer, inner)
+        if self.plane is not None:  # cpp.layouts: the x loop over planes
+            return self.codegen_x_planes(body, parallel, simd)
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
             code.writeline(f"#pragma omp {pragma}{parallel or ''}")
         code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
         code.splice(_block(body))
         return code
+
+    def codegen_x_planes(
+        self, body: IndentedBuffer, parallel: str | None, simd: bool
+    ) -> IndentedBuffer:
+        """Planes on the cores, each plane's elements vectorised (opt/cpp_layout.py)."""
+        outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
+        inner = "#pragma omp simd" if simd else None
+        return cpp_layout.plane_loops("x", self.kernel.numel, self.plane, body, outer, inner)
 
     def simd_x_loop(self) -> bool:
         """A pointwise kernel's x loop is its only loop: vectorise it too."""
