@@ -56,27 +56,19 @@ class TransformedCode:
 
 
 def signature_text(code: types.CodeType) -> str:
-    """``fn``'s parameter list (without defaults): ``x, n, *args, scale, **kwargs``."""
-    names = code.co_varnames
-    n, nk = code.co_argcount, code.co_kwonlyargcount
-    params = list(names[:n])
-    i = n + nk
-    if code.co_flags & inspect.CO_VARARGS:
-        params.append("*" + names[i])
-        i += 1
-    elif nk:
-        params.append("*")
-    params += names[n:n + nk]
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        params.append("**" + names[i])
-    return ", ".join(params)
+    """``code``'s parameter list, without defaults: ``x, n, *args, scale, **kwargs``."""
+    bare = types.FunctionType(code, {}, None, None, tuple(map(types.CellType, code.co_freevars)))
+    return str(inspect.signature(bare))[1:-1]
 
 
+# [Note: build_transformed's arguments]
+# ``fn`` is a function or resume function; ``plan`` the translator's ``Return`` or ``Break``,
+# ``output`` its OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) ->
+# callable``; ``frame_compiler`` compiles resume functions; ``graph_index`` is
+# ``__compiled_fn_<k>``'s k.
 def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_index: int):
-    """Write, compile and return the transformed function for one trace of ``fn`` (a function
-    or resume function): ``plan`` is the translator's ``Return`` or ``Break``, ``output`` its
-    OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) -> callable``;
-    ``frame_compiler`` compiles resume functions; ``graph_index``: ``__compiled_fn_<k>``'s k."""
+    """The transformed function for one trace of ``fn``, from the translator's ``plan`` and
+    ``output`` (see [Note: build_transformed's arguments])."""
     cg = PyCodegen(output.symbol_code())
     body: list[str] = []
 
@@ -111,20 +103,17 @@ def replay_side_effects(records: list, cg: PyCodegen, body: list[str]) -> None:
 
 
 def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], Any, list]:
-    """The line that calls the compiled graph on its inputs (none when no torch op was traced),
-    the GraphModule and its example inputs. Call it after everything that reads ``__graph_out``
-    has been written: ``cg.outputs`` are the graph's outputs."""
+    """The lines that call the compiled graph (none when no torch op was traced), the
+    GraphModule and its example inputs; called last, when ``cg.outputs`` are all known."""
     if not output.count_calls():
         if cg.outputs:
             raise Unsupported("graph outputs without graph operations")
         return [], None, []
     gm = output.graph_module(cg.outputs)
-    gm.meta["input_sources"] = output.input_sources()  # where each placeholder is read from
+    sources = gm.meta["input_sources"] = list(output.graph_inputs)  # each placeholder's source
     examples = output.example_inputs()
-    compiled = compile_graph(gm, examples)
     name = f"__compiled_fn_{graph_index}"
-    cg.env[name] = compiled
-    sources = output.input_sources()
+    cg.env[name] = compile_graph(gm, examples)
     if any(isinstance(s, ChainedSource) for s in sources):  # attributes, items: read_inputs
         paths, inputs = read_inputs(sources, output.guards.lean)
     else:
