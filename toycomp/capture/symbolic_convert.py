@@ -166,13 +166,10 @@ class InstructionTranslator(InstructionTranslatorBase):
             self.steps += 1
             try:
                 self.step()
-            except Unsupported as e:
-                raise self.break_request(inst, in_try, e.reason) from e
             except (SkipFrame, BreakRequest):
                 raise
-            except Exception as e:  # a bug in toycomp: break the graph rather than crash
-                reason = f"toycomp internal error: {type(e).__name__}: {e}"
-                raise self.break_request(inst, in_try, reason) from e
+            except Exception as e:  # Unsupported, or a bug in toycomp: a break, not a crash
+                raise self.break_request(inst, in_try, e) from e
         if torch.is_grad_enabled() != self.grad_mode_at_start:  # torch.set_grad_enabled(False)
             self.output.side_effects.record_grad_mode(torch.is_grad_enabled())
 
@@ -182,8 +179,12 @@ class InstructionTranslator(InstructionTranslatorBase):
             return True
         return any(getattr(v, "in_try", False) for v in self.stack)
 
-    def break_request(self, inst, in_try: bool, reason: str) -> BreakRequest:
-        """Where to break for ``reason`` raised at ``inst`` (see [Note: where a frame ...])."""
+    def break_request(self, inst, in_try: bool, error: Exception) -> BreakRequest:
+        """Where to break for ``error`` raised at ``inst`` (see [Note: where a frame ...])."""
+        if isinstance(error, Unsupported):
+            reason = error.reason
+        else:  # a bug in toycomp: break the graph rather than crash
+            reason = f"toycomp internal error: {type(error).__name__}: {error}"
         location = self.output.location
         if is_resumable(inst) and not in_try:
             if self.has_backedge(inst):
