@@ -357,13 +357,16 @@ class NewObjectVariable(UserDefinedObjectVariable):
             raise Unsupported(f"store to the descriptor {self.cls.__name__}.{name}")
         self.overrides[name] = value
 
-    def reconstruct(self, codegen):
+    def reconstruct(self, codegen, store: str = "{obj}.{attr} = {value}"):
+        """``object.__new__(cls)`` once, then each attribute written as ``store`` says (a
+        format of ``obj``, ``attr`` and ``value``: here through the class's ``__setattr__``)."""
         if id(self) in codegen.temps:
             return codegen.temps[id(self)]
         cls = self.cls_source.code() if self.cls_source else codegen.constant(self.cls)
         name = codegen.new_object(self, f"object.__new__({cls})")
         for attr, value in self.overrides.items():
-            codegen.lines.append(f"{name}.{attr} = {codegen.reconstruct(value)}")
+            value = codegen.reconstruct(value)
+            codegen.lines.append(store.format(obj=name, attr=attr, value=value))
         return name
 
     def __repr__(self):
