@@ -185,7 +185,8 @@ class CompiledFrame:
             return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
         except AliasedInputs as e:  # guarded: only inputs aliased this way run eagerly
             return self.eager_entry(output, e.reason)
-        shapes = output.install_shape_guards()  # after stages 2-4, which may add some
+        # dynamic shapes: the shape guards, after stages 2-4 (which may assume things too)
+        shapes = output.install_shape_guards() if output.shape_env is not None else None
         check = output.guards.compile()
         plan = tx.plan  # a Break or a Return (no warning at a graph break, nor in Dynamo)
         self.context.log.append(CompileRecord(

@@ -111,12 +111,17 @@ def nop(tx, inst):
 
 @handles("LOAD_FAST", "LOAD_FAST_CHECK")
 def load_fast(tx, inst):
-    if inst.argval not in tx.symbolic_locals and inst.argval in tx.cells:
-        tx.push(tx.cells[inst.argval])  # 3.13: LOAD_FAST of a cell variable loads the cell
-        return  # (for a closure tuple, where 3.10-3.12 used LOAD_CLOSURE)
     if inst.argval not in tx.symbolic_locals:
-        raise Unsupported(f"local {inst.argval!r} read before assignment")
+        return load_fast_cell(tx, inst)  # 3.13's cells, or a local read before assignment
     tx.push(tx.symbolic_locals[inst.argval])
+
+
+def load_fast_cell(tx, inst):
+    """3.13: LOAD_FAST of a cell variable loads the cell (for a closure tuple, where 3.10-3.12
+    used LOAD_CLOSURE); any other local not assigned yet is an error."""
+    if inst.argval not in tx.cells:
+        raise Unsupported(f"local {inst.argval!r} read before assignment")
+    tx.push(tx.cells[inst.argval])
 
 
 @handles("LOAD_FAST_AND_CLEAR")

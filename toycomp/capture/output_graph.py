@@ -23,6 +23,7 @@ the fake tensors are torch/_subclasses/fake_tensor.py.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import types
 from typing import Any
@@ -128,11 +129,9 @@ class OutputGraph:
     def placeholder(self, name: str, example: Any, source: Source) -> torch.fx.Node:
         """A new graph input, after the others, read from ``source`` on every call."""
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-        if first is None:  # (inserting_before(None) would put it first)
+        # before the first node that is not an input, else at the end (not inserting_before(None))
+        with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
             node = self.graph.placeholder(name)
-        else:
-            with self.graph.inserting_before(first):
-                node = self.graph.placeholder(name)
         node.meta["example_value"] = example
         node.meta["source"] = source.name()
         self.graph_inputs.append(source)

@@ -58,7 +58,7 @@ from toycomp.capture.instructions import COMPARE_OPS
 from toycomp.capture.instructions_flow import pop_call_operands
 from toycomp.capture.resume_execution import discarded_argument, is_resume_function
 from toycomp.capture.sources import FunctionSource, LocalSource
-from toycomp.capture.translator_base import InstructionTranslatorBase
+from toycomp.capture.translator_base import InstructionTranslatorBase, decode
 from toycomp.capture.variables.base import (
     ConstantVariable,
     SkipFrame,
@@ -258,8 +258,7 @@ def try_block_ranges(code) -> list[tuple[int, int]]:
     """[start, end) offsets covered by an exception handler that is not a ``with`` block's
     cleanup (3.11+'s exception table; 3.10 tracks ``SETUP_FINALLY`` blocks as it runs)."""
     entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
-    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    at = {inst.offset: k for k, inst in enumerate(insts)}
+    insts, at = decode(code)
     ranges = []
     for e in entries:
         handler = insts[at[e.target]: at[e.target] + 2]
