@@ -49,6 +49,7 @@ InstructionTranslator, InliningInstructionTranslator).
 from __future__ import annotations
 
 import dis
+import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -150,8 +151,8 @@ class InstructionTranslator(InstructionTranslatorBase):
         self.break_at = break_at
         self.break_info = tuple(break_info or ("", ())) + (None,) * (3 - len(break_info or ()))
         self.plan: Return | Break | None = None
-        self.try_ranges = try_block_ranges(fn.__code__)
-        self.checkpoint: int | None = None  # see [Note: where a frame can break]
+        # (step, instruction, in a 3.10 try block) where the stack was empty: see last_checkpoint
+        self.resumable: list[tuple] = []
         self.grad_mode_at_start = torch.is_grad_enabled()
 
     def run(self) -> None:
@@ -159,25 +160,33 @@ class InstructionTranslator(InstructionTranslatorBase):
             if self.steps == self.break_at:
                 self.plan = self.make_break()
                 break
-            inst = self.instructions[self.ip]
-            in_try = self.in_try(inst)
-            if not self.stack and not in_try and self.output.count_calls() > 1:
-                self.checkpoint = self.steps
+            inst, stack = self.instructions[self.ip], list(self.stack)  # (a failed step pops)
+            if not stack and self.output.count_calls() > 1:  # a point the rest may resume at
+                self.resumable.append((self.steps, inst, "try" in self.blocks))
             self.steps += 1
             try:
                 self.step()
             except (SkipFrame, BreakRequest):
                 raise
             except Exception as e:  # Unsupported, or a bug in toycomp: a break, not a crash
-                raise self.break_request(inst, in_try, e) from e
+                raise self.break_request(inst, self.in_try(inst, stack), e) from e
         if torch.is_grad_enabled() != self.grad_mode_at_start:  # torch.set_grad_enabled(False)
             self.output.side_effects.record_grad_mode(torch.is_grad_enabled())
 
-    def in_try(self, inst) -> bool:
-        """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` inside one)?"""
-        if "try" in self.blocks or any(lo <= inst.offset < hi for lo, hi in self.try_ranges):
+    def in_try(self, inst, stack: list | None = None) -> bool:
+        """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` on ``stack`` inside
+        one)?"""
+        if "try" in self.blocks or in_try_range(self.code, inst):
             return True
-        return any(getattr(v, "in_try", False) for v in self.stack)
+        return any(getattr(v, "in_try", False) for v in (self.stack if stack is None else stack))
+
+    def last_checkpoint(self) -> int | None:
+        """The last step with an empty stack outside any ``try`` block, with two operations or
+        more in the graph (see [Note: where a frame can break]); None if there is none."""
+        for step, inst, in_try_block in reversed(self.resumable):
+            if not in_try_block and not in_try_range(self.code, inst):
+                return step
+        return None
 
     def break_request(self, inst, in_try: bool, error: Exception) -> BreakRequest:
         """Where to break for ``error`` raised at ``inst`` (see [Note: where a frame ...])."""
@@ -191,12 +200,13 @@ class InstructionTranslator(InstructionTranslatorBase):
                 raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
             return BreakRequest(self.steps - 1, reason, location)
         where = "inside a try block" if in_try else f"at {inst.opname}"
-        if self.checkpoint is None:
+        checkpoint = self.last_checkpoint()
+        if checkpoint is None:
             raise SkipFrame(f"graph break {where}, with no earlier point to resume from "
                             f"(as Dynamo): {reason}")
         reason = (f"{reason} [{where}: the graph ends at the last resumable point and the rest "
                   "of the frame runs eagerly (Dynamo: step_unsupported)]")
-        return BreakRequest(self.checkpoint, reason, location, kind="step")
+        return BreakRequest(checkpoint, reason, location, kind="step")
 
     def do_return(self, value):
         self.plan = Return(value)
@@ -254,6 +264,11 @@ class InstructionTranslator(InstructionTranslatorBase):
                 if name in self.code.co_cellvars and cell.contents is not None}
 
 
+def in_try_range(code, inst) -> bool:
+    return any(lo <= inst.offset < hi for lo, hi in try_block_ranges(code))
+
+
+@functools.lru_cache(maxsize=4096)
 def try_block_ranges(code) -> list[tuple[int, int]]:
     """[start, end) offsets covered by an exception handler that is not a ``with`` block's
     cleanup (3.11+'s exception table; 3.10 tracks ``SETUP_FINALLY`` blocks as it runs)."""
