@@ -114,12 +114,11 @@ def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], 
     examples = output.example_inputs()
     name = f"__compiled_fn_{graph_index}"
     cg.env[name] = compile_graph(gm, examples)
+    call = f"{'__graph_out = ' if cg.outputs else ''}{name}"
     if any(isinstance(s, ChainedSource) for s in sources):  # attributes, items: read_inputs
         paths, inputs = read_inputs(sources, output.guards.lean)
-    else:
-        paths, inputs = [], [(s.code(), s.code()) for s in sources]
-    return paths + call_lines(f"{'__graph_out = ' if cg.outputs else ''}{name}", inputs), gm, \
-        examples
+        return paths + call_lines(call, inputs), gm, examples
+    return [f"{call}({', '.join(s.code() for s in sources)})"], gm, examples
 
 
 # [Note: graph inputs read as the guards read them]

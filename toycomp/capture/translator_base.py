@@ -91,7 +91,6 @@ class InstructionTranslatorBase:
                 parent is None and code.co_flags & inspect.CO_GENERATOR):
             raise Unsupported(f"{code.co_name} is a generator or coroutine")
         self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
-        self.yielded: VariableTracker | None = None  # a generator's value at its last yield
         self.code = code
         self.f_globals = f_globals
         self.symbolic_locals = dict(symbolic_locals)
