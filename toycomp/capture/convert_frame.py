@@ -188,10 +188,9 @@ class CompiledFrame:
         # dynamic shapes: the shape guards, after stages 2-4 (which may assume things too)
         shapes = output.install_shape_guards() if output.shape_env is not None else None
         check = output.guards.compile()
-        plan = tx.plan  # a Break or a Return (no warning at a graph break, nor in Dynamo)
-        self.context.log.append(CompileRecord(
-            self.fn.__qualname__, transformed, check.source, getattr(plan, "reason", None),
-            getattr(plan, "location", None), shapes))
+        self.context.log.append(CompileRecord(  # (no warning at a graph break, nor in Dynamo)
+            self.fn.__qualname__, transformed, check.source, getattr(tx.plan, "reason", None),
+            getattr(tx.plan, "location", None), shapes))  # (a Break has them, a Return not)
         if any(map(log_enabled, ("graph_breaks", "guards", "graph_code"))):  # TOYCOMP_LOGS
             log_entry(self.context.log[-1])
         return CacheEntry(check, transformed)

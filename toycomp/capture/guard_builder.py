@@ -115,7 +115,8 @@ class GuardBuilder:
     def path(self, source: Source) -> str:
         """``source`` as the guards read it: the text of ``lean(source)``."""
         if source not in self.paths:
-            self.paths[source] = self.lean(source).name()
+            chained = isinstance(source, ChainedSource)  # m.weight: maybe m._parameters[...]
+            self.paths[source] = (self.lean(source) if chained else source).name()
         return self.paths[source]
 
     def lean(self, source: Source) -> Source:

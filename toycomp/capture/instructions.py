@@ -169,11 +169,10 @@ def load_const(tx, inst):
 
 @handles("LOAD_GLOBAL")
 def load_global(tx, inst):
-    null_first = PY >= (3, 11) and PY < (3, 13) and inst.arg & 1
-    if null_first:
+    if (3, 11) <= PY < (3, 13) and inst.arg & 1:  # a NULL below the global (3.11-3.12)
         tx.push(NULL)
     tx.push(tx.load_global(inst.argval))
-    if PY >= (3, 13) and inst.arg & 1:
+    if PY >= (3, 13) and inst.arg & 1:  # or above it (3.13)
         tx.push(NULL)
 
 

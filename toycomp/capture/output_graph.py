@@ -227,10 +227,8 @@ class OutputGraph:
         fake_kwargs = {k: self.as_fake(v) for k, v in kwargs.items()}
         try:
             with self.fake_mode:
-                if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                fn = getattr(fake_args.pop(0), target) if kind == "call_method" else target
+                result = fn(*fake_args, **fake_kwargs)
         except Exception as e:
             raise self.failed_call(node, e) from e
         return self.wrap_result(node, result)

@@ -140,8 +140,8 @@ class InstructionTranslator(InstructionTranslatorBase):
     """
 
     def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
-        resumed = is_resume_function(fn.__code__)  # its first argument may be unread: no guard
-        unread = discarded_argument(fn.__code__) if resumed else None
+        # a resume function's first argument may be unread: no guard
+        unread = discarded_argument(fn.__code__) if is_resume_function(fn.__code__) else None
         symbolic = {name: output.wrap(value, LocalSource(name),
                                       guard=name != unread or isinstance(value, torch.Tensor))
                     for name, value in frame_locals.items()}
@@ -149,7 +149,7 @@ class InstructionTranslator(InstructionTranslatorBase):
                          output, FunctionSource())
         self.steps = 0
         self.break_at = break_at
-        self.break_info = tuple(break_info or ("", ())) + (None,) * (3 - len(break_info or ()))
+        self.break_info = break_info or ("", (), None)  # (reason, location, kind)
         self.plan: Return | Break | None = None
         # (step, instruction, in a 3.10 try block) where the stack was empty: see last_checkpoint
         self.resumable: list[tuple] = []
