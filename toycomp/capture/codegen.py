@@ -58,6 +58,11 @@ class PyCodegen:
     def reconstruct(self, var) -> str:
         return var.reconstruct(self)
 
+    def bind(self, expr: str, name: str) -> str:
+        """``name = expr``, after the lines ``expr`` needs: a rebuilt value in a temporary."""
+        self.lines.append(f"{name} = {expr}")
+        return name
+
     def source(self, source: Source) -> str:
         return source.code()
 
