@@ -55,12 +55,11 @@ from toycomp.capture.variables.lists import (
     NamedTupleVariable,
     TupleVariable,
 )
+from toycomp.capture.variables.classes import NamedTupleClassVariable, UserDefinedClassVariable
 from toycomp.capture.variables.objects import (
-    NamedTupleClassVariable,
     NNModuleVariable,
     PythonModuleVariable,
     SkipFunctionVariable,
-    UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
 from toycomp.capture.variables.copying import CopyFunctionVariable, is_copy_function

@@ -21,7 +21,8 @@ from toycomp.capture.variables.base import ValueVariable, VariableTracker
 from toycomp.capture.variables.functions import UserMethodVariable
 from toycomp.capture.variables.lists import DictVariable, ListVariable, NamedTupleVariable
 from toycomp.capture.variables.lists import TupleVariable
-from toycomp.capture.variables.objects import MISSING, NewObjectVariable, class_lookup
+from toycomp.capture.variables.classes import NewObjectVariable
+from toycomp.capture.variables.objects import MISSING, class_lookup
 from toycomp.capture.variables.objects import UserDefinedObjectVariable, is_data_descriptor
 from toycomp.capture.variables.tensor import TensorVariable
 
