@@ -104,9 +104,8 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
-        self.cells = {}  # closures: cells of this frame's inner functions, or of its own
-        if code.co_cellvars or code.co_freevars:
-            self.cells = self.make_cells(closure)
+        # closures: cells of this frame's inner functions, or of its own
+        self.cells = self.make_cells(closure) if code.co_cellvars or code.co_freevars else {}
 
     def make_cells(self, closure) -> dict[str, CellVariable]:
         cells = {}
