@@ -131,10 +131,8 @@ class InstructionTranslatorBase:
         return self.stack.pop()
 
     def popn(self, n: int) -> list[VariableTracker]:
-        if n == 0:
-            return []
-        items = self.stack[-n:]
-        del self.stack[-n:]
+        items = self.stack[len(self.stack) - n:]  # (not [-n:]: for 0, the whole stack)
+        del self.stack[len(self.stack) - n:]
         return items
 
     def jump(self, inst) -> None:
