@@ -1,0 +1,141 @@
+"""Batched C++ compiles (``toycomp.config.cpp.batch_kernels``): a graph's C++ kernels compiled as
+a few translation units, one per compile thread, instead of one compiler run per kernel.
+
+Input -> output: a graph's generated C++ kernels -> their loaded functions, the same ones a
+loop of ``cpp.load`` returns, in the same order. Each unit is the kernels' ``#include`` lines
+once, the code they all begin with once, then the rest of each kernel's source in a namespace
+of its own (its helpers stay its own; its ``extern "C"`` function keeps its plain name)::
+
+    #include <cmath>         <the lines all the    namespace toycomp_kernel_0 {   namespace ..._1 {
+    ...                      kernels begin with>   <the rest of kernel_0>         <...>
+                                                   }                              }
+
+    >>> [len(g) for g in groups(list(range(5)), 2, key=lambda k: 0)]
+    [3, 2]
+
+[Note: why batch the C++ compiles]
+A small kernel takes the compiler about 0.37 s, of which about 0.27 s is reading the standard
+headers (<algorithm>, <cmath>, <limits>...: measured with g++ 12 on a 2-core x86 machine), the
+same for every kernel. With a graph's kernels in ``compile_threads`` units the headers are read
+once per unit: GPT's training step (47 kernels) compiled in 3 s instead of 17 s. Kernels are
+grouped by the vector-math functions they ask for, since those choose the unit's compiler
+flags (opt/libmvec.py); a kernel whose source is not a block of includes and then code is
+compiled alone, as is every kernel of a unit that fails to compile (so an error names its
+kernel as before). The cache keys the unit's source: a second process compiling the same graph
+finds it.
+
+NB: Inductor keeps one kernel per file but reads its headers from a precompiled header
+(torch/_inductor/cpp_builder.py, ``precompiled_header``); tinygrad's clang backend compiles
+each kernel alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Callable, Hashable, Sequence, TypeVar
+
+from toycomp.inductor import cache
+from toycomp.inductor.codegen import cpp
+from toycomp.inductor.codegen.common import GeneratedKernel
+
+T = TypeVar("T")
+_INCLUDE = re.compile(r"^\s*#\s*include\b")
+_WANTED = re.compile(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", re.MULTILINE)  # as cpp.load reads
+
+
+def groups(items: Sequence[T], n: int, key: Callable[[T], Hashable]) -> list[list[T]]:
+    """``items`` in at most ``n`` groups (more where ``key`` differs), of even sizes, in order."""
+    by_key: dict[Hashable, list[T]] = {}
+    for item in items:
+        by_key.setdefault(key(item), []).append(item)
+    out = []
+    for same in by_key.values():
+        k = min(n, len(same))
+        size, extra = divmod(len(same), k)
+        start = 0
+        for i in range(k):
+            end = start + size + (i < extra)
+            out.append(same[start:end])
+            start = end
+    return out
+
+
+def split_includes(source: str) -> tuple[list[str], str] | None:
+    """(the leading ``#include`` lines, the rest), or None where an include comes later (inside
+    an ``#if``, say: it cannot move out of the namespace)."""
+    lines = source.splitlines()
+    i = 0
+    while i < len(lines) and (_INCLUDE.match(lines[i]) or not lines[i].strip()):
+        i += 1
+    rest = lines[i:]
+    if any(_INCLUDE.match(line) for line in rest):
+        return None
+    return [line.strip() for line in lines[:i] if line.strip()], "\n".join(rest)
+
+
+def unit_source(kernels: Sequence[GeneratedKernel]) -> str:
+    """One translation unit holding ``kernels`` (each must pass ``split_includes``): their
+    includes, the code they all begin with (the vector prefix: opt/cpp_vector_prefix.py) once,
+    then the rest of each in its namespace."""
+    includes: list[str] = []
+    bodies = []
+    for g in kernels:
+        head, body = split_includes(g.source)  # type: ignore[misc]
+        includes += [line for line in head if line not in includes]
+        bodies.append(body.splitlines())
+    shared = _shared_prefix(bodies)
+    parts = ["\n".join(includes), "\n".join(bodies[0][:shared])]
+    for i, (g, body) in enumerate(zip(kernels, bodies)):
+        rest = "\n".join(body[shared:])
+        parts.append(f"namespace toycomp_kernel_{i} {{\n{rest}\n}}  // {g.name}")
+    return "\n\n".join(parts) + "\n"
+
+
+def _shared_prefix(bodies: list[list[str]]) -> int:
+    """How many leading lines all ``bodies`` share, cut where a namespace may open: after a
+    blank line outside any brace, ``#if`` or macro continuation."""
+    same = 0
+    while all(same < len(b) and b[same] == bodies[0][same] for b in bodies):
+        same += 1
+    cut, braces, conditions, continued = 0, 0, 0, False
+    for i, line in enumerate(bodies[0][:same]):
+        text = line.strip()
+        if continued or text.startswith("#"):
+            word = text.lstrip("#").split(maxsplit=1)[0] if text.lstrip("#") else ""
+            if not continued and word.startswith("if"):
+                conditions += 1
+            elif not continued and word == "endif":
+                conditions -= 1
+            continued = line.endswith("\\")
+            continue
+        code = line.split("//", 1)[0]
+        braces += code.count("{") - code.count("}")
+        if not text and braces == 0 and conditions == 0:
+            cut = i + 1
+    return cut
+
+
+def load_unit(kernels: Sequence[GeneratedKernel]) -> list[Callable[..., None]]:
+    """Compile ``kernels`` as one unit and load each; one at a time if that fails."""
+    if len(kernels) > 1:
+        source = unit_source(kernels)
+        try:
+            return [cpp.load(replace(g, source=source)) for g in kernels]
+        except (cache.CppCompileError, OSError):
+            pass  # compiled alone below, so that the error names the kernel at fault
+    return [cpp.load(g) for g in kernels]
+
+
+def load_all(generated: Sequence[GeneratedKernel], units: int,
+             run_all: Callable[[Callable, list], list]) -> list[Callable[..., None]]:
+    """The kernels' functions, in order: ``units`` units per vector-math set, run by
+    ``run_all(load_unit, units)`` (the compile pool)."""
+    alone = [g for g in generated if split_includes(g.source) is None]
+    batched = [g for g in generated if g not in alone]
+    parts = groups(batched, units, key=lambda g: tuple(sorted(set(_WANTED.findall(g.source)))))
+    parts += [[g] for g in alone]
+    loaded = {}
+    for part, fns in zip(parts, run_all(load_unit, parts)):
+        loaded.update({g.name: fn for g, fn in zip(part, fns)})
+    return [loaded[g.name] for g in generated]
