@@ -2,6 +2,7 @@
 
     python benchmarks/compile_time.py                                # GPT + every real model
     python benchmarks/compile_time.py --models gpt gpt2 --small --json out.json
+    python benchmarks/compile_time.py --models gpt --flag cpp.batch_kernels=False  # a pass off
     python benchmarks/compile_time.py --one gpt2 toycomp --small --profile 25   # one child, cProfile
 
 For each model (the GPT of notebook 05, ``benchmarks/gpt.py``, and the transformers / timm
@@ -23,6 +24,7 @@ the first step less those: Dynamo's capture, the first run of the compiled code,
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import cProfile
 import functools
@@ -149,7 +151,15 @@ def warm_up(compiler: str, device: str) -> None:
     torch._dynamo.reset()
 
 
-def measure(name: str, compiler: str, device: str, small: bool, profile: int) -> dict:
+def measure(name: str, compiler: str, device: str, small: bool, profile: int,
+            flags: dict) -> dict:
+    import toycomp
+
+    with toycomp.config.patch(flags):
+        return _measure(name, compiler, device, small, profile)
+
+
+def _measure(name: str, compiler: str, device: str, small: bool, profile: int) -> dict:
     warm_up(compiler, device)
     model, step = build(name, device, small)
     want = step(copy.deepcopy(model))
@@ -191,6 +201,7 @@ def run_child(name: str, compiler: str, args) -> dict:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, compiler,
                "--device", args.device, "--out", out] + ["--small"] * args.small
+        cmd += [a for f in args.flag for a in ("--flag", f)]
         try:
             proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True,
                                   text=True)
@@ -230,12 +241,15 @@ def main() -> None:
     parser.add_argument("--json", help="store the results here")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "COMPILER"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
+                        help="a toycomp flag for the run, e.g. cpp.batch_kernels=False")
     parser.add_argument("--profile", type=int, default=0,
                         help="with --one: print cProfile's N top functions by cumulative time")
     args = parser.parse_args()
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     if args.one:
-        row = measure(*args.one, args.device, args.small, args.profile)
+        flags = {k: ast.literal_eval(v) for k, v in (f.split("=", 1) for f in args.flag)}
+        row = measure(*args.one, args.device, args.small, args.profile, flags)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(row, f)
@@ -255,7 +269,7 @@ def main() -> None:
     if args.json:
         meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                 "cpus": os.cpu_count(), "torch": torch.__version__,
-                "date": time.strftime("%Y-%m-%d"), "small": args.small}
+                "date": time.strftime("%Y-%m-%d"), "small": args.small, "flags": args.flag}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 

@@ -201,8 +201,7 @@ def _check_backend(backend: str, device: torch.device) -> None:
 def _load_kernels(
     generated: list[GeneratedKernel], backend: str, device: torch.device
 ) -> dict[str, Any]:
-    serial = config.compile_threads in (False, 0, 1) and not config.cpp.batch_kernels
-    if backend == "cpp" and serial:
+    if backend == "cpp" and config.compile_threads in (False, 0, 1):
         loaded = [cpp.load(g) for g in generated]
     elif backend == "cpp":  # side by side, a few kernels a compile (opt/async_compile.py)
         loaded = async_compile.compile_cpp(generated)

@@ -10,18 +10,18 @@ of its own (its helpers stay its own; its ``extern "C"`` function keeps its plai
     ...                      kernels begin with>   <the rest of kernel_0>         <...>
                                                    }                              }
 
-    >>> [len(g) for g in groups(list(range(5)), 2, key=lambda k: 0)]
+    >>> [len(g) for g in groups(list(range(5)), 2)]
     [3, 2]
 
 [Note: why batch the C++ compiles]
 A small kernel takes the compiler about 0.37 s, of which about 0.27 s is reading the standard
 headers (<algorithm>, <cmath>, <limits>...: measured with g++ 12 on a 2-core x86 machine), the
 same for every kernel. With a graph's kernels in ``compile_threads`` units the headers are read
-once per unit: GPT's training step (47 kernels) compiled in 3 s instead of 17 s. Kernels are
-grouped by the vector-math functions they ask for, since those choose the unit's compiler
-flags (opt/libmvec.py); a kernel whose source is not a block of includes and then code is
-compiled alone, as is every kernel of a unit that fails to compile (so an error names its
-kernel as before). The cache keys the unit's source: a second process compiling the same graph
+once per unit, and so is the vector prefix all kernels begin with (opt/cpp_vector_prefix.py).
+A unit is compiled with the flags of all the vector-math functions its kernels ask for
+(opt/libmvec.py: ``-DTOYCOMP_SIMD_expf`` changes only the kernels that test it). A kernel
+whose source is not a block of includes and then code is compiled alone, as is every kernel
+of a unit that fails to compile (so that an error names its kernel, as before). The cache keys the unit's source: a second process compiling the same graph
 finds it.
 
 NB: Inductor keeps one kernel per file but reads its headers from a precompiled header
@@ -33,32 +33,27 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Callable, Hashable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from toycomp.inductor import cache
 from toycomp.inductor.codegen import cpp
 from toycomp.inductor.codegen.common import GeneratedKernel
+from toycomp.inductor.opt import libmvec
 
 T = TypeVar("T")
 _INCLUDE = re.compile(r"^\s*#\s*include\b")
 _WANTED = re.compile(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", re.MULTILINE)  # as cpp.load reads
+# A line such as ``TOYCOMP_SAME_LIBM_1(tanhf)`` (opt/libmvec.py) defines functions under fixed
+# assembly names (``toycomp_tanhf`` and its vector clones): once per unit, outside the namespaces.
+_DEFINES_SYMBOL = re.compile(r"^TOYCOMP_[A-Z0-9_]+\(\w+\)\s*$")
 
 
-def groups(items: Sequence[T], n: int, key: Callable[[T], Hashable]) -> list[list[T]]:
-    """``items`` in at most ``n`` groups (more where ``key`` differs), of even sizes, in order."""
-    by_key: dict[Hashable, list[T]] = {}
-    for item in items:
-        by_key.setdefault(key(item), []).append(item)
-    out = []
-    for same in by_key.values():
-        k = min(n, len(same))
-        size, extra = divmod(len(same), k)
-        start = 0
-        for i in range(k):
-            end = start + size + (i < extra)
-            out.append(same[start:end])
-            start = end
-    return out
+def groups(items: Sequence[T], n: int) -> list[list[T]]:
+    """``items`` in ``min(n, len(items))`` groups of even sizes, in order."""
+    k = max(min(n, len(items)), 1)
+    size, extra = divmod(len(items), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [list(items[bounds[i] : bounds[i + 1]]) for i in range(k) if bounds[i + 1] > bounds[i]]
 
 
 def split_includes(source: str) -> tuple[list[str], str] | None:
@@ -85,9 +80,12 @@ def unit_source(kernels: Sequence[GeneratedKernel]) -> str:
         includes += [line for line in head if line not in includes]
         bodies.append(body.splitlines())
     shared = _shared_prefix(bodies)
-    parts = ["\n".join(includes), "\n".join(bodies[0][:shared])]
-    for i, (g, body) in enumerate(zip(kernels, bodies)):
-        rest = "\n".join(body[shared:])
+    rests = [body[shared:] for body in bodies]
+    hoisted = [line for rest in rests for line in rest if _DEFINES_SYMBOL.match(line)]
+    parts = ["\n".join(includes), "\n".join(bodies[0][:shared]),
+             "\n".join(dict.fromkeys(hoisted))]
+    for i, (g, rest) in enumerate(zip(kernels, rests)):
+        rest = "\n".join(line for line in rest if not _DEFINES_SYMBOL.match(line))
         parts.append(f"namespace toycomp_kernel_{i} {{\n{rest}\n}}  // {g.name}")
     return "\n\n".join(parts) + "\n"
 
@@ -120,21 +118,22 @@ def load_unit(kernels: Sequence[GeneratedKernel]) -> list[Callable[..., None]]:
     """Compile ``kernels`` as one unit and load each; one at a time if that fails."""
     if len(kernels) > 1:
         source = unit_source(kernels)
-        try:
-            return [cpp.load(replace(g, source=source)) for g in kernels]
+        wanted = _WANTED.findall(source)
+        try:  # with the flags cpp.load gives it (its scalar fallback is for one kernel alone)
+            cache.compile_cpp(source, libmvec.vector_math_flags(wanted) if wanted else ())
         except (cache.CppCompileError, OSError):
-            pass  # compiled alone below, so that the error names the kernel at fault
+            return [cpp.load(g) for g in kernels]  # so that an error names the kernel at fault
+        return [cpp.load(replace(g, source=source)) for g in kernels]  # (found compiled)
     return [cpp.load(g) for g in kernels]
 
 
 def load_all(generated: Sequence[GeneratedKernel], units: int,
              run_all: Callable[[Callable, list], list]) -> list[Callable[..., None]]:
-    """The kernels' functions, in order: ``units`` units per vector-math set, run by
-    ``run_all(load_unit, units)`` (the compile pool)."""
+    """The kernels' functions, in order: ``units`` units, compiled by ``run_all(load_unit,
+    units)`` (the compile pool)."""
     alone = [g for g in generated if split_includes(g.source) is None]
     batched = [g for g in generated if g not in alone]
-    parts = groups(batched, units, key=lambda g: tuple(sorted(set(_WANTED.findall(g.source)))))
-    parts += [[g] for g in alone]
+    parts = groups(batched, units) + [[g] for g in alone]
     loaded = {}
     for part, fns in zip(parts, run_all(load_unit, parts)):
         loaded.update({g.name: fn for g, fn in zip(part, fns)})
