@@ -21,12 +21,12 @@ once per unit, and so is the vector prefix all kernels begin with (opt/cpp_vecto
 A unit is compiled with the flags of all the vector-math functions its kernels ask for
 (opt/libmvec.py: ``-DTOYCOMP_SIMD_expf`` changes only the kernels that test it). A kernel
 whose source is not a block of includes and then code is compiled alone, as is every kernel
-of a unit that fails to compile (so that an error names its kernel, as before). The cache keys the unit's source: a second process compiling the same graph
-finds it.
+of a unit that fails to compile (so that an error names its kernel, as before). The cache
+keys the unit's source: a second process compiling the same graph finds it.
 
-NB: Inductor keeps one kernel per file but reads its headers from a precompiled header
-(torch/_inductor/cpp_builder.py, ``precompiled_header``); tinygrad's clang backend compiles
-each kernel alone.
+NB: Inductor compiles each C++ kernel in a file of its own, in its worker pool
+(torch/_inductor/async_compile.py, ``cpp_pybinding``); its C++ wrapper mode reads the common
+headers from a precompiled header (``config.cpp_cache_precompile_headers``, cpp_builder.py).
 """
 
 from __future__ import annotations
