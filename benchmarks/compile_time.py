@@ -2,8 +2,8 @@
 
     python benchmarks/compile_time.py                                # GPT + every real model
     python benchmarks/compile_time.py --models gpt gpt2 --small --json out.json
-    python benchmarks/compile_time.py --models gpt --flag cpp.batch_kernels=False  # a pass off
-    python benchmarks/compile_time.py --one gpt2 toycomp --small --profile 25   # one child, cProfile
+    python benchmarks/compile_time.py --models gpt --flag cpp.batch_kernels=False  # pass off
+    python benchmarks/compile_time.py --one gpt2 toycomp --small --profile 25  # one child, profiled
 
 For each model (the GPT of notebook 05, ``benchmarks/gpt.py``, and the transformers / timm
 models of ``real_models.py``) and each compiler (Inductor, ``torch.compile(backend="toycomp")``,
