@@ -1,4 +1,4 @@
-"""Compile time (toycomp/inductor/opt/cpp_batch.py, opt/async_compile.py): a graph's C++ kernels
+"""Compile time (toycomp/inductor/opt/async_compile.py, opt/async_compile.py): a graph's C++ kernels
 compiled a few to a unit with the same results as eager's, a unit that fails compiled kernel by
 kernel, and the Triton kernels of a CUDA graph given to Triton before the first run (on the CPU,
 the interpreter: nothing to do)."""
@@ -14,7 +14,7 @@ import torch
 import toycomp
 from toycomp.inductor import cache
 from toycomp.inductor.codegen.common import GeneratedKernel
-from toycomp.inductor.opt import async_compile, cpp_batch
+from toycomp.inductor.opt import async_compile
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_a_unit_that_fails_compiles_kernel_by_kernel(compiles):
     clash = 'extern "C" float clash() { return 2.0f; }'
     ks = [kernel("kernel_0", "out[0] = std::sqrt(4.0f) + clash();", clash),
           kernel("kernel_1", "out[0] = -clash();", clash), kernel("kernel_2", "out[0] = 7;")]
-    fns = cpp_batch.load_all(ks, 1, lambda load, parts: [load(p) for p in parts])
+    fns = async_compile.load_in_units(ks, 1)
     assert [run(f) for f in fns] == [4.0, -2.0, 7.0]
     assert len(compiles) == 1 + 3  # the unit, then each kernel alone
 
@@ -84,7 +84,7 @@ def test_a_unit_keeps_each_kernels_helpers_its_own(compiles):
     # the same helper name with two meanings: each kernel sees its own (its namespace)
     ks = [kernel(f"kernel_{i}", "out[0] = helper();", f"inline float helper() {{ return {i}; }}")
           for i in range(3)]
-    fns = cpp_batch.load_all(ks, 1, lambda load, parts: [load(p) for p in parts])
+    fns = async_compile.load_in_units(ks, 1)
     assert [run(f) for f in fns] == [0.0, 1.0, 2.0] and len(compiles) == 1
 
 
@@ -92,15 +92,15 @@ def test_the_shared_prefix_is_cut_outside_braces_and_conditions():
     common = ["#if defined(A)", "", "#define B \\", "  {", "#endif", "",
               "inline int f() {", "", "  return 1;", "}", ""]
     bodies = [common + ["int x0;"], common + ["int x1;"]]
-    assert cpp_batch._shared_prefix(bodies) == len(common)  # after f, not in it or in the #if
-    assert cpp_batch._shared_prefix([common[:8] + ["a"], common[:8] + ["b"]]) == 6
+    assert async_compile._shared_prefix(bodies) == len(common)  # after f, not in it or in the #if
+    assert async_compile._shared_prefix([common[:8] + ["a"], common[:8] + ["b"]]) == 6
     late = "#include <cmath>\n\nint x;\n#include <vector>\n"
-    assert cpp_batch.split_includes(late) is None
+    assert async_compile.split_includes(late) is None
 
 
 def test_groups_are_even_and_in_order():
-    assert cpp_batch.groups(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert cpp_batch.groups([1, 2], 8) == [[1], [2]] and cpp_batch.groups([], 2) == []
+    assert async_compile.groups(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert async_compile.groups([1, 2], 8) == [[1], [2]] and async_compile.groups([], 2) == []
 
 
 # --- Triton: compiled ahead of the first run ----------------------------------------------------
