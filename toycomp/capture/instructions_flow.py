@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from toycomp.capture.instructions import HANDLERS, PY, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
+from toycomp.capture.variables.classes import UserContextManagerVariable
 from toycomp.capture.variables.functions import NestedUserFunctionVariable
 from toycomp.capture.variables.lists import as_iterator
 from toycomp.capture.variables.torch import WithExitFunctionVariable
@@ -175,6 +176,8 @@ def end_for(tx, inst):
 @handles("BEFORE_WITH", "SETUP_WITH")
 def before_with(tx, inst):
     ctx = tx.pop()
+    if UserContextManagerVariable.wraps(ctx):  # __enter__/__exit__ in Python: inlined
+        ctx = UserContextManagerVariable(ctx)
     if not hasattr(ctx, "enter"):
         raise Unsupported(f"`with` on {ctx}")
     in_try = tx.in_try(inst) if hasattr(tx, "in_try") else False  # (root frame only)

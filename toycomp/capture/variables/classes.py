@@ -19,10 +19,11 @@ import types
 import torch
 
 from toycomp.capture.sources import AttrSource
-from toycomp.capture.variables.base import Unsupported, ValueVariable
+from toycomp.capture.variables.base import ConstantVariable, Unsupported, ValueVariable
 from toycomp.capture.variables.functions import UserMethodVariable
 from toycomp.capture.variables.lists import NamedTupleVariable
 from toycomp.capture.variables.objects import NNModuleVariable, UserDefinedObjectVariable
+from toycomp.capture.variables.torch import ContextManagerVariable
 
 
 class UserDefinedClassVariable(ValueVariable):
@@ -169,3 +170,32 @@ class NewObjectVariable(UserDefinedObjectVariable):
 
     def __repr__(self):
         return f"NewObjectVariable({self.cls.__name__})"
+
+
+class UserContextManagerVariable(ContextManagerVariable):
+    """``with cm:`` on an object whose class defines ``__enter__`` and ``__exit__`` in Python
+    (``contextlib.nullcontext()``, a user's own): both are inlined, as any method. A graph
+    break inside the block cannot re-enter it (``reenter`` raises). Dynamo:
+    ``GenericContextWrappingVariable``."""
+
+    def __init__(self, obj: UserDefinedObjectVariable):
+        self.obj = obj
+
+    @staticmethod
+    def wraps(value) -> bool:
+        if not isinstance(value, UserDefinedObjectVariable):
+            return False
+        cls = value.python_type()
+        return all(isinstance(inspect.getattr_static(cls, name, None), types.FunctionType)
+                   for name in ("__enter__", "__exit__"))
+
+    def enter(self, tx):
+        return self.obj.var_getattr(tx, "__enter__").call_function(tx, [], {})
+
+    def exit(self, tx):
+        none = ConstantVariable(None)
+        self.obj.var_getattr(tx, "__exit__").call_function(tx, [none, none, none], {})
+        return none
+
+    def __repr__(self):
+        return f"UserContextManagerVariable({self.obj.python_type().__qualname__})"
