@@ -67,6 +67,8 @@ class cpp:
     layouts = True
     # A row's costly values computed once and kept for the next loop (opt/cpp_row_buffers.py).
     row_buffers = True
+    # A graph's C++ kernels compiled as one unit per compile thread (inductor/opt/async_compile.py).
+    batch_kernels = True
 
 
 class triton:

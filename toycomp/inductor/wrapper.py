@@ -154,6 +154,8 @@ def compile_graph(
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
+    if backend == "triton":  # CUDA: compiled before the first run (opt/async_compile.py)
+        async_compile.precompile_triton(generated, scheduled, device)
     externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
     if externs:  # matmuls, convolutions, fallbacks: bound (and checked) now
         _bind_externs(namespace, externs)
@@ -198,8 +200,8 @@ def _load_kernels(
 ) -> dict[str, Any]:
     if backend == "cpp" and config.compile_threads in (False, 0, 1):
         loaded = [cpp.load(g) for g in generated]
-    elif backend == "cpp":  # the compilers side by side (opt/async_compile.py)
-        loaded = async_compile.compile_all(cpp.load, generated)
+    elif backend == "cpp":  # side by side, a few kernels a compile (opt/async_compile.py)
+        loaded = async_compile.compile_cpp(generated)
     else:
         return {n: triton.load(g, device, n) for g in generated for n in (g.name, *g.variants)}
     return {g.name: fn for g, fn in zip(generated, loaded)}
