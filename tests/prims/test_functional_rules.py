@@ -1,0 +1,119 @@
+"""Tests for toycomp.prims.functional_rules: as_strided_scatter, fill.Tensor,
+convolution_backward and cumsum decompose (no ATen fallback), and the compiled values and
+gradients match eager's on PyTorch's OpInfo samples and on the cases real models meet. Eager
+PyTorch is the oracle."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import toycomp
+from tests.prims import compiled_samples
+
+pytest.importorskip("expecttest")
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+RULE_OPS = {
+    "aten.as_strided_scatter.default", "aten.fill.Tensor", "aten.convolution_backward.default",
+    "aten.cumsum.default", "aten.as_strided.default", "aten.empty_strided.default",
+}  # fmt: skip
+# OpInfo name -> every how many samples to take (each sample is one more graph region to compile)
+CASES = {
+    "as_strided_scatter": 1, "as_strided": 1, "cumsum": 1, "nn.functional.conv1d": 3, "nn.functional.conv2d": 3,
+    "nn.functional.conv3d": 4,
+}  # fmt: skip
+
+
+def opinfo_samples(name: str, every: int, dtype: torch.dtype = torch.float32) -> tuple:
+    info = next(i for i in op_db if i.name == name and not i.variant_test_name)
+    torch.manual_seed(0)
+    samples = info.sample_inputs("cpu", dtype, requires_grad=dtype.is_floating_point)
+    return info, list(itertools.islice(samples, 0, None, every))
+
+
+def check_no_fallback(fn, tensors, backend="cpp"):
+    compiled = compiled_samples.check(fn, tensors, backend)
+    assert not set(compiled_samples.fallbacks(compiled)) & RULE_OPS, \
+        compiled_samples.fallbacks(compiled)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_opinfo_samples_compile_without_fallback(name):
+    info, samples = opinfo_samples(name, CASES[name])
+    calls = compiled_samples.SampleCalls(info.op, samples)
+    check_no_fallback(calls.fn, calls.tensors)
+
+
+def _scatter_views(base, transposed, sliced, src2, src3):
+    """as_strided_scatter into a contiguous, a transposed (dense, permuted), a sliced (offset,
+    not dense) tensor, and an in-place write through a view (functionalization's form)."""
+    out = [
+        torch.as_strided_scatter(base, src2, (2, 3), (6, 2), 1),
+        torch.as_strided_scatter(transposed, src2, (2, 3), (1, 5), 2),
+        torch.as_strided_scatter(sliced, src3, (3,), (4,), 0),
+    ]
+    clone = base * 1
+    clone[:, 0] = src3.sum()  # a 0-d tensor written into column 0: fill.Tensor + a scatter
+    clone[1:, 2:] += 1  # through an offset view
+    return out + [clone, base.t().as_strided((3, 2), (1, 3), 4), sliced.as_strided((2,), (2,))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_as_strided_scatter_strided_and_offset_inputs(dtype):
+    g = torch.Generator().manual_seed(0)
+    make = lambda *shape: (torch.randn(*shape, generator=g) * 10).to(dtype)  # noqa: E731
+    grad = dtype.is_floating_point
+    base = make(6, 5).requires_grad_(grad)
+    transposed = make(5, 6).t().requires_grad_(False)
+    sliced = make(4, 8)[1:, ::2]  # offset 8, strides (8, 2): clone makes it contiguous
+    src2, src3 = make(2, 3).requires_grad_(grad), make(3).requires_grad_(grad)
+    # the transposed and sliced ones as graph inputs keep their strides (detach, not clone)
+    check_no_fallback(_scatter_views, [base, transposed, sliced, src2, src3])
+
+
+def test_empty_strided_then_filled():
+    def fn(x, value):
+        out = torch.empty_strided((3, 4), (1, 3))  # column-major
+        out.fill_(value)
+        return out + x
+
+    check_no_fallback(fn, [torch.randn(3, 4, requires_grad=True), torch.tensor(2.5)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_cumsum_of_a_mask_as_roberta_counts_positions(dtype):
+    def fn(ids):
+        mask = ids.ne(1).to(dtype)
+        return [torch.cumsum(mask, dim=1), torch.cumsum(mask, dim=0), mask.cumsum(-1) * 2]
+
+    check_no_fallback(fn, [torch.randint(0, 4, (3, 17), generator=torch.Generator().manual_seed(1))])
+
+
+def test_long_cumsum_falls_back_visibly():
+    x = torch.randn(2, 2000)
+    with pytest.warns(UserWarning, match="cumsum"):
+        ex = toycomp.explain(lambda a: a.cumsum(1), x)
+    assert "aten.cumsum.default" in ex.fallbacks
+
+
+@pytest.mark.parametrize("groups, stride, padding, dilation", [
+    (1, 16, 0, 1),  # a ViT's patch embedding
+    (4, 1, 3, 1),  # depthwise with padding (ConvNeXt's 7x7)
+    (2, 2, 1, 2),  # grouped, strided, dilated
+])  # fmt: skip
+def test_convolution_backward_input_weight_bias(groups, stride, padding, dilation):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 32, 32, generator=g, requires_grad=True)
+    w = torch.randn(8, 4 // groups, 7 if groups == 4 else 3, 7 if groups == 4 else 3,
+                    generator=g, requires_grad=True)  # fmt: skip
+    b = torch.randn(8, generator=g, requires_grad=True)
+
+    def fn(x, w, b):
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
+
+    check_no_fallback(fn, [x, w, b])
+    check_no_fallback(fn, [x.detach(), w, b])  # pixels need no gradient: grad_input not made
