@@ -117,3 +117,27 @@ def test_convolution_backward_input_weight_bias(groups, stride, padding, dilatio
 
     check_no_fallback(fn, [x, w, b])
     check_no_fallback(fn, [x.detach(), w, b])  # pixels need no gradient: grad_input not made
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_avg_pool2d_over_windows_that_tile_the_input(dtype):
+    """DenseNet's transition (2, 2), ResNet-D's shortcut (ceil_mode, count_include_pad off), a
+    3x3 window with rows left over (floor mode drops them), a divisor override, a 3-d input."""
+    def fn(x, odd, c_hw):
+        return [F.avg_pool2d(x, 2), F.avg_pool2d(x, 2, 2, ceil_mode=True, count_include_pad=False),
+                F.avg_pool2d(odd, 3), F.avg_pool2d(odd, (2, 3), divisor_override=5),
+                F.avg_pool2d(c_hw, 2)]
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(2, 3, 8, 6, generator=g, dtype=dtype, requires_grad=True),
+               torch.randn(1, 2, 10, 7, generator=g, dtype=dtype, requires_grad=True),
+               torch.randn(3, 4, 4, generator=g, dtype=dtype, requires_grad=True)]
+    compiled = compiled_samples.check(fn, tensors, "cpp")
+    assert not {"aten.avg_pool2d.default", "aten.avg_pool2d_backward.default"} & set(
+        compiled_samples.fallbacks(compiled))
+
+
+def test_overlapping_avg_pool2d_falls_back_visibly():
+    with pytest.warns(UserWarning, match="avg_pool2d"):
+        ex = toycomp.explain(lambda a: F.avg_pool2d(a, 3, 1, 1), torch.randn(1, 2, 6, 6))
+    assert "aten.avg_pool2d.default" in ex.fallbacks
