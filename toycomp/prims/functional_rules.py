@@ -1,5 +1,6 @@
 """Stage 3b, the table (what functionalization and autograd leave behind in real models):
-``as_strided_scatter``, ``fill.Tensor``, ``convolution_backward`` and ``cumsum``.
+``as_strided_scatter``, ``as_strided``, ``empty_strided``, ``fill.Tensor`` and
+``convolution_backward``.
 
 Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls).
 
@@ -16,12 +17,10 @@ Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls)
 * ``fill.Tensor(a, value)``: ``value`` (0-d) broadcast to ``a``'s shape.
 * ``convolution_backward``: two more convolutions (externs, as the forward) and a sum; see
   [Note: the gradients of a convolution are convolutions].
-* ``cumsum`` over a short dim: a sum under a triangular mask (``j <= i``), which fuses; a long
-  one (more than ``CUMSUM_MAX`` positions, quadratic work) falls back visibly.
 
 NB: in PyTorch ``as_strided_scatter`` is torch/_refs/__init__.py's (a prim of its own there),
 ``fill.Tensor`` torch/_decomp/decompositions.py's; Inductor calls ``convolution_backward`` as an
-extern kernel (torch/_inductor/lowering.py) and lowers ``cumsum`` with ``ops.scan``.
+extern kernel (torch/_inductor/lowering.py).
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.decomp_table import Unsupported, register
-from toycomp.prims.helpers import convert, is_symbolic, normalize_dim, reshape
+from toycomp.prims.helpers import convert, is_symbolic, reshape
 
 aten = torch.ops.aten
-CUMSUM_MAX = 1024  # positions along the summed dim; beyond, the n*n mask costs more than it saves
 
 
 def _extern(op: Any, *args: Any) -> Any:
@@ -92,6 +90,19 @@ def _in_storage(a: Any, order: list[int], size: Sequence[int], stride: Sequence[
     return reshape(stored, [a.numel()]), stored.shape
 
 
+def _owns_storage(a: Any) -> bool:
+    """``a`` is computed in the graph by an op that returns a new tensor (not a view)."""
+    node = getattr(a, "node", None)
+    if node is None:  # a real tensor (the prims run eagerly): its offset is known
+        return True
+    if node.op != "call_function":
+        return False
+    if prims.is_prim(node.target):
+        return prims.prim_kind(node.target) is not prims.PrimKind.VIEW
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
+
+
 @register(aten.as_strided.default)
 def as_strided(a: Any, size: Sequence[int], stride: Sequence[int],
                storage_offset: int | None = None) -> Any:  # fmt: skip
@@ -100,6 +111,10 @@ def as_strided(a: Any, size: Sequence[int], stride: Sequence[int],
     order = _storage_order(a)
     if order == list(range(a.ndim)) and not val.is_contiguous():
         raise Unsupported("as_strided of a tensor that is not dense in memory")
+    if storage_offset is not None and not _owns_storage(a):
+        # a graph input's (or a view's) place in its storage is not in its meta value (make_fx
+        # and AOT record offset 0): an absolute offset cannot be read back to an element of a
+        raise Unsupported("as_strided with a storage offset into a graph input or a view")
     base = val.storage_offset()  # where a's first element is in its storage
     offset = base if storage_offset is None else storage_offset
     if _numel(size) == 0:
@@ -199,25 +214,3 @@ def _weight_grad(grad: Any, x: Any, w: Any, stride: list[int], padding: list[int
         if out.shape[2 + i] != w.shape[2 + i]:
             out = prims.slice(out, 2 + i, 0, w.shape[2 + i])
     return prims.permute(out, [1, 0, *range(2, 2 + spatial)])
-
-
-# --- cumsum ---------------------------------------------------------------------------------------
-@register(aten.cumsum.default)
-def cumsum(a: Any, dim: int, *, dtype: torch.dtype | None = None) -> Any:
-    dim = normalize_dim(dim, a.ndim) if a.ndim else 0
-    if dtype is None:
-        dtype = torch.int64 if not a.dtype.is_floating_point and not a.dtype.is_complex else a.dtype
-    if a.ndim == 0:
-        return convert(a, dtype)
-    n = a.shape[dim]
-    if is_symbolic(n) or n > CUMSUM_MAX:
-        raise Unsupported(f"cumsum over {n} positions (at most {CUMSUM_MAX}: quadratic work)")
-    a = convert(a, dtype)
-    # out[..., i, ...] = sum_j a[..., j, ...] * (j <= i): a new dim j after dim i
-    shape = list(a.shape)
-    wide = [*shape[: dim + 1], n, *shape[dim + 1 :]]
-    i = prims.broadcast_in_dim(prims.iota(n, torch.int64, a.device), wide, [dim])
-    j = prims.broadcast_in_dim(prims.iota(n, torch.int64, a.device), wide, [dim + 1])
-    spread = prims.broadcast_in_dim(a, wide, [d if d < dim else d + 1 for d in range(a.ndim)])
-    masked = prims.where(prims.le(j, i), spread, 0 if not dtype.is_floating_point else 0.0)
-    return prims.sum(masked, [dim + 1])
