@@ -51,7 +51,8 @@ TEACH_PATH_TOTAL = 3650
 PACKAGE_BUDGET = {
     "capture": 6900,
     "aot": 2200,
-    "prims": 3850,  # (+11: the teach path's special cases moved into named helpers)
+    "prims": 4150,  # (+11: the teach path's special cases moved into named helpers; +300: the
+    # rules for what real models left to eager: functional_rules.py, avg_pool_rules.py)
     "inductor": 4350,
     "inductor/codegen": 2700,
     "inductor/opt": 2500,

@@ -29,6 +29,7 @@ torch/_functorch/aot_autograd.py (aot_module_simplified) and torch/_inductor/com
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -239,8 +240,13 @@ def _check_layouts(example_inputs: list) -> None:
 
 
 def frame_target(fn: Callable) -> Callable:
-    """What the bytecode capture interprets: a module's ``forward``, or ``fn`` itself."""
-    return fn.forward if isinstance(fn, torch.nn.Module) else fn
+    """What the bytecode capture interprets: a module's ``forward``, ``fn`` itself, or, for a
+    callable with no bytecode (``torch.sin``, a C function), a Python function that calls it."""
+    if isinstance(fn, torch.nn.Module):
+        return fn.forward
+    if callable(fn) and not hasattr(fn, "__code__") and not hasattr(fn, "__func__"):
+        return functools.wraps(fn)(lambda *args, **kwargs: fn(*args, **kwargs))
+    return fn
 
 
 class OptimizedFunction:

@@ -57,7 +57,7 @@ from toycomp._torch_compat import (
     schema_of,
 )
 from toycomp.prims import activation_rules, index_rules, nn_rules  # noqa: F401 (fill the table)
-from toycomp.prims import norm_rules, shift_rules  # noqa: F401
+from toycomp.prims import avg_pool_rules, functional_rules, norm_rules, shift_rules  # noqa: F401
 from toycomp.prims import loss_rules, pointwise_rules, pool_rules, view_rules  # noqa: F401
 from toycomp.prims.decomp_table import CHECK_OPS, DECOMPOSITIONS, EXTERN_OPS, Unsupported
 from toycomp.prims.decomp_tracer import (  # the tracer: Proxy, DecompTracer (re-exported)

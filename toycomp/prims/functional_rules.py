@@ -1,0 +1,216 @@
+"""Stage 3b, the table (what functionalization and autograd leave behind in real models):
+``as_strided_scatter``, ``as_strided``, ``empty_strided``, ``fill.Tensor`` and
+``convolution_backward``.
+
+Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls).
+
+* ``as_strided_scatter(a, src, size, stride, offset)`` is what AOT's functionalization writes for
+  an in-place update of a view (``ids[:, 0] = start`` in BART and T5's ``shift_tokens_right``):
+  a copy of ``a`` with ``src`` stored at the storage positions ``offset + sum(i_k * stride_k)``.
+  It becomes one ``prims.scatter`` into ``a`` read in storage order. Example, ``a`` of (2, 3),
+  ``size=(2,), stride=(3,), offset=0`` (column 0)::
+
+      flat = prims.reshape(a, [6])
+      positions = prims.add(prims.mul(prims.iota(2), 3), 0)       # 0 3
+      out = prims.reshape(prims.scatter(flat, 0, positions, src, False), [2, 3])
+
+* ``fill.Tensor(a, value)``: ``value`` (0-d) broadcast to ``a``'s shape.
+* ``convolution_backward``: two more convolutions (externs, as the forward) and a sum; see
+  [Note: the gradients of a convolution are convolutions].
+
+NB: in PyTorch ``as_strided_scatter`` is torch/_refs/__init__.py's (a prim of its own there),
+``fill.Tensor`` torch/_decomp/decompositions.py's; Inductor calls ``convolution_backward`` as an
+extern kernel (torch/_inductor/lowering.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+import toycomp.prims as prims
+from toycomp.prims.decomp_table import Unsupported, register
+from toycomp.prims.helpers import convert, is_symbolic, reshape
+
+aten = torch.ops.aten
+
+
+def _extern(op: Any, *args: Any) -> Any:
+    tracer = prims.current_tracer()
+    return tracer.emit(op, args, {}) if tracer is not None else op(*args)
+
+
+def _concrete(*sizes: Any) -> None:
+    if any(is_symbolic(s) for group in sizes for s in group):
+        raise Unsupported("as_strided_scatter with symbolic sizes")
+
+
+# --- as_strided_scatter -------------------------------------------------------------------------
+def _storage_order(a: Any) -> list[int]:
+    """The dims of ``a`` from outermost to innermost in memory, as ``a.clone()`` lays them out:
+    ``a``'s own order when it is dense (a permutation of a contiguous tensor), else row-major."""
+    val = getattr(a, "val", a)  # a Proxy's meta value, or a real tensor
+    sizes, strides = list(val.shape), list(val.stride())
+    order = sorted(range(val.ndim), key=lambda d: -strides[d])  # stable: ties keep dim order
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return list(range(val.ndim))  # not dense: clone makes it contiguous
+        expected *= sizes[d]
+    return order
+
+
+def _positions(size: Sequence[int], stride: Sequence[int], offset: int, device: Any) -> Any:
+    """The storage position of each element of the view, flattened: offset + sum_k i_k * s_k."""
+    positions = prims.full(list(size), offset, torch.int64, device)
+    for k, (n, step) in enumerate(zip(size, stride)):
+        term = prims.mul(prims.iota(n, torch.int64, device), step)
+        positions = prims.add(positions, prims.broadcast_in_dim(term, list(size), [k]))
+    return reshape(positions, [_numel(size)])
+
+
+def _numel(size: Sequence[int]) -> int:
+    count = 1
+    for n in size:
+        count *= n
+    return count
+
+
+def _in_storage(a: Any, order: list[int], size: Sequence[int], stride: Sequence[int],
+                low: int) -> Any:  # fmt: skip
+    """``a`` flattened in storage order; raises Unsupported unless the view's positions (from
+    ``low``, where ``a``'s first element is) all lie among ``a``'s elements."""
+    if any(s < 0 for s in stride):
+        raise Unsupported("as_strided with a negative stride")
+    last = low + sum((n - 1) * s for n, s in zip(size, stride))
+    if low < 0 or last >= a.numel():
+        raise Unsupported("as_strided reading outside the tensor's own elements")
+    stored = prims.permute(a, order) if order != list(range(a.ndim)) else a
+    return reshape(stored, [a.numel()]), stored.shape
+
+
+def _owns_storage(a: Any) -> bool:
+    """``a`` is computed in the graph by an op that returns a new tensor (not a view)."""
+    node = getattr(a, "node", None)
+    if node is None:  # a real tensor (the prims run eagerly): its offset is known
+        return True
+    if node.op != "call_function":
+        return False
+    if prims.is_prim(node.target):
+        return prims.prim_kind(node.target) is not prims.PrimKind.VIEW
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
+
+
+@register(aten.as_strided.default)
+def as_strided(a: Any, size: Sequence[int], stride: Sequence[int],
+               storage_offset: int | None = None) -> Any:  # fmt: skip
+    _concrete(a.shape, size, stride, [storage_offset or 0])
+    val = getattr(a, "val", a)
+    order = _storage_order(a)
+    if order == list(range(a.ndim)) and not val.is_contiguous():
+        raise Unsupported("as_strided of a tensor that is not dense in memory")
+    if storage_offset is not None and not _owns_storage(a):
+        # a graph input's (or a view's) place in its storage is not in its meta value (make_fx
+        # and AOT record offset 0): an absolute offset cannot be read back to an element of a
+        raise Unsupported("as_strided with a storage offset into a graph input or a view")
+    base = val.storage_offset()  # where a's first element is in its storage
+    offset = base if storage_offset is None else storage_offset
+    if _numel(size) == 0:
+        return prims.full(list(size), 0, a.dtype, a.device)
+    flat, _ = _in_storage(a, order, size, stride, offset - base)
+    rows = _positions(size, stride, offset - base, a.device)
+    return reshape(prims.gather(flat, 0, rows), list(size))
+
+
+@register(aten.as_strided_scatter.default)
+def as_strided_scatter(a: Any, src: Any, size: Sequence[int], stride: Sequence[int],
+                       storage_offset: int | None = None) -> Any:  # fmt: skip
+    # eager: ``out = a.clone(); out.as_strided(size, stride, offset).copy_(src)``; the clone
+    # starts its storage at 0 and keeps a's memory order (if dense)
+    _concrete(a.shape, size, stride, [storage_offset or 0])
+    count = _numel(size)
+    if count == 0 or a.numel() == 0:
+        return a
+    order = _storage_order(a)
+    flat, stored_shape = _in_storage(a, order, size, stride, storage_offset or 0)
+    rows = _positions(size, stride, storage_offset or 0, a.device)
+    values = reshape(convert(src, a.dtype), [count])
+    out = reshape(prims.scatter(flat, 0, rows, values, False), list(stored_shape))
+    if order == list(range(a.ndim)):
+        return out
+    return prims.permute(out, [order.index(d) for d in range(a.ndim)])
+
+
+@register(aten.empty_strided.default)
+def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype=None, layout=None,
+                  device=None, pin_memory=None) -> Any:  # fmt: skip
+    # its values are unspecified: zeros are as good as any (the graph writes it before reading)
+    return prims.full(list(size), 0, dtype or torch.get_default_dtype(), device or "cpu")
+
+
+@register(aten.fill.Tensor)
+def fill_tensor(a: Any, value: Any) -> Any:
+    if value.ndim != 0:
+        raise Unsupported(f"fill with a {value.ndim}-d value tensor")
+    return prims.broadcast_in_dim(convert(value, a.dtype), list(a.shape), [])
+
+
+# --- convolution_backward -----------------------------------------------------------------------
+# [Note: the gradients of a convolution are convolutions]
+# For ``out[n, o, y] = sum_{c, k} x[n, c, y*s + k*d - p] * w[o, c, k]`` (stride s, dilation d,
+# padding p, one spatial dim shown):
+# * grad_x is the transposed convolution of grad_out by ``w`` with the same s, d, p (and the
+#   output padding that gives back x's size);
+# * grad_w[o, c, k] = sum_{n, y} x[n, c, k*d + y*s - p] * g[n, o, y] is a convolution of x, with
+#   batch and channels swapped, by g as the kernel, with stride d and dilation s: x becomes
+#   (C_in/groups, groups*N, ...) and g (C_out, N, ...), so each group's channels meet only their
+#   own group's samples; its result can be longer than the kernel (the last rows of x that no
+#   output reached): it is cut to the kernel's size;
+# * grad_bias is g summed over all dims but the channels.
+# The convolutions stay externs (oneDNN/cuDNN), as the forward's.
+@register(aten.convolution_backward.default)
+def convolution_backward(grad: Any, x: Any, w: Any, bias_sizes: Any, stride: Sequence[int],
+                         padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                         output_padding: Sequence[int], groups: int,
+                         output_mask: Sequence[bool]) -> tuple[Any, Any, Any]:  # fmt: skip
+    if transposed:
+        raise Unsupported("convolution_backward of a transposed convolution")
+    _concrete(grad.shape, x.shape, w.shape)
+    spatial = w.ndim - 2
+    stride, padding, dilation = (_per_dim(v, spatial) for v in (stride, padding, dilation))
+    grad_x = grad_w = grad_b = None
+    if output_mask[0]:
+        extra = [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+                                   + dilation[i] * (w.shape[2 + i] - 1) + 1)
+                 for i in range(spatial)]  # fmt: skip
+        grad_x = _extern(aten.convolution.default, grad, w, None, stride, padding, dilation,
+                         True, extra, groups)
+    if output_mask[1]:
+        grad_w = _weight_grad(grad, x, w, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_b = prims.sum(grad, [d for d in range(grad.ndim) if d != 1])
+    return grad_x, grad_w, grad_b
+
+
+def _per_dim(value: Sequence[int], spatial: int) -> list[int]:
+    value = list(value)
+    return value * spatial if len(value) == 1 else value
+
+
+def _weight_grad(grad: Any, x: Any, w: Any, stride: list[int], padding: list[int],
+                 dilation: list[int], groups: int) -> Any:  # fmt: skip
+    n, c_in, space = x.shape[0], x.shape[1], list(x.shape[2:])
+    spatial = len(space)
+    rest = list(range(3, 3 + spatial))
+    # x: (N, g, C_in/g, *space) -> (C_in/g, g*N, *space): channels group-major
+    xs = prims.permute(reshape(x, [n, groups, c_in // groups, *space]), [2, 1, 0, *rest])
+    xs = reshape(xs, [c_in // groups, groups * n, *space])
+    gs = prims.permute(grad, [1, 0, *range(2, 2 + spatial)])  # (C_out, N, *out_space)
+    out = _extern(aten.convolution.default, xs, gs, None, dilation, padding, stride, False,
+                  [0] * spatial, groups)  # (C_in/g, C_out, *longer than the kernel)
+    for i in range(spatial):
+        if out.shape[2 + i] != w.shape[2 + i]:
+            out = prims.slice(out, 2 + i, 0, w.shape[2 + i])
+    return prims.permute(out, [1, 0, *range(2, 2 + spatial)])
