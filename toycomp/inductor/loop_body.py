@@ -107,12 +107,7 @@ class Constant:
 
 
 def convert_number(value: Number, dtype: torch.dtype) -> Number:
-    """A Python number as a tensor of ``dtype`` holds it (``torch.tensor(value).to(dtype)``):
-    ``True``/``False`` for bool, a float for floating dtypes, else an int truncated toward zero.
-
-    >>> convert_number(2, torch.float32), convert_number(-2.7, torch.int64)
-    (2.0, -2)
-    """
+    """A Python number as a tensor of ``dtype`` holds it (ints truncate toward zero)."""
     if dtype == torch.bool:
         return bool(value)
     return float(value) if dtype.is_floating_point else int(value)

@@ -157,8 +157,7 @@ def _loads(*exprs: ir.Expr) -> list[str]:
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
-    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]): the ScheduledGraph's
-    allocations and steps (Kernels and ExternKernels in run order)."""
+    """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion])."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
         if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
@@ -173,9 +172,8 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
         if group.extern is not None or group.scatter is not None:  # a step of its own
             steps.append(_own_step(name, group))
             continue
-        kernel = _make_kernel(name, group, stored)
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
-        steps.append(kernel)
+        steps.append(_make_kernel(name, group, stored))
     return ir.ScheduledGraph(
         lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
         lowered.constants, lowered.output_strides, lowered.scalars,
@@ -199,12 +197,16 @@ def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
 
 def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
     """The buffers a lowered node reads, in first-use order."""
-    if isinstance(node, ExternKernel):
-        args = list(_flatten((node.args, [v for _, v in node.kwargs])))
-        return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
+    if isinstance(node, (ExternKernel, ir.Scatter)):  # arguments, or a scatter's two bodies
+        return _own_step_reads(node)
+    return _loads(node.body)
+
+
+def _own_step_reads(node: ExternKernel | ir.Scatter) -> list[str]:
     if isinstance(node, ir.Scatter):
         return _loads(*node.bodies())
-    return _loads(node.body)
+    args = list(_flatten((node.args, [v for _, v in node.kwargs])))
+    return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
 
 
 # --- grouping ------------------------------------------------------------------------------------
@@ -321,8 +323,7 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
 
 
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
-    """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
-    node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
+    """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
     ivars = indexing.index_vars("i", len(node.size))
     if isinstance(node, Reduction) and node.mix_order_rows:  # split_reduction.py's partials
         if _is_column_partial(node, numel, rnumel):
@@ -364,8 +365,7 @@ def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
 
 
 def _same_group(a: tuple, b: tuple) -> bool:
-    """Equal (numel, rnumel) for every value of the size symbols: with dynamic shapes a fusion
-    is decided only on what holds for all sizes (``4*s0`` is ``s0*4``, never ``s1``)."""
+    """Equal (numel, rnumel) for every value of the size symbols (``4*s0`` is never ``s1``)."""
     return all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
@@ -438,15 +438,12 @@ def _column_reduce(e: _Entry) -> ir.ColumnReduce:
 
 
 def _split_loops(statements) -> tuple[ir.Loop, ...]:
-    """Consecutive statements share a Loop unless they differ in over_r or one needs a Reduce
-    of the current Loop (whose result is only known after the loop)."""
+    """Statements share a Loop unless over_r changes or one reads a Reduce of that Loop."""
     loops: list[ir.Loop] = []
     body: list = []
     over_r, reduced = False, set()
-    locals_under = _locals_under([stmt.value for _, stmt in statements])
     for stmt_over_r, stmt in statements:
-        uses = locals_under[id(stmt.value)]
-        if body and (stmt_over_r != over_r or uses & reduced):
+        if body and (stmt_over_r != over_r or reduced and _reads_local(stmt.value, reduced)):
             loops.append(ir.Loop(over_r, tuple(body)))
             body, reduced = [], set()
         over_r = stmt_over_r
@@ -458,18 +455,9 @@ def _split_loops(statements) -> tuple[ir.Loop, ...]:
     return tuple(loops)
 
 
-def _locals_under(values: list[ir.Expr]) -> dict[int, frozenset[str]]:
-    """id(node) -> the names of the ``Local``s it reads, for every node under ``values``
-    (computed once per node, bottom-up: see [Note: expressions are DAGs] in loop_body.py)."""
-    under: dict[int, frozenset[str]] = {}
-    for e in ir.post_order(*values):
-        if isinstance(e, ir.Local):
-            under[id(e)] = frozenset([e.name])
-        elif isinstance(e, ir.Op):
-            under[id(e)] = frozenset().union(*(under[id(a)] for a in e.args))
-        else:
-            under[id(e)] = frozenset()
-    return under
+def _reads_local(value: ir.Expr, names: set[str]) -> bool:
+    """Does ``value`` read one of the ``Local``s ``names`` (a Reduce's result)?"""
+    return any(isinstance(e, ir.Local) and e.name in names for e in ir.walk(value))
 
 
 def _buffer_dtypes(loops, group: _Group) -> tuple:
