@@ -214,9 +214,8 @@ class GraphLowering:
         _check_matches_meta(node, value, self.tensor_meta(self.meta[node]), self.sizevars)
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
-        base = node.args[0] if node.args else None
-        if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW and isinstance(base, Node):
-            self.view_base[node] = base
+        if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW:  # see realize_base_of_view
+            self.view_base[node] = node.args[0]
         if len(node.users) >= 2 and _costly_to_inline(value):
             self.realize(node)
 

@@ -106,11 +106,14 @@ class _Group:
     scatter: ir.Scatter | None = None  # a scatter's second kernel, alone: see the Note
 
     def writes(self) -> set[str]:
+        if self.extern is not None or self.scatter is not None:  # a step of its own
+            return self.own_step_writes()
+        return {e.node.name for e in self.entries}
+
+    def own_step_writes(self) -> set[str]:
         if self.extern is not None:
             return {self.extern.name, *self.extern.buffers()}
-        if self.scatter is not None:
-            return {self.scatter.name}
-        return {e.node.name for e in self.entries}
+        return {self.scatter.name}
 
     def reads(self) -> set[str]:
         if self.scatter is not None:
@@ -227,8 +230,7 @@ def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
         if fused is not None:
             groups[k] = fused
             return
-    numel, rnumel = _node_group(node)
-    group = _Group(numel, rnumel)
+    group = _Group(*_node_group(node))  # a kernel of its own
     entry = _make_entry(node, group, {})
     assert entry is not None, f"{node.name} does not fit its own kernel"
     group.entries.append(entry)
@@ -287,20 +289,17 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         return None
     mapping, over_r = placed
     ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
-    size = node.size
-    ivars = indexing.index_vars("i", len(size))
-    own = indexing.linear_index(ivars, indexing.contiguous_strides(size))
-    position = indexing.simplify_index(own.subs(mapping, simultaneous=True), ranges)
+    ivars = indexing.index_vars("i", len(node.size))
+    own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
+    position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
 
     def rewrite(e: ir.Expr) -> ir.Expr | None:
-        if isinstance(e, ir.IndexValue):
-            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
-        if not isinstance(e, ir.Load):
+        if not isinstance(e, (ir.Load, ir.IndexValue)):
             return None
-        index = _subs(e.index, mapping, ranges)
-        if e.buffer not in fused:
-            return ir.Load(e.buffer, index, e.dtype, e.indirect)
-        return _fused_read(fused[e.buffer], index, group)  # computed in this kernel
+        e = dataclasses.replace(e, index=_subs(e.index, mapping, ranges))
+        if isinstance(e, ir.Load) and e.buffer in fused:  # computed in this kernel
+            return _fused_read(fused[e.buffer], e.index, group)
+        return e
 
     try:
         value = ir.map_expr(node.body, rewrite)
