@@ -176,8 +176,7 @@ def walk(*exprs: Expr) -> Iterator[Expr]:
 
 
 def post_order(*exprs: Expr) -> list[Expr]:
-    """Every distinct sub-expression of ``exprs``, once, each after its arguments (left to right:
-    the order in which a recursive evaluation would first reach them)."""
+    """Every distinct sub-expression of ``exprs``, once, each after its arguments."""
     order: list[Expr] = []
     seen: set[int] = set()
     stack = [(e, False) for e in reversed(exprs)]
@@ -193,8 +192,7 @@ def post_order(*exprs: Expr) -> list[Expr]:
 
 
 def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Rebuild ``expr`` bottom-up; ``fn`` returns a replacement for a node, or None to keep it.
-    Each distinct node is rebuilt once, so shared sub-expressions stay shared."""
+    """Rebuild ``expr`` bottom-up, each distinct node once; ``fn`` replaces a node, or None."""
     new: dict[int, Expr] = {}  # id(original node) -> its rebuilt version
     for node in post_order(expr):
         rebuilt = node

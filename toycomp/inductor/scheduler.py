@@ -324,10 +324,7 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
     ivars = indexing.index_vars("i", len(node.size))
-    if isinstance(node, Reduction) and node.mix_order_rows:  # split_reduction.py's partials
-        if _is_column_partial(node, numel, rnumel):
-            return _column_partial_mapping(node, ivars), True
-    if isinstance(node, Reduction):
+    if isinstance(node, Reduction):  # (split_reduction.py's mix-order partials too)
         return _reduction_mapping(node, ivars, numel, rnumel)
     if indexing.known_equal(indexing.numel(node.size), numel):  # per row
         return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
@@ -336,6 +333,8 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
 
 def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
     """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
+    if node.mix_order_rows and _is_column_partial(node, numel, rnumel):
+        return _column_partial_mapping(node, ivars), True
     if not _same_group(_node_group(node), (numel, rnumel)):
         return None
     rvars = indexing.index_vars("r", len(node.reduction_size))
@@ -412,23 +411,28 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
-        if _is_column_partial(e.node, group.numel, group.rnumel):  # (mix-order reductions)
-            statements.append((True, _column_reduce(e)))
-        elif isinstance(e.node, Reduction):
-            local = ir.Local(_local_name(e.node), e.node.dtype)
-            reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
-            statements.append((True, reduce))
-            if e.node.name in stored:
-                pending.append((False, ir.Store(e.node.name, e.position, local)))
+        if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
+            _add_reduction(e, group, stored, statements, pending)
         elif e.node.name in stored:
             statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
-            pending = []
+            pending.clear()
     loops = _split_loops(statements + pending)
     origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
     return ir.Kernel(
         name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins,
         group.rows_per_program,
     )
+
+
+def _add_reduction(e: _Entry, group: _Group, stored: set[str], statements, pending) -> None:
+    """A Reduce (or a mix-order ColumnReduce); its Store waits ([Note: pending stores])."""
+    if _is_column_partial(e.node, group.numel, group.rnumel):
+        statements.append((True, _column_reduce(e)))
+        return
+    local = ir.Local(_local_name(e.node), e.node.dtype)
+    statements.append((True, ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)))
+    if e.node.name in stored:
+        pending.append((False, ir.Store(e.node.name, e.position, local)))
 
 
 def _column_reduce(e: _Entry) -> ir.ColumnReduce:
