@@ -33,7 +33,7 @@ TEACH_PATH_BUDGET = {
     "capture": 890,
     "aot": 640,
     "prims": 395,
-    "inductor": 1050,
+    "inductor": 960,
     "inductor/codegen": 360,
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
     "glue": 325,
