@@ -2,6 +2,7 @@
 
     python benchmarks/real_models.py                          # every model, fp32, one process each
     python benchmarks/real_models.py --models gpt2 llama --dtype bf16 --json out.json
+    python benchmarks/real_models.py --dtype fp32 bf16 --gpus 4 --json out.json  # a GPU a model
     python benchmarks/real_models.py --time gpt2 --out r.jsonl   # one model (what the above runs)
 
 A step is the model's forward with its own loss (transformers: ``model(input_ids=...,
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -205,29 +207,55 @@ def time_one(args) -> None:
         f.writelines(json.dumps(r) + "\n" for r in results)
 
 
-def run_all(names, device: str, dtype: str, budget_s: float, small: bool, timeout_s: float):
-    """Each model in its own process (``--time``); the processes share ``timeout_s``."""
+def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, gpus: int = 1,
+            on_result: Callable[[list[dict]], None] = lambda results: None):
+    """Each (model, dtype) job in its own process (``--time``); the processes share ``timeout_s``.
+    With ``gpus`` > 1, one job runs on each GPU at a time (``CUDA_VISIBLE_DEVICES``), so a model's
+    compilers still take turns alone on their GPU. ``on_result`` sees the results so far after
+    each job (a long run stores what finished)."""
     results, deadline = [], time.monotonic() + timeout_s
+    queue, lock = list(jobs), threading.Lock()
+
+    def worker(gpu: int, tmp: str) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                name, dtype = queue.pop(0)
+            on_gpu = gpu if gpus > 1 else None
+            done = _run_job(name, dtype, device, budget_s, small, deadline, on_gpu, tmp)
+            with lock:
+                results.extend(done)
+                on_result(results)
+
     with tempfile.TemporaryDirectory() as tmp:
-        for i, name in enumerate(names):
-            if not have_package(name):
-                print(f"  {name}: its package is not installed here; skipped", file=sys.stderr)
-                continue
-            out = os.path.join(tmp, f"{name}.jsonl")
-            limit = max(30.0, deadline - time.monotonic() - 30 * (len(names) - 1 - i))
-            cmd = [sys.executable, os.path.abspath(__file__), "--time", name, "--out", out,
-                   "--device", device, "--dtype", dtype, "--budget", str(budget_s)]
-            try:
-                subprocess.run(cmd + (["--small"] if small else []), timeout=limit, check=False)
-            except subprocess.TimeoutExpired:
-                print(f"  {name}: stopped after {limit:.0f}s", file=sys.stderr)
-            done = []
-            if os.path.exists(out):
-                with open(out) as f:
-                    done = [json.loads(line) for line in f if line.strip()]
-            results += done or [{"model": name, "dtype": dtype, "compiler": c,
-                                 "status": "timeout"} for c in COMPILERS]  # fmt: skip
+        threads = [threading.Thread(target=worker, args=(k, tmp)) for k in range(gpus)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return results
+
+
+def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp) -> list[dict]:
+    if not have_package(name):
+        print(f"  {name}: its package is not installed here; skipped", file=sys.stderr)
+        return []
+    out = os.path.join(tmp, f"{name}-{dtype}.jsonl")
+    limit = max(30.0, deadline - time.monotonic())
+    cmd = [sys.executable, os.path.abspath(__file__), "--time", name, "--out", out,
+           "--device", device, "--dtype", dtype, "--budget", str(budget_s)]
+    env = os.environ | ({} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)})
+    try:
+        subprocess.run(cmd + (["--small"] if small else []), timeout=limit, check=False, env=env)
+    except subprocess.TimeoutExpired:
+        print(f"  {name} {dtype}: stopped after {limit:.0f}s", file=sys.stderr)
+    if os.path.exists(out):
+        with open(out) as f:
+            done = [json.loads(line) for line in f if line.strip()]
+        if done:
+            return done
+    return [{"model": name, "dtype": dtype, "compiler": c, "status": "timeout"} for c in COMPILERS]
 
 
 def print_table(results: list[dict], device: str) -> None:
@@ -263,24 +291,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
+                        help="one or both; --time takes one")
     parser.add_argument("--small", action="store_true", help="tiny configs and batches (a smoke run)")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds a timing")
     parser.add_argument("--timeout", type=float, default=3000.0, help="seconds for all models")
-    parser.add_argument("--json", help="store the results here")
+    parser.add_argument("--json", help="store the results here (rewritten after each model)")
+    parser.add_argument("--gpus", type=int, default=1, help="models run side by side, one a GPU")
     parser.add_argument("--time", choices=MODELS, help="one model in this process")
     parser.add_argument("--out", help="--time: append one JSON line per compiler here")
     args = parser.parse_args()
     if args.time:
+        args.dtype = args.dtype[0]
         time_one(args)
         return
-    results = run_all(args.models, args.device, args.dtype, args.budget, args.small, args.timeout)
-    print_table(results, args.device)
-    if args.json:
-        meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                "torch": torch.__version__, "dtype": args.dtype, "small": args.small}
-        with open(args.json, "w") as f:
-            json.dump(meta | {"results": results}, f, indent=1)
+    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "torch": torch.__version__, "dtypes": args.dtype, "small": args.small}
+
+    def store(results: list[dict]) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(meta | {"results": results}, f, indent=1)
+
+    jobs = [(name, dtype) for dtype in args.dtype for name in args.models]
+    results = run_all(jobs, args.device, args.budget, args.small, args.timeout, args.gpus, store)
+    for dtype in args.dtype:
+        order = {name: k for k, name in enumerate(args.models)}
+        mine = sorted((r for r in results if r["dtype"] == dtype), key=lambda r: order[r["model"]])
+        print_table(mine, args.device)
+    store(results)
 
 
 if __name__ == "__main__":

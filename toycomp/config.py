@@ -48,6 +48,10 @@ fast_guards = True
 # The C++ kernels of a graph compile at once, this many compilers side by side (None: one per
 # core; False, 0 or 1: one after another) in a pool of threads (inductor/opt/async_compile.py).
 compile_threads: int | None = None
+# Compiled C++ kept on disk between runs, keyed by a hash of its source, compiler, flags and CPU
+# (inductor/cache.py: [Note: cache security]); off: each library is compiled into a fresh
+# temporary folder. (Inductor's code cache, which has no switch; its graph cache: fx_graph_cache.)
+kernel_cache = True
 
 
 class cpp:
@@ -63,6 +67,8 @@ class cpp:
     layouts = True
     # A row's costly values computed once and kept for the next loop (opt/cpp_row_buffers.py).
     row_buffers = True
+    # A graph's C++ kernels compiled as one unit per compile thread (inductor/opt/async_compile.py).
+    batch_kernels = True
 
 
 class triton:
@@ -166,7 +172,8 @@ def with_options(options: dict[str, Any], fn: Callable) -> Callable:
 import sys as _sys  # noqa: E402  (the module itself, for the flat flags)
 
 _module = _sys.modules[__name__]
-_FLAT = ("split_reductions", "memory_planning", "max_autotune", "fast_guards", "compile_threads")
+_FLAT = ("split_reductions", "memory_planning", "max_autotune", "fast_guards", "compile_threads",
+         "kernel_cache")
 DEFAULTS: dict[str, Any] = {name: getattr(_module, name) for name in _FLAT}
 DEFAULTS |= {f"{ns}.{attr}": value for ns, owner in _NAMESPACES.items()
              for attr, value in vars(owner).items() if not attr.startswith("_")}  # fmt: skip

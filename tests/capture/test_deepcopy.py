@@ -14,22 +14,8 @@ import warnings
 import pytest
 import torch
 
+from tests.capture.checks import compile_and_run, dynamo_counts
 from toycomp.capture.convert_frame import CompileContext, summarize
-
-
-def compile_and_run(fn, *args):
-    context = CompileContext(lambda gm, example_inputs: gm.forward)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a frame that runs eagerly warns: fail on it
-        out = context.frame_for(fn)(*args)
-    return out, summarize(context, out)
-
-
-def dynamo_counts(fn, *args) -> tuple[int, int]:
-    torch._dynamo.reset()
-    ex = torch._dynamo.explain(fn)(*args)
-    torch._dynamo.reset()
-    return ex.graph_count, ex.graph_break_count
 
 
 @dataclasses.dataclass

@@ -17,32 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from tests.capture.checks import check, compile_and_run
 from toycomp.capture.convert_frame import CompileContext, summarize
-
-
-def compile_and_run(fn, *args):
-    """Run ``fn`` through the capture (graphs run as captured); (result, ExplainOutput)."""
-    context = CompileContext(lambda gm, example_inputs: gm.forward)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a frame that runs eagerly warns: fail on it
-        out = context.frame_for(fn)(*args)
-    return out, summarize(context, out)
-
-
-def dynamo_graphs(fn, *args) -> int:
-    torch._dynamo.reset()
-    graphs = torch._dynamo.explain(fn)(*args).graph_count
-    torch._dynamo.reset()
-    return graphs
-
-
-def check(fn, *args, graphs=1):
-    """Same result as eager, ``graphs`` graphs (no more than Dynamo), no graph break."""
-    expected = fn(*args)
-    out, ex = compile_and_run(fn, *args)
-    assert ex.graph_break_count == 0, ex.break_reasons
-    assert ex.graph_count == graphs <= dynamo_graphs(fn, *args), ex.break_reasons
-    return expected, out
 
 
 # --- dict subclasses: ModelOutput's shape ---------------------------------------------------------

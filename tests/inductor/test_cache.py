@@ -258,3 +258,33 @@ def test_key_covers_compiler_version_flags_and_cpu(cache_root, monkeypatch):
         m.setattr(cache, "compiler_id", lambda cxx: "/usr/bin/g++ 99.0 (an upgrade)")
         assert cache.compile_cpp(source(8)) != first
     assert cache.compile_cpp(source(8)) == first
+
+
+def test_without_kernel_cache_each_process_compiles_into_a_fresh_folder(cache_root, compiles,
+                                                                         monkeypatch):
+    """``kernel_cache`` off (the teach preset): nothing is written to the cache directory, each
+    source is compiled into its own private folder, once per process."""
+    from toycomp import config
+
+    monkeypatch.setattr(cache, "_COMPILED", {})
+    with config.patch(kernel_cache=False):
+        first, second = cache.compile_cpp(source(3)), cache.compile_cpp(source(3))
+        assert first == second and len(compiles) == 1
+        assert stat.S_IMODE(os.stat(first.parent).st_mode) == 0o700
+        assert cache.load_cpp_library(source(4)).value() == 4
+        assert cache.load_cpp_library(source(4)).value() == 4
+        assert cache.compile_cpp(source(4)).parent != first.parent and len(compiles) == 2
+        monkeypatch.setattr(cache, "_COMPILED", {})  # a new process compiles again
+        assert cache.compile_cpp(source(3)) != first and len(compiles) == 3
+    assert not (cache_root / "cpp").exists()
+    with config.patch(kernel_cache=True):
+        assert cache.load_cpp_library(source(5)).value() == 5
+    assert (cache_root / "cpp").is_dir()
+
+
+def test_without_kernel_cache_a_compile_error_names_the_source(cache_root, monkeypatch):
+    monkeypatch.setattr(cache, "_COMPILED", {})
+    from toycomp import config
+
+    with config.patch(kernel_cache=False), pytest.raises(cache.CppCompileError, match="kernel.cpp"):
+        cache.compile_cpp('extern "C" int broken() { return x; }\n')

@@ -46,6 +46,7 @@ from toycomp.aot.partitioners import default_partition
 from toycomp.symbolic_shapes import is_symbolic
 from toycomp.aot.runtime_wrappers import (
     AOTOutput,
+    _requires_grad,
     offset_sensitive_inputs,
     output_alias_info,
     run_graph,
@@ -67,20 +68,20 @@ def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
     return outs
 
 
-def _requires_grad(x: Any) -> bool:
-    """Does this input need a gradient? (A size input, a SymInt or int, never does.)"""
-    return isinstance(x, torch.Tensor) and x.requires_grad
-
-
 def _clone_input(x: Any, requires_grad: bool) -> Any:
     """A private copy of an input (same strides): tracing never mutates the user's data."""
-    if is_symbolic(x) or type(x) is int:
-        return x
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
+        return _size_input(x)
     dense = is_dense(x)
     clone = copy_like(x, x) if dense else x.detach().clone(memory_format=torch.contiguous_format)
     return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
+
+
+def _size_input(x: Any) -> Any:
+    """A size input (an int or a SymInt) as it is; anything else is refused."""
+    if is_symbolic(x) or type(x) is int:
+        return x
+    raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
 
 
 # [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
@@ -89,9 +90,6 @@ def _clone_input(x: Any, requires_grad: bool) -> Any:
 # gets ``primal.clone()`` (made before recording starts: nothing enters the graph, and its
 # backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
 # (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
-def _as_passed(primal: torch.Tensor) -> torch.Tensor:
-    """What ``fn`` sees for a primal: the leaf itself, or a non-leaf copy if it requires grad."""
-    return primal.clone() if _requires_grad(primal) else primal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +138,7 @@ class _Trace:
     values: dict[str, torch.Tensor]  # real value of every node, by node name
 
     def examples(self, gm: fx.GraphModule) -> list[torch.Tensor]:
-        """The real values of ``gm``'s placeholders (the compilers' example inputs); a size
-        computed in the graph is its SymInt (``meta["val"]``)."""
+        """The real values of ``gm``'s inputs (for a size computed in the graph, its SymInt)."""
         return [self.values.get(n.name, n.meta.get("val"))
                 for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
@@ -155,25 +152,12 @@ def _enables_grad(fn: Callable) -> bool:
         n.target is torch._C._set_grad_enabled and n.args[0] is True for n in fn.graph.nodes)
 
 
-# [Note: cudnn off while tracing] Composite ops pick a backend while we trace
-# (batch_norm -> cudnn_batch_norm on CUDA), and cudnn's batch norm hides its running-stat
-# mutation and needs a workspace output; so do mkldnn's RNNs on CPU, whose workspace is
-# empty under no_grad (as in CompiledFunction.forward). With cudnn and mkldnn off we record
-# native ops, which run on every device; convolutions still pick a backend at run time.
-def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
-    with cudnn_and_mkldnn_disabled():
-        return _trace_inner(fn, inputs, joint)
-
-
 # [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
 # require grad (user outputs, and new values of inputs that autograd saw being mutated)
 # w.r.t. the primals that require grad, with one tangent per such output.
-def _trace_backward(
-    recorder: FunctionalRecorder, primals: list, outs: tuple, diff: list
-) -> list:
+def _trace_backward(recorder: FunctionalRecorder, primals: list, outs: list, diff: list) -> list:
     """Record the backward: a gradient node (or None) per primal ([Note: the joint function])."""
-    tangents = [torch.ones(outs[i].shape, dtype=outs[i].dtype, device=outs[i].device)
-                for i in diff]  # fmt: skip
+    tangents = [torch.ones_like(outs[i], memory_format=torch.contiguous_format) for i in diff]
     for k, t in enumerate(tangents):
         recorder.tracker.placeholder(f"tangents_{k + 1}", t)
     wrt = [p for p in primals if _requires_grad(p)]
@@ -186,22 +170,26 @@ def _trace_backward(
             for p in primals]  # fmt: skip
 
 
-def _trace_inner(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
+# [Note: cudnn off while tracing] Composite ops pick a backend while we trace
+# (batch_norm -> cudnn_batch_norm on CUDA), and cudnn's batch norm hides its running-stat
+# mutation and needs a workspace output; so do mkldnn's RNNs on CPU, whose workspace is
+# empty under no_grad (as in CompiledFunction.forward). With cudnn and mkldnn off we record
+# native ops, which run on every device; convolutions still pick a backend at run time.
+def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
     tracker = TensorTracker()
     recorder = FunctionalRecorder(tracker)
-    primals = [_clone_input(x, joint and _requires_grad(x)) for x in inputs]
     grad_mode = joint and torch.is_grad_enabled()  # (off: the graph may turn it on itself)
-    with torch.enable_grad() if joint else torch.no_grad():
-        passed = [_as_passed(p) for p in primals]  # [Note: mutated inputs that require grad]
+    with cudnn_and_mkldnn_disabled(), torch.enable_grad() if joint else torch.no_grad():
+        primals = [_clone_input(x, joint and _requires_grad(x)) for x in inputs]
+        # What fn sees: [Note: mutated inputs that require grad]
+        passed = [p.clone() if _requires_grad(p) else p for p in primals]
         grad_fns = [getattr(p, "grad_fn", None) for p in passed]
         for i, p in enumerate(passed):
             tracker.placeholder(f"primals_{i + 1}", p)
         with recorder, torch.set_grad_enabled(grad_mode):
             outs = _as_tuple(fn(*passed))
         out_nodes = [tracker.read(o, f"output {i}") for i, o in enumerate(outs)]
-        mutations = []
-        if tracker.rebound:  # some tensor got a new value: an input, perhaps
-            mutations = _input_mutations(tracker, passed, grad_fns, inputs)
+        mutations = _input_mutations(tracker, passed, grad_fns, inputs) if tracker.rebound else []
         fwd_values = [*outs, *[passed[m.index] for m in mutations]]
         diff_outputs = [i for i, o in enumerate(outs) if joint and _requires_grad(o)]
         diff_outputs += [len(outs) + k for k, m in enumerate(mutations) if m.requires_grad]
@@ -248,6 +236,14 @@ def trace_forward(fn: Callable, inputs: Sequence[torch.Tensor]) -> fx.GraphModul
 # no data), the joint trace runs under their FakeTensorMode: no computation on real data and
 # no random numbers drawn. The compilers then get fake example inputs.
 
+# [Note: aot_function's arguments]
+# ``fn`` is a callable on flat tensors returning a tensor or a tuple/list of tensors;
+# ``example_inputs`` are real or fake tensors ([Note: tracing on fake tensors]).
+# ``fw_compiler(gm, example_inputs)`` returns a callable on a list of inputs (``None``: run the
+# GraphModule as it is), ``bw_compiler`` the same for the backward (default: ``fw_compiler``);
+# ``partition_fn(joint)`` returns ``(forward, backward, saved value names)``. The result is an
+# ``AOTOutput`` whose ``joint`` and ``backward`` are ``None`` when nothing needs a gradient.
+
 # What aot_function copies from the traced graph's meta into AOTOutput.
 _RUNTIME_METADATA = ("num_fwd_outputs", "num_user_outputs", "mutated_inputs", "requires_grad",
                      "diff_outputs", "grad_inputs", "output_alias_info")  # fmt: skip
@@ -260,35 +256,21 @@ def aot_function(
     bw_compiler: Compiler | None = None,
     partition_fn: Callable = default_partition,
 ) -> AOTOutput:
-    """Trace ``fn`` at the ATen level, partition, compile both halves, and wrap them.
-
-    Args:
-        fn: callable on flat tensors returning a tensor or a tuple/list of tensors.
-        example_inputs: real or fake tensors ([Note: tracing on fake tensors]).
-        fw_compiler: ``compiler(gm, example_inputs) -> callable(list) -> sequence``; ``None``
-            runs the GraphModule. ``bw_compiler``: the same for the backward.
-        partition_fn: ``joint -> (forward, backward, saved value names)``.
-
-    Returns:
-        An ``AOTOutput`` (``joint`` and ``backward`` are ``None`` when nothing needs a gradient).
-    """
+    """Trace, partition, compile and wrap ``fn`` ([Note: aot_function's arguments])."""
     fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
     enables_grad = _enables_grad(fn)
     joint = (torch.is_grad_enabled() or enables_grad) and any(map(_requires_grad, example_inputs))
-    fake_mode = fake_mode_of(example_inputs)
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+    with fake_mode_of(example_inputs) or contextlib.nullcontext():
         trace = _trace(fn, example_inputs, joint=joint)
     forward, backward, saved = partition_fn(trace.gm) if joint else (trace.gm, None, [])
-    compiled_forward = fw_compiler(forward, trace.examples(forward))
-    compiled_backward = bw_compiler(backward, trace.examples(backward)) if joint else None
     return AOTOutput(
         joint=trace.gm if joint else None,
         forward=forward,
         backward=backward,
         saved_values=saved,
-        compiled_forward=compiled_forward,
-        compiled_backward=compiled_backward,
+        compiled_forward=fw_compiler(forward, trace.examples(forward)),
+        compiled_backward=bw_compiler(backward, trace.examples(backward)) if joint else None,
         offset_sensitive=offset_sensitive_inputs(trace.gm, len(example_inputs)),
         enables_grad=enables_grad,
         **{name: trace.gm.meta[name] for name in _RUNTIME_METADATA},

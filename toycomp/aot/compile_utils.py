@@ -23,6 +23,7 @@ NB: in PyTorch this lives in torch/_functorch/compile_utils.py (``fx_graph_cse``
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -47,40 +48,34 @@ def is_random(node: fx.Node) -> bool:
 
 def _is_pure(node: fx.Node) -> bool:
     """A call whose result depends only on its arguments: safe to merge with an equal call."""
-    if node.op != "call_function":
-        return False
-    if node.target is operator.getitem:
-        return True
     target = node.target
-    return (
-        isinstance(target, OpOverload)
+    return target is operator.getitem or (
+        isinstance(target, OpOverload)  # (a placeholder's or get_attr's target is a string)
         and not schema_of(target).is_mutable
         and not is_random(node)
         and target.overloadpacket not in _UNINITIALIZED
     )
 
 
+# [Note: CSE keys] A node's key is ``(target, args, kwargs)`` with each argument node replaced by
+# its merged copy and each constant keyed with its type, floats by ``repr``: ``pow(x, 2)`` !=
+# ``pow(x, 2.0)``, ``mul(x, 0.0)`` != ``mul(x, -0.0)``. Lists and tuples stay apart
+# (``map_aggregate`` keeps a list a list). A tensor constant is compared by value, never by
+# identity, so a node taking one gets no key; nor does one with an unhashable constant.
 def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
-    """``(target, args, kwargs)`` with nodes replaced by their merged copies; None if unkeyable.
+    """The key of [Note: CSE keys], or None if the node has none."""
 
-    Constants are keyed with their type, floats by ``repr``: ``pow(x, 2)`` != ``pow(x, 2.0)``,
-    ``mul(x, 0.0)`` != ``mul(x, -0.0)``."""
-
-    def norm(a):
+    def key_of(a: Any) -> Any:
         if isinstance(a, fx.Node):
             return env[a]
-        if isinstance(a, (list, tuple)):
-            return (type(a), tuple(norm(b) for b in a))
-        if isinstance(a, dict):
-            return (dict, tuple((k, norm(v)) for k, v in a.items()))
         if isinstance(a, torch.Tensor):
-            raise TypeError("tensor constant")  # compared by value, never by identity
+            raise TypeError("tensor constant")
         return (type(a), repr(a) if isinstance(a, (float, complex)) else a)
 
     try:
-        key = (node.target, norm(node.args), norm(node.kwargs))
+        key = (node.target, fx.node.map_aggregate((node.args, node.kwargs), key_of))
         hash(key)
-    except TypeError:  # an unhashable constant (a slice...): keep the node as it is
+    except TypeError:  # a tensor or an unhashable constant (a slice...): keep the node
         return None
     return key
 
@@ -93,8 +88,7 @@ def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
 # nor in-place or allocating ones; and a node the graph returns is never replaced by an
 # earlier equal one (eager returned distinct tensors). Kept nodes keep their names and meta.
 def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
-    """Merge calls of the same pure op on the same arguments into one node, in a new graph
-    ([Note: CSE before partitioning])."""
+    """One node for equal calls of a pure op, in a new graph ([Note: CSE before partitioning])."""
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[tuple, fx.Node] = {}
@@ -103,9 +97,8 @@ def fx_graph_cse(graph: fx.Graph) -> fx.Graph:
         key = _cse_key(node, env) if _is_pure(node) else None
         if key is not None and key in seen and node not in returned:
             env[node] = seen[key]
-            continue
-        env[node] = new_graph.node_copy(node, lambda n: env[n])
-        if key is not None:
-            seen.setdefault(key, env[node])
+        else:
+            env[node] = new_graph.node_copy(node, lambda n: env[n])
+            seen.setdefault(key, env[node])  # (the None key is never looked up)
     new_graph.lint()
     return new_graph

@@ -95,13 +95,15 @@ def bind_arguments(func, args: tuple, kwargs: dict) -> dict[str, Any]:
 def mutated_args(func, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """(argument name, tensor) for every tensor that ``func`` writes to, in schema order."""
     if func in BATCH_NORM_OPS:  # [Note: batch norm's hidden mutation]
-        training = bind_arguments(func, args, kwargs).get("training", False)
-        names = ["running_mean", "running_var"] if training else []
-    else:
-        names = [a.name for a in schema_of(func).arguments if a.is_write]
-    if not names:
-        return []
-    return _written_tensors(func, names, bind_arguments(func, args, kwargs))
+        return _batch_norm_mutations(func, bind_arguments(func, args, kwargs))
+    names = [a.name for a in schema_of(func).arguments if a.is_write]
+    return _written_tensors(func, names, bind_arguments(func, args, kwargs)) if names else []
+
+
+def _batch_norm_mutations(func, bound: dict) -> list[tuple[str, torch.Tensor]]:
+    """The running statistics, which batch norm updates when training."""
+    names = ["running_mean", "running_var"] if bound.get("training", False) else []
+    return _written_tensors(func, names, bound)
 
 
 def _written_tensors(func, names: list[str], bound: dict) -> list[tuple[str, torch.Tensor]]:
@@ -141,23 +143,18 @@ def functional_variant(func, mutated: list[str]) -> tuple[Any, list[int], list[i
 
 # -- memory and layout --------------------------------------------------------------------------
 def copy_like(t: torch.Tensor, like: torch.Tensor | tuple) -> torch.Tensor:
-    """A fresh copy of ``t``'s values with ``like``'s strides (contiguous if impossible);
-    ``like`` is a tensor or a (shape, strides) pair."""
+    """A copy of ``t`` with ``like``'s (a tensor's, or (shape, strides)) layout, if possible."""
     shape, stride = (like.shape, like.stride()) if isinstance(like, torch.Tensor) else like
     try:
-        out = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-        return out.copy_(t.detach())
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t.detach())
     except RuntimeError:  # e.g. expanded (stride 0) layouts cannot be written to
         return t.detach().clone(memory_format=torch.contiguous_format)
 
 
 def storage_key(t: torch.Tensor) -> tuple | None:
-    """Equal for tensors sharing a storage; None for an empty storage (shares nothing), and
-    for a size (an int or SymInt input)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    storage = t.untyped_storage()
-    if storage.nbytes() == 0:
+    """Equal for tensors sharing a storage; None for a size or an empty storage (shares none)."""
+    storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+    if storage is None or storage.nbytes() == 0:
         return None
     if storage.device.type == "meta":  # fake and meta tensors: no data pointer to compare
         return (t.device, "meta", storage_identity(storage))

@@ -89,6 +89,7 @@ DATA_DEPENDENT_ERRORS = ("DynamicOutputShapeException", "DataDependentOutputExce
 # Ops that answer a question about a tensor (no tensor result): a fake tensor answers its device
 # through the dispatcher, so the recorder sees them when tracing on fake tensors.
 METADATA_QUERIES = {torch.ops.prim.device.default, torch.ops.prim.layout.default}
+_SPECIAL_OPS = DATA_DEPENDENT_OPS | AS_STRIDED_OPS
 
 
 class FunctionalRecorder(TorchDispatchMode):
@@ -107,13 +108,10 @@ class FunctionalRecorder(TorchDispatchMode):
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in DATA_DEPENDENT_OPS:  # the graph then runs as captured, with a warning
-            raise _data_dependent(func, "is data-dependent (its result or shape depends on "
-                                  "tensor values); it cannot be traced ahead of time")
-        if func in AS_STRIDED_OPS:
-            return self._as_strided(func, args, kwargs)
         if func in METADATA_QUERIES:  # a fake tensor's device asked through the dispatcher
             return func(*args, **kwargs)
+        if func in _SPECIAL_OPS:  # data-dependent ops, as_strided
+            return self._special_op(func, args, kwargs)
         mutated = mutated_args(func, args, kwargs)
         random = torch.Tag.nondeterministic_seeded in func.tags
         if random and (order := _memory_order(func, mutated, args)) is not None:
@@ -126,21 +124,31 @@ class FunctionalRecorder(TorchDispatchMode):
         try:
             with _draws_nothing(args, kwargs) if random else contextlib.nullcontext():
                 out = func(*args, **kwargs)
-        except RuntimeError as e:  # x[mask]'s nonzero, inside the fake kernel of aten.index
-            if type(e).__name__ in DATA_DEPENDENT_ERRORS:
-                raise _data_dependent(func, f"has a data-dependent output shape here ({e})") from e
+        except RuntimeError as e:
+            _raise_if_data_dependent(func, e)  # x[mask]'s nonzero, in the fake kernel of index
             raise
-        if not mutated:
-            node = self.tracker.emit(func, nargs, nkwargs, out)
-            results = self.tracker.emit_results(node, out)
-            for t, node in zip(_as_list(out), results):
-                if node is not None:
-                    self.tracker.track(t, node)
-        elif func is aten.copy_.default:
-            self._replace(args[0], self._copy_value(nargs[1], args[1], args[0]), str(func))
-        else:
+        if mutated:  # in place or out=: recorded as the out-of-place op
             self._functionalize(func, mutated, nargs, nkwargs, (args, kwargs), out)
+            return out
+        node = self.tracker.emit(func, nargs, nkwargs, out)
+        if isinstance(out, torch.Tensor):
+            self.tracker.track(out, node)
+        else:
+            self._track_results(node, out)  # sizes, tuples of results
         return out
+
+    def _track_results(self, node: fx.Node, out: Any) -> None:
+        """Track each tensor of a result that is not one tensor: a size, or a tuple."""
+        for t, result in zip(_as_list(out), self.tracker.emit_results(node, out)):
+            if result is not None:
+                self.tracker.track(t, result)
+
+    def _special_op(self, func, args: tuple, kwargs: dict) -> Any:
+        """A data-dependent op (refused) or ``as_strided``."""
+        if func in DATA_DEPENDENT_OPS:  # the graph then runs as captured, with a warning
+            raise _data_dependent(func, "is data-dependent (its result or shape depends on "
+                                  "tensor values); it cannot be traced ahead of time")  # fmt: skip
+        return self._as_strided(func, args, kwargs)
 
     def _fill_in_memory_order(self, func, types, args, kwargs, order: list[int]) -> Any:
         """Record an in-place random op on the contiguous permutation of the tensor it fills
@@ -285,6 +293,9 @@ class FunctionalRecorder(TorchDispatchMode):
 
     def _functionalize(self, func, mutated, nargs, nkwargs, real, out) -> None:
         op = str(func)
+        if func is aten.copy_.default:
+            self._replace(real[0][0], self._copy_value(nargs[1], real[0][1], real[0][0]), op)
+            return
         functional, result_of, outputs = functional_variant(func, [n for n, _ in mutated])
         arguments = schema_of(func).arguments
         drop = {a.name for a in arguments if a.is_out}
@@ -380,6 +391,11 @@ def _devices_like(val: Any, mutated: list) -> Any:
 
 def _data_dependent(func: Any, what: str) -> NotImplementedError:
     return NotImplementedError(f"toycomp.aot: {func} {what}")
+
+
+def _raise_if_data_dependent(func: Any, e: RuntimeError) -> None:
+    if type(e).__name__ in DATA_DEPENDENT_ERRORS:
+        raise _data_dependent(func, f"has a data-dependent output shape here ({e})") from e
 
 
 def _as_list(value: Any) -> list:

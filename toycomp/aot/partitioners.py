@@ -79,22 +79,16 @@ def _ancestors(roots: list[fx.Node], stop: set[fx.Node] = frozenset()) -> set[fx
     todo = [r for r in roots if r is not None]
     while todo:
         node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node not in stop:
-            todo.extend(node.all_input_nodes)
+        if node not in seen:
+            seen.add(node)
+            todo.extend(node.all_input_nodes if node not in stop else ())
     return seen
 
 
 def extract_graph(
-    joint: fx.GraphModule,
-    inputs: list[fx.Node],
-    outputs: list[fx.Node],
-    nodes: set[fx.Node],
+    joint: fx.GraphModule, inputs: list[fx.Node], outputs: list[fx.Node], nodes: set[fx.Node]
 ) -> fx.GraphModule:
-    """Copy ``nodes`` (in the joint's order) into a new graph that takes ``inputs`` and returns
-    ``outputs``; names and ``meta`` are kept (``sin`` in the joint is ``sin`` in the forward)."""
+    """A graph of ``nodes`` (joint's order, names, meta) from ``inputs`` to ``outputs``."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -103,8 +97,6 @@ def extract_graph(
     for node in joint.graph.nodes:
         if node in nodes and node not in env and node.op not in ("placeholder", "output"):
             env[node] = graph.node_copy(node, lambda n: env[n])
-        elif node in nodes and node.op == "placeholder" and node not in env:
-            raise RuntimeError(f"partitioner: {node.name} is needed but is not an input")
     graph.output(tuple(env[o] for o in outputs))
     graph.lint()
     return fx.GraphModule(joint, graph)
@@ -124,11 +116,10 @@ def is_size(node: fx.Node) -> bool:
 # costs nothing, and recomputing it in the backward could need the tensor it is read from.
 def with_sizes(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.Node]) -> list:
     """The saved values, tensors first, then the sizes the backward needs."""
-    tensors = [n for n in saved if not is_size(n)]
-    sizes = [n for n in saved if is_size(n)]
-    if any(free_symbols(n.meta.get("val")) for n in tensors + sizes + tangents):
-        sizes += _symbol_holders(joint, tensors + sizes + tangents, sizes)  # dynamic shapes
-    return tensors + sizes
+    saved = sorted(saved, key=is_size)  # (a stable sort: in graph order)
+    if any(free_symbols(n.meta.get("val")) for n in saved + tangents):  # dynamic shapes
+        saved += _symbol_holders(joint, saved + tangents, [n for n in saved if is_size(n)])
+    return saved
 
 
 def _symbol_holders(joint: fx.GraphModule, nodes: list[fx.Node], sizes: list[fx.Node]) -> list:
@@ -245,22 +236,20 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     """True for a call the backward must not recompute ([Note: what may be recomputed])."""
     if node.op != "call_function" or node.target is operator.getitem:
         return False
-    if is_random(node):
-        return True
-    if not node.all_input_nodes:  # a creation op (scalar_tensor, full...): nothing to read
-        return False
-    return getattr(node.target, "overloadpacket", None) not in RECOMPUTABLE_OPS
+    packet = getattr(node.target, "overloadpacket", None)
+    # A creation op (scalar_tensor, full...) reads nothing: it is recomputed unless random.
+    return is_random(node) or (bool(node.all_input_nodes) and packet not in RECOMPUTABLE_OPS)
 
 
+# [Note: weights] Saving a tuple costs infinitely much (its ``getitem``s are saved instead), and so
+# does saving a view (its base is: PyTorch's ``recompute_views``).
 def _weight(node: fx.Node) -> float:
-    """The cost of saving ``node``: its size in bytes; infinite for a tuple (its ``getitem``s
-    are saved) and a view (its base is: PyTorch's ``recompute_views``)."""
+    """The cost of saving ``node``: its size in bytes ([Note: weights])."""
     val = node.meta.get("val")
     if is_size(node):  # a number: as cheap as it gets ([Note: saving sizes])
         return 1
-    if not isinstance(val, torch.Tensor):
-        return math.inf
-    if getattr(node.target, "overloadpacket", None) in VIEW_OPS:
+    is_view = getattr(node.target, "overloadpacket", None) in VIEW_OPS
+    if is_view or not isinstance(val, torch.Tensor):
         return math.inf
     return hint(val.numel()) * val.element_size()  # a symbolic size weighs its example value
 
@@ -269,7 +258,7 @@ def _tangent_closure(joint: fx.GraphModule, tangents: list[fx.Node]) -> set[fx.N
     """The tangents and every node computed from them: these can only run in the backward."""
     closure = set(tangents)
     for node in joint.graph.nodes:
-        if node.op != "output" and any(a in closure for a in node.all_input_nodes):
+        if node.op != "output" and not closure.isdisjoint(node.all_input_nodes):
             closure.add(node)
     return closure
 
@@ -280,22 +269,20 @@ def _flow_graph(
     """The flow graph of [Note: the flow graph], vertices named ``<node>_in`` / ``<node>_out``."""
     flow = nx.DiGraph()
     flow.add_nodes_from(["source", "sink"])
-    for node in joint.graph.nodes:
-        if node.op == "output":
-            continue
+    for node in list(joint.graph.nodes)[:-1]:  # (the last node is the output)
+        node_in, node_out = f"{node.name}_in", f"{node.name}_out"
         if node in required_bw and node not in required_fw:
-            flow.add_edge(f"{node.name}_in", "sink", capacity=math.inf)
+            flow.add_edge(node_in, "sink", capacity=math.inf)
             continue
         if node in required_bw:  # a gradient that the forward computes (a primal...): save it
-            flow.add_edge(f"{node.name}_out", "sink", capacity=math.inf)
+            flow.add_edge(node_out, "sink", capacity=math.inf)
         in_forward = node in required_fw or is_random(node)  # random ops run where eager ran them
         size = is_size(node) and node not in required_bw  # [Note: saving sizes]: in the forward
         if _is_primal(node) or size or (in_forward and should_ban_recomputation(node)):
-            flow.add_edge("source", f"{node.name}_in", capacity=math.inf)
-        flow.add_edge(f"{node.name}_in", f"{node.name}_out", capacity=_weight(node))
-        for user in node.users:
-            if user.op != "output":
-                flow.add_edge(f"{node.name}_out", f"{user.name}_in", capacity=math.inf)
+            flow.add_edge("source", node_in, capacity=math.inf)
+        flow.add_edge(node_in, node_out, capacity=_weight(node))
+        users = [f"{user.name}_in" for user in node.users if user.op != "output"]
+        flow.add_edges_from([(node_out, user) for user in users], capacity=math.inf)
     return flow
 
 
@@ -311,33 +298,28 @@ def _flow_graph(
 def solve_min_cut(
     joint: fx.GraphModule, fwd_outputs: list[fx.Node], bwd_outputs: list[fx.Node]
 ) -> list[fx.Node]:
-    """The values to save, in graph order: the nodes whose ``n_in -> n_out`` edge a minimum
-    cut between the primals and the backward cuts ([Note: the flow graph])."""
+    """The nodes to save, in graph order: the minimum cut of [Note: the flow graph]."""
     tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
     required_fw = _ancestors(fwd_outputs) | {n for n in joint.graph.nodes if _is_primal(n)}
     required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
     flow = _flow_graph(joint, required_fw, required_bw)
     try:
-        _, (source_side, _) = nx.minimum_cut(flow, "source", "sink")
+        _, (source, sink) = nx.minimum_cut(flow, "source", "sink")
     except nx.NetworkXUnbounded as e:
-        raise RuntimeError(
-            "min_cut_rematerialization_partition: the backward needs a value that can be "
-            "neither saved nor recomputed (no finite cut)"
-        ) from e
-    return [
-        n
-        for n in joint.graph.nodes
-        if f"{n.name}_in" in source_side
-        and flow.has_node(f"{n.name}_out")
-        and f"{n.name}_out" not in source_side
-    ]
+        raise RuntimeError(_NO_FINITE_CUT) from e
+    return [n for n in joint.graph.nodes if f"{n.name}_in" in source and f"{n.name}_out" in sink]
+
+
+_NO_FINITE_CUT = (
+    "min_cut_rematerialization_partition: the backward needs a value that can be neither saved "
+    "nor recomputed (no finite cut)"
+)
 
 
 def min_cut_rematerialization_partition(
     joint: fx.GraphModule, *, num_fwd_outputs: int | None = None
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
-    """Split a joint graph, saving the cheapest set of values (by size) the backward needs and
-    recomputing the rest (pointwise and view ops only); ``default_partition``'s contract."""
+    """``default_partition``, saving the cheapest values (by size) and recomputing the rest."""
     if num_fwd_outputs is None:
         num_fwd_outputs = joint.meta["num_fwd_outputs"]
     joint = fx.GraphModule(joint, fx_graph_cse(joint.graph))
@@ -347,16 +329,12 @@ def min_cut_rematerialization_partition(
     primals = [n for n in joint.graph.nodes if _is_primal(n)]
     tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
     cut = set(solve_min_cut(joint, fwd_outputs, bwd_outputs))
-    reached = _ancestors(bwd_outputs, stop=cut)
+    reached = _ancestors(bwd_outputs, stop=cut)  # the backward: it recomputes what is not cut
     saved = [n for n in joint.graph.nodes if n in reached and n in cut]
-    bwd_nodes = reached - cut
     saved = with_sizes(joint, saved, tangents)  # [Note: saving sizes]
     fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
-    banned = [n for n in bwd_nodes & fwd_nodes if _is_primal(n) or should_ban_recomputation(n)]
-    if banned or any(_is_tangent(n) for n in fwd_nodes):  # impossible for a finite cut
-        raise RuntimeError(f"min_cut_rematerialization_partition: bad cut (recomputes {banned})")
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
-    backward = extract_graph(joint, saved + tangents, bwd_outputs, bwd_nodes | set(tangents))
+    backward = extract_graph(joint, saved + tangents, bwd_outputs, (reached - cut) | set(tangents))
     return forward, backward, [n.name for n in saved]
 
 

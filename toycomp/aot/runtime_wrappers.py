@@ -72,15 +72,13 @@ def output_alias_info(outs: Sequence[torch.Tensor], inputs: Sequence) -> list[Ou
     """Which inputs / earlier outputs each of ``outs`` shares storage with (or is)."""
     in_keys, out_keys = [storage_key(x) for x in inputs], [storage_key(o) for o in outs]
 
-    def sharing(key: tuple | None, keys: list) -> frozenset[int]:
-        return frozenset(j for j, k in enumerate(keys) if key is not None and k == key)
-
-    def which_input(out: Any) -> int | None:
-        return next((j for j, x in enumerate(inputs) if x is out), None)
-
-    return [OutputAliasInfo(sharing(key, in_keys), sharing(key, out_keys[:i]), which_input(o))
-            for i, (o, key) in enumerate(zip(outs, out_keys))]  # fmt: skip
-
+    infos = []
+    for i, (out, key) in enumerate(zip(outs, out_keys)):
+        shared_inputs = frozenset(j for j, k in enumerate(in_keys) if key and k == key)
+        shared_outputs = frozenset(j for j, k in enumerate(out_keys[:i]) if key and k == key)
+        is_input = next((j for j, x in enumerate(inputs) if x is out), None)
+        infos.append(OutputAliasInfo(shared_inputs, shared_outputs, is_input))
+    return infos
 
 
 def run_graph(gm: fx.GraphModule, example_inputs: list) -> Callable[[list], Sequence]:
@@ -98,16 +96,12 @@ class CompiledFunction(torch.autograd.Function):
         saved = outs[aot.num_fwd_outputs :]
         if aot.mutated_inputs:  # the epilogue will overwrite inputs the backward may read
             saved = aot.unshare_mutated(saved, args)
-        is_tensor = [isinstance(s, torch.Tensor) for s in saved]
-        ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
-        ctx.non_tensors = [s for s, t in zip(saved, is_tensor) if not t]
-        ctx.is_tensor, ctx.aot = is_tensor, aot
-        # An output may be returned twice or be an input; autograd wants distinct tensors.
-        seen = {id(a) for a in args if isinstance(a, torch.Tensor)}
-        for i, out in enumerate(fwd):
-            if isinstance(out, torch.Tensor):
-                fwd[i] = out.view_as(out) if id(out) in seen else out
-                seen.add(id(fwd[i]))
+        ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+        ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
+        ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]  # sizes
+        ctx.aot = aot
+        if len(set(map(id, [*fwd, *args]))) < len(fwd) + len(args):  # an object given twice
+            fwd = _distinct_outputs(fwd, args)
         ctx.mark_non_differentiable(*[o for i, o in enumerate(fwd)
                                       if i not in aot.diff_outputs and isinstance(o, torch.Tensor)])
         return tuple(fwd)
@@ -120,17 +114,24 @@ class CompiledFunction(torch.autograd.Function):
         saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
         tangents = [_offset_free(grad_outputs[i].contiguous()) for i in aot.diff_outputs]
         if torch.is_grad_enabled():  # create_graph=True: see [Note: double backward]
-            grads = list(CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents))
+            grads = CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents)
         else:  # the backward may free each saved value once dead: hand over our references
             args, saved, tangents = saved + tangents, [], []
             del tensors  # (an iterator not run to its end still holds ctx.saved_tensors)
             clear_saved_tensors(ctx)  # (kept when retain_graph=True)
-            boxed = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)
-            grads = list(boxed(args))
-        result: list[torch.Tensor | None] = [None] * len(aot.requires_grad)
-        for index, grad in zip(aot.grad_inputs, grads):
-            result[index] = grad
-        return (None, *result)
+            grads = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)(args)
+        grads = dict(zip(aot.grad_inputs, grads))  # the input each gradient is for
+        return (None, *[grads.get(i) for i in range(len(aot.requires_grad))])
+
+
+def _distinct_outputs(fwd: list, args: Sequence) -> list:
+    """An output may be returned twice or be an input; autograd wants distinct tensors."""
+    seen = {id(a) for a in args if isinstance(a, torch.Tensor)}
+    for i, out in enumerate(fwd):
+        if isinstance(out, torch.Tensor):
+            fwd[i] = out.view_as(out) if id(out) in seen else out
+            seen.add(id(fwd[i]))
+    return fwd
 
 
 # [Note: double backward]
@@ -195,8 +196,7 @@ class AOTOutput:
         inputs = self._with_layouts(args)
         if self.offset_sensitive:  # as_strided reads an input: its storage offset must be 0
             self._check_offsets(args)
-        grad_mode = torch.is_grad_enabled() or self.enables_grad
-        if grad_mode and any(_requires_grad(a) for a in args):
+        if (torch.is_grad_enabled() or self.enables_grad) and any(map(_requires_grad, args)):
             self._check_requires_grad(args)
             with torch.enable_grad():  # (outputs made under the graph's no_grad: not diff)
                 outs = CompiledFunction.apply(self, *inputs)
@@ -204,12 +204,15 @@ class AOTOutput:
             with torch.no_grad():
                 outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
                 outs = self.unalias_outputs(outs, inputs)
-        if self.mutated_inputs:  # the input-mutation epilogue: the new values into ``args``
+        if self.mutated_inputs or any(i.is_input is not None for i in self.output_alias_info):
+            return self._epilogue(args, outs)  # in-place ops on inputs
+        return tuple(outs[: self.num_user_outputs])
+
+    def _epilogue(self, args: Sequence[torch.Tensor], outs: Sequence) -> tuple:
+        """The user outputs, once the new values of mutated inputs are copied into ``args``."""
+        if self.mutated_inputs:
             self._apply_mutations(args, outs[self.num_user_outputs :])
-        outs = outs[: self.num_user_outputs]
-        if any(info.is_input is not None for info in self.output_alias_info):
-            outs = self._inputs_as_outputs(args, outs)  # x.add_(y) returns x itself
-        return tuple(outs)
+        return tuple(self._inputs_as_outputs(args, outs[: self.num_user_outputs]))
 
     def _check_offsets(self, args: Sequence[torch.Tensor]) -> None:
         for i in self.offset_sensitive:
@@ -252,14 +255,9 @@ class AOTOutput:
                 for s in saved]  # fmt: skip
 
     def _check_requires_grad(self, args: Sequence[torch.Tensor]) -> None:
-        if self.backward is None:
-            raise RuntimeError("toycomp.aot: traced without autograd, but now an input "
-                               "requires grad; trace again with the same requires_grad")
-        new_grads = [i for i, a in enumerate(args)
-                     if _requires_grad(a) and not self.requires_grad[i]]  # fmt: skip
-        if new_grads:
-            raise RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not "
-                               "when traced; trace again")
+        new = [i for i, a in enumerate(args) if _requires_grad(a) and not self.requires_grad[i]]
+        if new:  # (all that do if traced without autograd)
+            raise _new_grads_error(new, traced_without_autograd=self.backward is None)
 
     # [Note: outputs that eager made fresh]
     # Stages 3/4 may turn a copy into nothing: aten.clone(x), contiguous, _to_copy to the same
@@ -305,37 +303,32 @@ class AOTOutput:
         values = [operator.attrgetter(target)(self.forward) for target in targets]
         return [storage_key(v) for v in values if isinstance(v, torch.Tensor)]
 
-    def _placeholders(self) -> list[fx.Node]:
-        return [n for n in self.forward.graph.nodes if n.op == "placeholder"]
-
     @functools.cached_property
     def _placeholder_vals(self) -> list[torch.Tensor]:
         """The traced (meta) value of each forward input, looked up once, not on every call."""
-        return [n.meta["val"] for n in self._placeholders()]
+        return [n.meta["val"] for n in self.forward.graph.find_nodes(op="placeholder")]
 
     # [Note: inputs with symbolic sizes] With dynamic shapes a forward input's traced value has
     # sizes such as (s0, 3), and sizes are inputs too (Dynamo's s0). On each call we read every
     # symbol's value from the first input that holds it (a size input, else a tensor's size),
     # compute the shapes and strides all inputs must then have, and check them as for static
-    # inputs: a mismatch raises instead of running kernels on the wrong sizes.
+    # inputs: a mismatch raises instead of running kernels on the wrong sizes. Inputs seen
+    # before are not checked again ([Note: inputs checked once] in inductor/runtime.py).
     @functools.cached_property
     def _symbolic_inputs(self) -> SymbolicInputs | None:
         return symbolic_inputs(self._placeholder_vals)
 
     def _with_layouts(self, args: Sequence) -> list:
-        """``args`` with the layouts they were traced with ([Note: inputs with symbolic sizes],
-        [Note: inputs checked once] in inductor/runtime.py)."""
+        """``args`` with the layouts they were traced with ([Note: inputs checked once])."""
         if self._layouts_seen.check(*args):
             return list(args)
-        sym = self._symbolic_inputs
-        if sym is None:  # (a size input whose symbol a guard made a constant: as it is)
-            inputs = [_with_layout(a, m.shape, m.stride(), m.dtype)
-                      if isinstance(m, torch.Tensor) else a
-                      for a, m in zip(args, self._placeholder_vals)]  # fmt: skip
+        vals = self._placeholder_vals
+        if self._symbolic_inputs is None:  # (a size input: None, as it is)
+            layouts = [(m.shape, m.stride()) if isinstance(m, torch.Tensor) else None for m in vals]
         else:
-            layouts = sym.layouts(args)
-            inputs = [a if layout is None else _with_layout(a, *layout, m.dtype)
-                      for a, m, layout in zip(args, self._placeholder_vals, layouts)]  # fmt: skip
+            layouts = self._symbolic_inputs.layouts(args)
+        inputs = [a if layout is None else _with_layout(a, *layout, m.dtype)
+                  for a, m, layout in zip(args, vals, layouts)]  # fmt: skip
         if all(isinstance(a, torch.Tensor) and a is b for a, b in zip(args, inputs)):
             self._layouts_seen.remember(*args)
         return inputs
@@ -371,17 +364,23 @@ def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch
                            f"{tuple(shape)} like when traced; trace again")  # fmt: skip
     if arg.stride() == stride or same_strides((shape, stride), arg):  # the first: a quick check
         return arg
-    out = torch.empty_strided(shape, stride, dtype=arg.dtype, device=arg.device)
-    return out.copy_(arg)
+    return torch.empty_strided(shape, stride, dtype=arg.dtype, device=arg.device).copy_(arg)
 
 
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
-    """Inputs (of the first ``num_inputs``) that ``gm`` reads with as_strided, whose offsets
-    are storage-absolute ([Note: as_strided reads memory]): ``AOTOutput`` checks offset 0."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:num_inputs]
-    uses = [{user.target for user in node.users} if isinstance(node.meta.get("val"), torch.Tensor)
-            else set() for node in placeholders]  # (a size input is an argument of as_strided)
-    return [i for i, targets in enumerate(uses) if aten.as_strided.default in targets]
+    """The inputs ``gm`` reads with as_strided, whose offset must be 0 ([Note: as_strided reads
+    memory]): the first ``num_inputs`` placeholders are the inputs."""
+    inputs = list(gm.graph.find_nodes(op="placeholder"))[:num_inputs]
+    tensors = [i for i, n in enumerate(inputs) if isinstance(n.meta.get("val"), torch.Tensor)]
+    return [i for i in tensors if aten.as_strided.default in {u.target for u in inputs[i].users}]
+
+
+def _new_grads_error(new_grads: list[int], traced_without_autograd: bool) -> RuntimeError:
+    if traced_without_autograd:
+        return RuntimeError("toycomp.aot: traced without autograd, but now an input requires "
+                            "grad; trace again with the same requires_grad")  # fmt: skip
+    return RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not when "
+                        "traced; trace again")  # fmt: skip
 
 
 def _offset_free(t: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from toycomp.aot.functional_utils import (
     storage_key,
 )
 from toycomp._torch_compat import no_fake_mode, tree_map
-from toycomp.symbolic_shapes import is_symbolic, sym_expr, to_fx
+from toycomp.symbolic_shapes import free_symbols, is_symbolic, sym_expr, to_fx
 from toycomp.tensor_utils import to_meta_value
 
 __all__ = ["TensorTracker", "Tracked"]
@@ -97,12 +97,8 @@ class TensorTracker:
 
     # -- adding nodes ----------------------------------------------------------------------
     def placeholder(self, name: str, t: Any) -> fx.Node:
-        """Add an input ``name`` after the previous ones; ``t`` (a tensor or a SymInt) holds
-        its value."""
-        if self.placeholders:
-            with self.graph.inserting_after(self.placeholders[-1]):
-                node = self.graph.placeholder(name)
-        else:
+        """Add an input ``name`` after the previous ones, holding ``t`` (a tensor or SymInt)."""
+        with self.graph.inserting_after(self.placeholders[-1] if self.placeholders else None):
             node = self.graph.placeholder(name)
         node.meta["val"] = _plain_meta(t)
         self.placeholders.append(node)
@@ -119,8 +115,7 @@ class TensorTracker:
             self.sym_nodes.setdefault(sym_expr(size), node)
 
     def emit(self, op: Any, args: tuple, kwargs: dict, val: Any, device: Any = None) -> fx.Node:
-        """Add ``op(*args, **kwargs)``, whose result looks like ``val``, to the graph (``device``:
-        where the result lives when ``val`` is meta, [Note: a node's device])."""
+        """Add ``op(*args, **kwargs)``, whose result is like ``val`` ([Note: a node's device])."""
         args, kwargs = tree_map(self.read_size, (args, kwargs))
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
@@ -129,8 +124,7 @@ class TensorTracker:
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
-        """One node per tensor result of ``node``: itself, or a getitem per tuple element
-        (None for an element that is not a tensor: [Note: results that are not tensors])."""
+        """One node per tensor result of ``node`` ([Note: results that are not tensors])."""
         if isinstance(val, torch.Tensor):
             return [node]
         return self._emit_other_results(node, val)  # sizes, tuples of results
@@ -172,9 +166,7 @@ class TensorTracker:
         self._tracked[id(t)] = entry
         self.values.setdefault(node, t)
         node.meta.setdefault("device", t.device)  # placeholders and constants
-        key = storage_key(t)
-        if key is not None:
-            self._by_storage[key][id(t)] = entry
+        self._by_storage[storage_key(t)][id(t)] = entry  # (None: an empty storage)
         return entry
 
     def retrack(self, entry: Tracked, node: fx.Node) -> Tracked:
@@ -213,8 +205,7 @@ class TensorTracker:
                     self.values[entry.node] = copy_like(entry.tensor, entry.tensor)
 
     def read(self, t: Any, op: str) -> Any:
-        """The node holding ``t``'s current value, or computing the SymInt ``t`` (other values
-        are returned unchanged)."""
+        """The node holding tensor ``t``'s current value, or computing the SymInt ``t``."""
         if not isinstance(t, torch.Tensor):
             return self.read_size(t)
         entry = self.entry_for(t, op)
@@ -225,9 +216,7 @@ class TensorTracker:
     # -- sizes ---------------------------------------------------------------------------------
     def read_size(self, value: Any) -> Any:
         """The node computing a SymInt (built on first use); other values unchanged."""
-        if not is_symbolic(value):
-            return value
-        return self._size_node(sym_expr(value))
+        return self._size_node(sym_expr(value)) if is_symbolic(value) else value
 
     def _size_node(self, expr: Any) -> Any:
         """The node computing the size expression ``expr`` (a number if it is constant)."""
@@ -258,15 +247,12 @@ class TensorTracker:
         raise RuntimeError(f"toycomp.aot: no input holds the size {symbol}")
 
     def bind_symbols(self) -> None:
-        """A node for every symbol of the inputs' sizes (the partitioners save those the
-        backward needs: its inputs' sizes must be known there too)."""
+        """A node for every symbol of the inputs' sizes (the backward may need them too)."""
         for node in list(self.placeholders):
             val = self.values[node]
-            sizes = (*val.shape, *val.stride()) if isinstance(val, torch.Tensor) else ()
-            for size in sizes:
-                if is_symbolic(size):
-                    for symbol in sym_expr(size).free_symbols:
-                        self._symbol_node(symbol)
+            for size in (*val.shape, *val.stride()) if isinstance(val, torch.Tensor) else ():
+                for symbol in free_symbols(size):  # (none for a number)
+                    self._symbol_node(symbol)
 
     def _unknown(self, t: torch.Tensor, op: str) -> Tracked:
         # [Note: tensors the recorder did not see being made]
@@ -308,16 +294,13 @@ def _stale_read_error(op: str, entry: Tracked) -> RuntimeError:
 
 
 def _plain_meta(val: Any) -> Any:
-    """``to_meta_value``, giving ordinary meta tensors even while a ``FakeTensorMode`` is active
-    (tracing on fake tensors): later stages compute with them outside that mode."""
+    """``to_meta_value``, plain meta tensors also under a ``FakeTensorMode`` (for later stages)."""
     with no_fake_mode():
         return to_meta_value(val)
 
 
 def _devices(val: Any) -> Any:
     """The device of a tensor, or a tuple of them for a tuple of results (None for None)."""
-    if isinstance(val, torch.Tensor):
-        return val.device
     if isinstance(val, (tuple, list)):
         return tuple(_devices(v) for v in val)
-    return None
+    return val.device if isinstance(val, torch.Tensor) else None

@@ -12,6 +12,8 @@ a constant as a literal, a value from outside by its source, a tensor computed i
 '__tmp0'
 >>> cg.lines
 ["__tmp0 = [1, 'a']"]
+>>> known_text(3, {}, (int,)), known_text(len, {"n": len}, ())  # a literal, a known name
+('3', 'n')
 
 NB: in PyTorch this lives in torch/_dynamo/codegen.py (PyCodegen, which emits bytecode).
 """
@@ -32,12 +34,7 @@ _LITERALS = (int, float, str, bool, type(None), bytes)
 
 def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> str | None:
     """``value`` as text without binding a new name, or None: a literal of exactly one of
-    ``scalars`` (not an Enum over str or int, whose repr is no Python text; never nan / inf), a
-    torch dtype, or the name ``env`` already binds it to (for the transformed code and guards).
-
-    >>> known_text(3, {}, (int,)), known_text(len, {"n": len}, ())
-    ('3', 'n')
-    """
+    ``scalars`` (not an IntEnum, never nan / inf), a dtype, or the name ``env`` binds it to."""
     if type(value) in scalars and repr(value) not in ("nan", "inf", "-inf"):
         return repr(value)
     if isinstance(value, torch.dtype):
@@ -60,6 +57,11 @@ class PyCodegen:
 
     def reconstruct(self, var) -> str:
         return var.reconstruct(self)
+
+    def bind(self, expr: str, name: str) -> str:
+        """``name = expr``, after the lines ``expr`` needs: a rebuilt value in a temporary."""
+        self.lines.append(f"{name} = {expr}")
+        return name
 
     def source(self, source: Source) -> str:
         return source.code()

@@ -44,7 +44,7 @@ import torch
 from toycomp._logging import log, log_enabled
 from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
 from toycomp.capture.output_graph import AliasedInputs, EagerInputs, OutputGraph
-from toycomp.capture.symbolic_convert import Break, BreakRequest, InstructionTranslator
+from toycomp.capture.symbolic_convert import BreakRequest, InstructionTranslator
 from toycomp.capture.transformed_code import TransformedCode, build_transformed
 from toycomp.capture.variables.base import SkipFrame, Unsupported
 
@@ -55,10 +55,6 @@ RECOMPILE_LIMIT = 8
 class CacheEntry:
     check: Callable[[dict, dict], bool]
     transformed: TransformedCode
-
-    @property
-    def fn(self):
-        return self.transformed.fn
 
 
 @dataclass
@@ -122,16 +118,14 @@ class CompiledFrame:
         G = self.fn.__globals__
         for entry in self.entries:
             if entry.check(L, G):
-                return entry.fn(*args, **kwargs)
-        if self.skip_reason is not None:
-            return self.fn(*args, **kwargs)
-        if self.entries and not self.may_recompile(L, G):  # logged, and limited
-            return self.fn(*args, **kwargs)
-        entry = self.compile(dict(L))
-        if entry is None:
-            return self.fn(*args, **kwargs)
-        self.entries.append(entry)
-        return entry.fn(*args, **kwargs)
+                return entry.transformed.fn(*args, **kwargs)
+        # no entry matches: compile one, unless skipped or at the recompile limit (logged)
+        if self.skip_reason is None and (not self.entries or self.may_recompile(L, G)):
+            entry = self.compile(dict(L))
+            if entry is not None:
+                self.entries.append(entry)
+                return entry.transformed.fn(*args, **kwargs)
+        return self.fn(*args, **kwargs)  # eagerly
 
     def may_recompile(self, L, G) -> bool:
         """No guard held: recompile (logged), unless this frame hit the recompile limit."""
@@ -160,8 +154,7 @@ class CompiledFrame:
         while True:
             output = OutputGraph(self.fn, self.fn.__globals__, self.context.dynamic,
                                  self.frame_state, symbolic)
-            output.guards.env["F"] = self.fn
-            saved = global_state()
+            grad_mode = torch.is_grad_enabled()  # tracing may change it for real: put it back
             try:
                 tx = InstructionTranslator(self.fn, L, output, break_at, info)
                 tx.run()
@@ -180,7 +173,7 @@ class CompiledFrame:
             finally:
                 for ctx in reversed(output.entered):  # a trace that stopped inside autocast
                     ctx.__exit__(None, None, None)
-                restore_global_state(saved)
+                torch._C._set_grad_enabled(grad_mode)
             return self.build_entry(tx, output)
 
     def build_entry(self, tx, output) -> CacheEntry | None:
@@ -192,14 +185,14 @@ class CompiledFrame:
             return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
         except AliasedInputs as e:  # guarded: only inputs aliased this way run eagerly
             return self.eager_entry(output, e.reason)
-        shapes = output.install_shape_guards()  # after stages 2-4, which may add some
+        # dynamic shapes: the shape guards, after stages 2-4 (which may assume things too)
+        shapes = output.install_shape_guards() if output.shape_env is not None else None
         check = output.guards.compile()
-        plan = tx.plan
-        is_break = isinstance(plan, Break)
-        self.context.log.append(CompileRecord(  # no warning at a graph break (nor in Dynamo)
-            self.fn.__qualname__, transformed, check.source,
-            plan.reason if is_break else None, plan.location if is_break else None, shapes))
-        log_entry(self.context.log[-1])
+        self.context.log.append(CompileRecord(  # (no warning at a graph break, nor in Dynamo)
+            self.fn.__qualname__, transformed, check.source, getattr(tx.plan, "reason", None),
+            getattr(tx.plan, "location", None), shapes))  # (a Break has them, a Return not)
+        if any(map(log_enabled, ("graph_breaks", "guards", "graph_code"))):  # TOYCOMP_LOGS
+            log_entry(self.context.log[-1])
         return CacheEntry(check, transformed)
 
     def eager_entry(self, output, reason: str) -> CacheEntry:
@@ -257,15 +250,6 @@ def log_entry(record: CompileRecord) -> None:
     gm = record.transformed.graph_module
     if gm is not None and log_enabled("graph_code"):
         log("graph_code", "TRACED GRAPH of %s:\n%s", record.frame, gm.code.strip())
-
-
-def global_state() -> tuple:
-    return torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")
-
-
-def restore_global_state(state: tuple) -> None:
-    """Tracing may change grad mode for real (``with torch.no_grad()``): put it back."""
-    torch._C._set_grad_enabled(state[0])
 
 
 def compile_frame(fn: Callable, compile_graph: Callable, recompile_limit: int = RECOMPILE_LIMIT,

@@ -80,16 +80,11 @@ class FrameState:
         self.sizes: dict[str, list[int | None]] = {}
 
     def update(self, name: str, shape: torch.Size) -> set[int]:
-        """Record ``shape`` for the input ``name``; return its dimensions seen changing. A
-        tensor whose number of dimensions changed has all of them dynamic (as in Dynamo)."""
-        old = self.sizes.get(name)
-        if old is None:
-            new = list(shape)
-        elif len(old) != len(shape):
-            new = [None] * len(shape)
-        else:
-            new = [a if a == b else None for a, b in zip(old, shape)]
-        self.sizes[name] = new
+        """Record ``shape`` for the input ``name``; return its dimensions seen changing."""
+        old = self.sizes.get(name, list(shape))
+        if len(old) != len(shape):  # another number of dimensions: all dynamic (as in Dynamo)
+            old = [None] * len(shape)
+        self.sizes[name] = new = [a if a == b else None for a, b in zip(old, shape)]
         return {d for d, n in enumerate(new) if n is None}
 
     def has_dynamic(self) -> bool:
@@ -112,18 +107,12 @@ def _is_static_source(t: torch.Tensor, source: Source) -> bool:
 
 def dim_kinds(t: torch.Tensor, source: Source, dynamic: bool | None, state: FrameState) -> list:
     """How each dimension of ``t``'s fake tensor is made ([Note: automatic dynamic shapes])."""
-    marked = marked_dims(t)
     static = _is_static_source(t, source)
-    changed = state.update(source.name(), t.shape) if dynamic is None and not static else set()
-    kinds = []
-    for d in range(t.dim()):
-        if d in marked or d in changed:
-            kinds.append("dynamic")
-        elif dynamic is True and not static:
-            kinds.append("duck")
-        else:
-            kinds.append("static")
-    return kinds
+    dynamic_dims = marked_dims(t)
+    if dynamic is None and not static:  # automatic: the dimensions seen changing
+        dynamic_dims |= state.update(source.name(), t.shape)
+    others = "duck" if dynamic is True and not static else "static"
+    return ["dynamic" if d in dynamic_dims else others for d in range(t.dim())]
 
 
 def _parts(fake: torch.Tensor) -> list[tuple[str, int | None, Any]]:

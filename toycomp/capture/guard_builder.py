@@ -115,7 +115,8 @@ class GuardBuilder:
     def path(self, source: Source) -> str:
         """``source`` as the guards read it: the text of ``lean(source)``."""
         if source not in self.paths:
-            self.paths[source] = self.lean(source).name()
+            chained = isinstance(source, ChainedSource)  # m.weight: maybe m._parameters[...]
+            self.paths[source] = (self.lean(source) if chained else source).name()
         return self.paths[source]
 
     def lean(self, source: Source) -> Source:
@@ -153,52 +154,45 @@ class GuardBuilder:
         v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
         if "." in v or v.count("[") > 1:  # an attribute chain: batched, or read once and named
-            v = self.chained_tensor(source, t, v, cls, sizes)
-            if v is None:
-                return
-        else:
-            self.add(f"type({v}) is {cls}")
-        if sizes is not None:  # dynamic shapes
-            self.symbolic_layout(v, t, sizes, strides)
-            return
-        for line in self.layout_lines(v, t):
+            return self.chained_tensor(source, t, v, cls, sizes, strides)
+        self.add(f"type({v}) is {cls}")
+        for line in self.layout_lines(v, t, sizes, strides):
             self.add(line)
 
-    def chained_tensor(self, source: Source, t: torch.Tensor, v: str, cls: str, sizes):
+    def chained_tensor(self, source: Source, t: torch.Tensor, v: str, cls: str, sizes,
+                       strides) -> None:
         """A tensor read from an attribute or an item: with static sizes, checked with the
-        others in one call at the end ([Note: tensor guards in one call], guard_check.py;
-        None); else read once and named (``t0 := ...``: the name)."""
+        others in one call at the end ([Note: tensor guards in one call], guard_check.py);
+        else read once and named (``t0 := ...``)."""
         if sizes is None and config.fast_guards and _batchable(t):
             self.batch.append((v, t, [f"type({v}) is {cls}", *self.layout_lines(v, t)]))
-            return None
+            return
         name = self.new_name("t", source)
         self.add(f"type({name} := {v}) is {cls}")
-        return name
+        for line in self.layout_lines(name, t, sizes, strides):
+            self.add(line)
 
-    def layout_lines(self, v: str, t: torch.Tensor) -> list[str]:
+    def layout_lines(self, v: str, t: torch.Tensor, sizes=None, strides=None) -> list[str]:
+        if sizes is not None:  # dynamic shapes
+            return self.symbolic_layout(v, t, sizes, strides)
         return [f"{v}.shape == {tuple(t.shape)!r}", f"{v}.stride() == {tuple(t.stride())!r}",
                 f"{v}.dtype == {t.dtype}", f"{v}.device == {self.constant(t.device)}",
                 f"{v}.requires_grad is {t.requires_grad}"]
 
-    def symbolic_layout(self, v: str, t: torch.Tensor, sizes: list, strides: list) -> None:
+    def symbolic_layout(self, v: str, t: torch.Tensor, sizes: list, strides: list) -> list[str]:
         """A tensor's layout when some sizes are symbols. ``sizes`` / ``strides`` say what to
         check of each dimension: a number, None (a symbol: checked by the shape guards,
         ``L['x'].size(0) >= 2``) or the text of an expression it must equal (``L['x'].size(0)``).
         Its number of dimensions, then each size and stride that is not a symbol of its own
         (``L['x'].size(1) == 3``), then dtype, device and requires_grad."""
-        self.add(f"{v}.dim() == {len(sizes)}")
-        for d, size in enumerate(sizes):
-            if size is not None:
-                self.add(f"{v}.size({d}) == {size}")
+        lines = [f"{v}.dim() == {len(sizes)}"]
+        lines += [f"{v}.size({d}) == {size}" for d, size in enumerate(sizes) if size is not None]
         if all(isinstance(st, int) for st in strides):  # one check for all (contiguous...)
-            self.add(f"{v}.stride() == {tuple(strides)!r}")
+            lines.append(f"{v}.stride() == {tuple(strides)!r}")
         else:
-            for d, stride in enumerate(strides):
-                if stride is not None:
-                    self.add(f"{v}.stride({d}) == {stride}")
-        self.add(f"{v}.dtype == {t.dtype}")
-        self.add(f"{v}.device == {self.constant(t.device)}")
-        self.add(f"{v}.requires_grad is {t.requires_grad}")
+            lines += [f"{v}.stride({d}) == {st}" for d, st in enumerate(strides) if st is not None]
+        return lines + [f"{v}.dtype == {t.dtype}", f"{v}.device == {self.constant(t.device)}",
+                        f"{v}.requires_grad is {t.requires_grad}"]
 
     def constant_match(self, source: Source, value: Any) -> None:
         """A Python value, by type and value (``True == 1``, so the type is checked too)."""

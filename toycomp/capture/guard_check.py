@@ -149,30 +149,32 @@ def _describe(t: torch.Tensor) -> str:
     return f"{type(t).__name__} {tuple(t.shape)} {str(t.dtype)[6:]} {t.device}{grad}"
 
 
+# The check's source: its conditions joined with ``and`` as ``body``.
+_CHECK = """def check(L, G):
+    try:
+        return (
+            {body}
+        )
+    except Exception:  # a missing attribute or key: the guard fails
+        return False
+"""
+
+
 def compile_check(
     conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None,
     readable: dict[str, str] | None = None, batch: TensorBatch | None = None,
 ) -> Callable[[dict, dict], bool]:
     """One function ``check(L, G)`` of all ``conditions``; ``named``: the names the builder
     gave to values (t0 -> its path), ``readable``: paths as read -> as the user writes them."""
-    named = dict(named or {})
-    shared, prefixes = list(conditions), {}
+    named, shared = dict(named or {}), list(conditions)
     if config.fast_guards:  # a speed-up only: [Note: guards name shared prefixes]
         shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G", "F", "B"})
-    named.update(prefixes)
-    body = "\n            and ".join(shared) or "True"
-    source = (
-        "def check(L, G):\n"
-        "    try:\n"
-        f"        return (\n            {body}\n        )\n"
-        "    except Exception:  # a missing attribute or key: the guard fails\n"
-        "        return False\n"
-    )
+        named.update(prefixes)
+    source = _CHECK.format(body="\n            and ".join(shared) or "True")
     scope = dict(env)
     exec(compile(source, "<toycomp guards>", "exec"), scope)
     check = scope["check"]
-    check.source = source
-    check.conditions = list(conditions)
+    check.source, check.conditions = source, list(conditions)
     explain = Explainer(shared, env, named, readable or {}, conditions, batch)
     check.failing_guard = explain.first_failing
     return check

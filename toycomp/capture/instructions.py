@@ -111,12 +111,17 @@ def nop(tx, inst):
 
 @handles("LOAD_FAST", "LOAD_FAST_CHECK")
 def load_fast(tx, inst):
-    if inst.argval not in tx.symbolic_locals and inst.argval in tx.cells:
-        tx.push(tx.cells[inst.argval])  # 3.13: LOAD_FAST of a cell variable loads the cell
-        return  # (for a closure tuple, where 3.10-3.12 used LOAD_CLOSURE)
     if inst.argval not in tx.symbolic_locals:
-        raise Unsupported(f"local {inst.argval!r} read before assignment")
+        return load_fast_cell(tx, inst)  # 3.13's cells, or a local read before assignment
     tx.push(tx.symbolic_locals[inst.argval])
+
+
+def load_fast_cell(tx, inst):
+    """3.13: LOAD_FAST of a cell variable loads the cell (for a closure tuple, where 3.10-3.12
+    used LOAD_CLOSURE); any other local not assigned yet is an error."""
+    if inst.argval not in tx.cells:
+        raise Unsupported(f"local {inst.argval!r} read before assignment")
+    tx.push(tx.cells[inst.argval])
 
 
 @handles("LOAD_FAST_AND_CLEAR")
@@ -164,11 +169,10 @@ def load_const(tx, inst):
 
 @handles("LOAD_GLOBAL")
 def load_global(tx, inst):
-    null_first = PY >= (3, 11) and PY < (3, 13) and inst.arg & 1
-    if null_first:
+    if (3, 11) <= PY < (3, 13) and inst.arg & 1:  # a NULL below the global (3.11-3.12)
         tx.push(NULL)
     tx.push(tx.load_global(inst.argval))
-    if PY >= (3, 13) and inst.arg & 1:
+    if PY >= (3, 13) and inst.arg & 1:  # or above it (3.13)
         tx.push(NULL)
 
 

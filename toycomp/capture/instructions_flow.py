@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from toycomp.capture.instructions import HANDLERS, PY, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
+from toycomp.capture.variables.classes import UserContextManagerVariable
 from toycomp.capture.variables.functions import NestedUserFunctionVariable
 from toycomp.capture.variables.lists import as_iterator
 from toycomp.capture.variables.torch import WithExitFunctionVariable
@@ -25,27 +26,26 @@ from toycomp.capture.variables.torch import WithExitFunctionVariable
 def pop_call_operands(tx, inst):
     """Pop a call instruction's operands: ``(callable, args, kwargs)``, in every version's
     stack layout. Also used by the graph break at a call (the call then runs in Python)."""
-    name = inst.opname
-    if name == "CALL_FUNCTION_EX":  # f(*args, **kwargs)
+    if inst.opname == "CALL_FUNCTION_EX":  # f(*args, **kwargs)
         return pop_call_ex_operands(tx, inst)
-    names = ()
-    if name in ("CALL_FUNCTION_KW", "CALL_KW"):
+    names, tx.kw_names = tx.kw_names or (), None  # keywords' names: 3.11-3.12's KW_NAMES
+    if inst.opname in ("CALL_FUNCTION_KW", "CALL_KW"):  # or on the stack (3.10, 3.13)
         names = tx.pop().as_python_constant()
-    elif name == "CALL" and tx.kw_names:
-        names, tx.kw_names = tx.kw_names, None
     args = tx.popn(inst.arg)
-    if name == "CALL_FUNCTION" or name == "CALL_FUNCTION_KW":
+    if inst.opname in ("CALL_FUNCTION", "CALL_FUNCTION_KW"):  # 3.10: the callable alone
         fn = tx.pop()
-    else:
-        below, top = tx.popn(2)  # 3.10 CALL_METHOD / 3.11-12 CALL: NULL or method lies below
-        if PY >= (3, 13):
-            fn, self_or_null = below, top
-        else:
-            fn, self_or_null = (top, NULL) if below is NULL else (below, top)
-        if self_or_null is not NULL:
-            args = [self_or_null, *args]
+    else:  # 3.10 CALL_METHOD, 3.11+ CALL: the callable, with NULL or the method's self
+        fn, self_or_null = pop_callable_and_self(tx)
+        args = args if self_or_null is NULL else [self_or_null, *args]
     split = len(args) - len(names)
     return fn, args[:split], dict(zip(names, args[split:]))
+
+
+def pop_callable_and_self(tx):
+    below, top = tx.popn(2)  # 3.10 CALL_METHOD / 3.11-12 CALL: NULL or method lies below
+    if PY >= (3, 13):
+        return below, top
+    return (top, NULL) if below is NULL else (below, top)
 
 
 def pop_call_ex_operands(tx, inst):
@@ -176,6 +176,8 @@ def end_for(tx, inst):
 @handles("BEFORE_WITH", "SETUP_WITH")
 def before_with(tx, inst):
     ctx = tx.pop()
+    if UserContextManagerVariable.wraps(ctx):  # __enter__/__exit__ in Python: inlined
+        ctx = UserContextManagerVariable(ctx)
     if not hasattr(ctx, "enter"):
         raise Unsupported(f"`with` on {ctx}")
     in_try = tx.in_try(inst) if hasattr(tx, "in_try") else False  # (root frame only)

@@ -23,6 +23,7 @@ the fake tensors are torch/_subclasses/fake_tensor.py.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import types
 from typing import Any
@@ -83,6 +84,7 @@ class OutputGraph:
         self.dynamic_dims: dict[str, list[int]] = {}  # input -> its dimensions traced as symbols
         self.graph_inputs: list[Source] = []  # where each placeholder is read from, in order
         self.guards = GuardBuilder()
+        self.guards.env["F"] = fn  # guards read the function's cells and defaults as ``F``
         self.guards.global_state()
         self.side_effects = SideEffects(self.check_replayable)
         self.wrap = VariableBuilder(self)
@@ -97,12 +99,9 @@ class OutputGraph:
 
     def add_input(self, value: torch.Tensor, source: Source | None) -> TensorVariable:
         """A tensor read from ``source``: a placeholder, with metadata and alias guards."""
-        if source is None:
-            raise Unsupported("a tensor read from a place with no source")
-        if any(other is value for _, other, _ in self.inputs):  # the same tensor read twice
-            return self.same_input(value, source)
-        if value.layout != torch.strided:  # sparse...: run eagerly
-            raise self.eager_layout(value, source)
+        if source is None or value.layout != torch.strided or any(
+                other is value for _, other, _ in self.inputs):
+            return self.special_input(value, source)  # no source, read twice, sparse
         fake = self.fake_tensor(value, source)
         node = self.placeholder(placeholder_name(source), fake, source)
         node.meta["version"] = None if fake.is_inference() else fake._version  # see mutated()
@@ -110,8 +109,13 @@ class OutputGraph:
         self.inputs.append((source, value, var))
         return var
 
-    def same_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
-        """One placeholder for a tensor read twice: valid only while both are one object."""
+    def special_input(self, value: torch.Tensor, source: Source | None) -> TensorVariable:
+        """A tensor with no source (an error), read twice (one placeholder, valid only while
+        both are one object) or sparse (guarded, then the frame runs eagerly)."""
+        if source is None:
+            raise Unsupported("a tensor read from a place with no source")
+        if value.layout != torch.strided:  # sparse...: run eagerly
+            raise self.eager_layout(value, source)
         other_source, var = next((s, var) for s, other, var in self.inputs if other is value)
         self.guards.alias_match(source, other_source, True)
         return TensorVariable(var.proxy, var.example, source, var.cls)
@@ -125,11 +129,9 @@ class OutputGraph:
     def placeholder(self, name: str, example: Any, source: Source) -> torch.fx.Node:
         """A new graph input, after the others, read from ``source`` on every call."""
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-        if first is None:  # (inserting_before(None) would put it first)
+        # before the first node that is not an input, else at the end (not inserting_before(None))
+        with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
             node = self.graph.placeholder(name)
-        else:
-            with self.graph.inserting_before(first):
-                node = self.graph.placeholder(name)
         node.meta["example_value"] = example
         node.meta["source"] = source.name()
         self.graph_inputs.append(source)
@@ -225,10 +227,8 @@ class OutputGraph:
         fake_kwargs = {k: self.as_fake(v) for k, v in kwargs.items()}
         try:
             with self.fake_mode:
-                if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                fn = getattr(fake_args.pop(0), target) if kind == "call_method" else target
+                result = fn(*fake_args, **fake_kwargs)
         except Exception as e:
             raise self.failed_call(node, e) from e
         return self.wrap_result(node, result)
@@ -244,6 +244,11 @@ class OutputGraph:
         if isinstance(result, torch.Tensor):
             node.meta["example_value"] = result
             return TensorVariable(node, result)
+        return self.wrap_other_result(node, result)  # tuples of tensors, None, metadata
+
+    def wrap_other_result(self, node, result) -> VariableTracker:
+        """An op's result that is not a tensor: tensors in a tuple or list are nodes of their
+        own (``getitem``), ``None`` keeps the node for its effect, metadata is a constant."""
         if isinstance(result, (tuple, list)) and _holds_tensor(result):
             node.meta["example_value"] = result
             # nested too: histogramdd returns (hist, [edges, ...]), each edge a node of its own
@@ -270,15 +275,18 @@ class OutputGraph:
     def _convert(self, var, leaf, size=None):
         if isinstance(var, (TensorVariable, OpaqueVariable)):
             return leaf(var)
-        if isinstance(var, BaseListVariable):
-            items = [self._convert(v, leaf, size) for v in var.items(self)]
-            return tuple(items) if isinstance(var, TupleVariable) else items
-        if isinstance(var, DictVariable):
-            return {k: self._convert(v, leaf, size) for k, v in var.items.items()}
+        if isinstance(var, (BaseListVariable, DictVariable)):
+            return self._convert_items(var, leaf, size)  # lists, tuples, dicts: item by item
         value = var.as_python_constant()
         if type(value) in (int, float, bool) or value is None:
             return value
         return self.convert_constant(value, size)  # sizes, shapes, slices, NumPy values
+
+    def _convert_items(self, var, leaf, size):
+        if isinstance(var, DictVariable):
+            return {k: self._convert(v, leaf, size) for k, v in var.items.items()}
+        items = [self._convert(v, leaf, size) for v in var.items(self)]
+        return tuple(items) if isinstance(var, TupleVariable) else items
 
     def convert_constant(self, value, size=None):
         if size is not None and is_symbolic(value):  # a size (x.shape[0] * 2): graph nodes
@@ -309,17 +317,14 @@ class OutputGraph:
         """Close the graph: it returns ``outputs``' tensors, as a tuple."""
         self.graph.output(tuple(v.proxy for v in outputs))
         self.graph.lint()
-        self.guard_aliasing()
+        updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
+        if updated:  # may share memory with another input: [Note: inputs that share memory]
+            self.guard_mutated_inputs(updated)
         return torch.fx.GraphModule(torch.nn.Module(), self.graph)
 
-    def guard_aliasing(self) -> None:
-        """Guard which inputs the graph mutates share memory with another input; raise
-        ``AliasedInputs`` if one does now (see [Note: inputs that share memory])."""
-        updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
-        if updated:  # only a graph that mutates an input can read another one stale
-            self.guard_mutated_inputs(updated)
-
     def guard_mutated_inputs(self, updated: list) -> None:
+        """Guard whether each mutated input shares memory with another input; raise
+        ``AliasedInputs`` if one does now (only a graph that mutates one can read another stale)."""
         shared, done = [], set()
         for ms, mv in updated:
             for s, v, _ in self.inputs:
@@ -340,9 +345,6 @@ class OutputGraph:
 
     def example_inputs(self) -> list[torch.Tensor]:
         return [n.meta["example_value"] for n in self.graph.nodes if n.op == "placeholder"]
-
-    def input_sources(self) -> list[Source]:
-        return list(self.graph_inputs)
 
 
 class EagerInputs(Exception):

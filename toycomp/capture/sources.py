@@ -27,6 +27,7 @@ AttrSource, GetItemSource, TensorPropertySource...; ``Source.name()`` is the gua
 from __future__ import annotations
 
 import builtins
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,11 +160,7 @@ class NumpyTensorSource(Source):
 def placeholder_name(source: Source) -> str:
     """A graph input's name, spelled like Dynamo's: ``L['self'].fc.weight`` ->
     ``l_self_fc_weight``."""
-    text = source.name().lower()
-    out = "".join(ch if ch.isalnum() else "_" for ch in text)
-    while "__" in out:
-        out = out.replace("__", "_")
-    return out.strip("_") or "arg"
+    return re.sub(r"[\W_]+", "_", source.name().lower()).strip("_") or "arg"
 
 
 # [Note: guards read nn.Module attributes from its dicts]

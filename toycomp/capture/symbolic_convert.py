@@ -49,6 +49,7 @@ InstructionTranslator, InliningInstructionTranslator).
 from __future__ import annotations
 
 import dis
+import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ from toycomp.capture.instructions import COMPARE_OPS
 from toycomp.capture.instructions_flow import pop_call_operands
 from toycomp.capture.resume_execution import discarded_argument, is_resume_function
 from toycomp.capture.sources import FunctionSource, LocalSource
-from toycomp.capture.translator_base import InstructionTranslatorBase
+from toycomp.capture.translator_base import InstructionTranslatorBase, decode
 from toycomp.capture.variables.base import (
     ConstantVariable,
     SkipFrame,
@@ -139,8 +140,8 @@ class InstructionTranslator(InstructionTranslatorBase):
     """
 
     def __init__(self, fn, frame_locals, output, break_at=None, break_info=None):
-        resumed = is_resume_function(fn.__code__)  # its first argument may be unread: no guard
-        unread = discarded_argument(fn.__code__) if resumed else None
+        # a resume function's first argument may be unread: no guard
+        unread = discarded_argument(fn.__code__) if is_resume_function(fn.__code__) else None
         symbolic = {name: output.wrap(value, LocalSource(name),
                                       guard=name != unread or isinstance(value, torch.Tensor))
                     for name, value in frame_locals.items()}
@@ -148,10 +149,10 @@ class InstructionTranslator(InstructionTranslatorBase):
                          output, FunctionSource())
         self.steps = 0
         self.break_at = break_at
-        self.break_info = tuple(break_info or ("", ())) + (None,) * (3 - len(break_info or ()))
+        self.break_info = break_info or ("", (), None)  # (reason, location, kind)
         self.plan: Return | Break | None = None
-        self.try_ranges = try_block_ranges(fn.__code__)
-        self.checkpoint: int | None = None  # see [Note: where a frame can break]
+        # (step, instruction, in a 3.10 try block) where the stack was empty: see last_checkpoint
+        self.resumable: list[tuple] = []
         self.grad_mode_at_start = torch.is_grad_enabled()
 
     def run(self) -> None:
@@ -159,43 +160,53 @@ class InstructionTranslator(InstructionTranslatorBase):
             if self.steps == self.break_at:
                 self.plan = self.make_break()
                 break
-            inst = self.instructions[self.ip]
-            in_try = self.in_try(inst)
-            if not self.stack and not in_try and self.output.count_calls() > 1:
-                self.checkpoint = self.steps
+            inst, stack = self.instructions[self.ip], list(self.stack)  # (a failed step pops)
+            if not stack and self.output.count_calls() > 1:  # a point the rest may resume at
+                self.resumable.append((self.steps, inst, "try" in self.blocks))
             self.steps += 1
             try:
                 self.step()
-            except Unsupported as e:
-                raise self.break_request(inst, in_try, e.reason) from e
             except (SkipFrame, BreakRequest):
                 raise
-            except Exception as e:  # a bug in toycomp: break the graph rather than crash
-                reason = f"toycomp internal error: {type(e).__name__}: {e}"
-                raise self.break_request(inst, in_try, reason) from e
+            except Exception as e:  # Unsupported, or a bug in toycomp: a break, not a crash
+                raise self.break_request(inst, self.in_try(inst, stack), e) from e
         if torch.is_grad_enabled() != self.grad_mode_at_start:  # torch.set_grad_enabled(False)
             self.output.side_effects.record_grad_mode(torch.is_grad_enabled())
 
-    def in_try(self, inst) -> bool:
-        """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` inside one)?"""
-        if "try" in self.blocks or any(lo <= inst.offset < hi for lo, hi in self.try_ranges):
+    def in_try(self, inst, stack: list | None = None) -> bool:
+        """Is ``inst`` inside a ``try`` block (directly, or in a ``with`` on ``stack`` inside
+        one)?"""
+        if "try" in self.blocks or in_try_range(self.code, inst):
             return True
-        return any(getattr(v, "in_try", False) for v in self.stack)
+        return any(getattr(v, "in_try", False) for v in (self.stack if stack is None else stack))
 
-    def break_request(self, inst, in_try: bool, reason: str) -> BreakRequest:
-        """Where to break for ``reason`` raised at ``inst`` (see [Note: where a frame ...])."""
+    def last_checkpoint(self) -> int | None:
+        """The last step with an empty stack outside any ``try`` block, with two operations or
+        more in the graph (see [Note: where a frame can break]); None if there is none."""
+        for step, inst, in_try_block in reversed(self.resumable):
+            if not in_try_block and not in_try_range(self.code, inst):
+                return step
+        return None
+
+    def break_request(self, inst, in_try: bool, error: Exception) -> BreakRequest:
+        """Where to break for ``error`` raised at ``inst`` (see [Note: where a frame ...])."""
+        if isinstance(error, Unsupported):
+            reason = error.reason
+        else:  # a bug in toycomp: break the graph rather than crash
+            reason = f"toycomp internal error: {type(error).__name__}: {error}"
         location = self.output.location
         if is_resumable(inst) and not in_try:
             if self.has_backedge(inst):
                 raise SkipFrame(f"graph break in a for/while loop (as Dynamo): {reason}")
             return BreakRequest(self.steps - 1, reason, location)
         where = "inside a try block" if in_try else f"at {inst.opname}"
-        if self.checkpoint is None:
+        checkpoint = self.last_checkpoint()
+        if checkpoint is None:
             raise SkipFrame(f"graph break {where}, with no earlier point to resume from "
                             f"(as Dynamo): {reason}")
         reason = (f"{reason} [{where}: the graph ends at the last resumable point and the rest "
                   "of the frame runs eagerly (Dynamo: step_unsupported)]")
-        return BreakRequest(self.checkpoint, reason, location, kind="step")
+        return BreakRequest(checkpoint, reason, location, kind="step")
 
     def do_return(self, value):
         self.plan = Return(value)
@@ -253,12 +264,16 @@ class InstructionTranslator(InstructionTranslatorBase):
                 if name in self.code.co_cellvars and cell.contents is not None}
 
 
+def in_try_range(code, inst) -> bool:
+    return any(lo <= inst.offset < hi for lo, hi in try_block_ranges(code))
+
+
+@functools.lru_cache(maxsize=4096)
 def try_block_ranges(code) -> list[tuple[int, int]]:
     """[start, end) offsets covered by an exception handler that is not a ``with`` block's
     cleanup (3.11+'s exception table; 3.10 tracks ``SETUP_FINALLY`` blocks as it runs)."""
     entries = getattr(dis.Bytecode(code), "exception_entries", None) or []
-    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    at = {inst.offset: k for k, inst in enumerate(insts)}
+    insts, at = decode(code)
     ranges = []
     for e in entries:
         handler = insts[at[e.target]: at[e.target] + 2]

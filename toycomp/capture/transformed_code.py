@@ -56,43 +56,27 @@ class TransformedCode:
 
 
 def signature_text(code: types.CodeType) -> str:
-    """``fn``'s parameter list (without defaults): ``x, n, *args, scale, **kwargs``."""
-    names = code.co_varnames
-    n, nk = code.co_argcount, code.co_kwonlyargcount
-    params = list(names[:n])
-    i = n + nk
-    if code.co_flags & inspect.CO_VARARGS:
-        params.append("*" + names[i])
-        i += 1
-    elif nk:
-        params.append("*")
-    params += names[n:n + nk]
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        params.append("**" + names[i])
-    return ", ".join(params)
+    """``code``'s parameter list, without defaults: ``x, n, *args, scale, **kwargs``."""
+    bare = types.FunctionType(code, {}, None, None, tuple(map(types.CellType, code.co_freevars)))
+    return str(inspect.signature(bare))[1:-1]
 
 
+# [Note: build_transformed's arguments]
+# ``fn`` is a function or resume function; ``plan`` the translator's ``Return`` or ``Break``,
+# ``output`` its OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) ->
+# callable``; ``frame_compiler`` compiles resume functions; ``graph_index`` is
+# ``__compiled_fn_<k>``'s k.
 def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_index: int):
-    """Write, compile and return the transformed function for one trace of ``fn`` (a function
-    or resume function): ``plan`` is the translator's ``Return`` or ``Break``, ``output`` its
-    OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) -> callable``;
-    ``frame_compiler`` compiles resume functions; ``graph_index``: ``__compiled_fn_<k>``'s k."""
-    cg = PyCodegen(output.symbol_code())
-    body: list[str] = []
-
-    def emit(expr: str, name: str) -> str:  # bind a rebuilt value to a temporary
-        body.extend(cg.lines)
-        cg.lines.clear()
-        body.append(f"{name} = {expr}")
-        return name
-
-    tail, resume = rebuild_frame(fn, plan, cg, emit, frame_compiler)
-    if output.side_effects.records:  # Python side effects, replayed after the graph
-        replay_side_effects(output.side_effects.records, cg, body)
+    """The transformed function for one trace of ``fn``, from the translator's ``plan`` and
+    ``output`` (see [Note: build_transformed's arguments])."""
+    cg = PyCodegen(output.symbol_code())  # cg.lines: the body, in order
+    tail, resume = rebuild_frame(fn, plan, cg, frame_compiler)
+    for record in output.side_effects.records:  # Python side effects, replayed after the graph
+        cg.lines.append(record.codegen(cg))
     head, gm, examples = call_graph(output, cg, compile_graph, graph_index)
     name = "__transformed_" + re.sub(r"\W", "_", fn.__code__.co_name)  # <lambda>: _lambda_
     lines = [f"def {name}({signature_text(fn.__code__)}):"]
-    lines += ["    " + line for line in head + body + tail]
+    lines += ["    " + line for line in head + cg.lines + tail]
     source = "\n".join(lines) + "\n"
     env = cg.env | resume | {"G": fn.__globals__, "B": vars(builtins), "F": fn,
                                      "__compile_frame": frame_compiler}
@@ -102,35 +86,23 @@ def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_ind
     return TransformedCode(new_fn, source, gm, examples, resume)
 
 
-def replay_side_effects(records: list, cg: PyCodegen, body: list[str]) -> None:
-    for record in records:
-        line = record.codegen(cg)
-        body.extend(cg.lines)
-        cg.lines.clear()
-        body.append(line)
-
-
 def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], Any, list]:
-    """The line that calls the compiled graph on its inputs (none when no torch op was traced),
-    the GraphModule and its example inputs. Call it after everything that reads ``__graph_out``
-    has been written: ``cg.outputs`` are the graph's outputs."""
+    """The lines that call the compiled graph (none when no torch op was traced), the
+    GraphModule and its example inputs; called last, when ``cg.outputs`` are all known."""
     if not output.count_calls():
         if cg.outputs:
             raise Unsupported("graph outputs without graph operations")
         return [], None, []
     gm = output.graph_module(cg.outputs)
-    gm.meta["input_sources"] = output.input_sources()  # where each placeholder is read from
+    sources = gm.meta["input_sources"] = list(output.graph_inputs)  # each placeholder's source
     examples = output.example_inputs()
-    compiled = compile_graph(gm, examples)
     name = f"__compiled_fn_{graph_index}"
-    cg.env[name] = compiled
-    sources = output.input_sources()
+    cg.env[name] = compile_graph(gm, examples)
+    call = f"{'__graph_out = ' if cg.outputs else ''}{name}"
     if any(isinstance(s, ChainedSource) for s in sources):  # attributes, items: read_inputs
         paths, inputs = read_inputs(sources, output.guards.lean)
-    else:
-        paths, inputs = [], [(s.code(), s.code()) for s in sources]
-    return paths + call_lines(f"{'__graph_out = ' if cg.outputs else ''}{name}", inputs), gm, \
-        examples
+        return paths + call_lines(call, inputs), gm, examples
+    return [f"{call}({', '.join(s.code() for s in sources)})"], gm, examples
 
 
 # [Note: graph inputs read as the guards read them]
@@ -196,36 +168,37 @@ def call_lines(call: str, inputs: list[tuple[str, str]]) -> list[str]:
                           for read, written in inputs), ")"]
 
 
-def rebuild_frame(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
+def rebuild_frame(fn, plan, cg, frame_compiler) -> tuple[list[str], dict]:
     """The transformed function's last lines, and the resume functions they call."""
     if isinstance(plan, Return):
-        return [f"return {emit(cg.reconstruct(plan.value), '__return_value')}"], {}
-    return resume_at_break(fn, plan, cg, emit, frame_compiler)
+        return [f"return {cg.bind(cg.reconstruct(plan.value), '__return_value')}"], {}
+    return resume_at_break(fn, plan, cg, frame_compiler)
 
 
-def resume_at_break(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict]:
+def resume_at_break(fn, plan, cg, frame_compiler) -> tuple[list[str], dict]:
     """At a graph break: rebuild the stack and the live locals, run the instruction that broke
     the graph in plain Python, and return what the resume function(s) return."""
     stack, nulls = [], []  # the rebuilt stack's names; the resume function's stack layout
     for i, v in enumerate(plan.stack):
         if isinstance(v, WithExitFunctionVariable):  # the resume function enters it again
             factory, args = v.ctx.reenter()
-            stack.append(emit(cg.constant(factory), f"__next_stack{i}"))
+            stack.append(cg.bind(cg.constant(factory), f"__next_stack{i}"))
             nulls.append(ReenterWith(tuple(args)))
         else:
             # (not ``__stack{i}``: a resume function's own parameters, which later lines read)
-            stack.append(v if v is NULL else emit(cg.reconstruct(v), f"__next_stack{i}"))
+            stack.append(v if v is NULL else cg.bind(cg.reconstruct(v), f"__next_stack{i}"))
             nulls.append(v is NULL)
     tail = [f"# graph break at {plan.location[0]}:{plan.location[1]}: {plan.reason}"
             if plan.location else f"# graph break: {plan.reason}"]
     if plan.kind == "call":
-        tail += call_at_break(plan, cg, emit)
+        tail += call_at_break(plan, cg)
         if plan.pushes:
             stack.append("__result")
             nulls.append(False)
     live = {n: v for n, v in plan.locals.items() if not n.startswith("__stack")}  # prefix args
-    locals_ = {name: emit(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}
-    locals_ |= {name: emit(cg.reconstruct(v), f"__cell_{name}") for name, v in plan.cells.items()}
+    locals_ = {name: cg.bind(cg.reconstruct(v), f"__local_{name}") for name, v in live.items()}
+    locals_ |= {name: cg.bind(cg.reconstruct(v), f"__cell_{name}")
+                for name, v in plan.cells.items()}
     args = ", ".join([s for s in stack if s is not NULL] + list(locals_.values()))
     resume = {}
     for offset in plan.resume_offsets:
@@ -234,20 +207,20 @@ def resume_at_break(fn, plan, cg, emit, frame_compiler) -> tuple[list[str], dict
         resume[name] = resume_fn if plan.kind == "step" else frame_compiler(resume_fn)
     names = list(resume)
     if plan.kind == "jump":
-        cond = emit(cg.reconstruct(plan.condition), "__condition")
+        cond = cg.bind(cg.reconstruct(plan.condition), "__condition")
         tail += [f"if {cond}:", f"    return {names[0]}({args})", f"return {names[1]}({args})"]
     else:
         tail.append(f"return {names[0]}({args})")
     return tail, resume
 
 
-def call_at_break(plan, cg, emit) -> list[str]:
+def call_at_break(plan, cg) -> list[str]:
     """Lines that make the call that broke the graph, in plain Python: ``__result = f(...)``,
     inside the ``with`` blocks that were open there (entered again: the graph left them)."""
     callee, args, kwargs = plan.call
-    call_expr = callable_expr(cg, callee, emit)
-    parts = [emit(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
-    parts += [f"{k}={emit(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
+    call_expr = callable_expr(cg, callee)
+    parts = [cg.bind(cg.reconstruct(a), f"__arg{i}") for i, a in enumerate(args)]
+    parts += [f"{k}={cg.bind(cg.reconstruct(v), f'__kwarg_{k}')}" for k, v in kwargs.items()]
     call = f"{'__result = ' if plan.pushes else ''}{call_expr}({', '.join(parts)})"
     contexts = [v.ctx.reenter() for v in plan.stack if isinstance(v, WithExitFunctionVariable)]
     if not contexts:
@@ -257,15 +230,15 @@ def call_at_break(plan, cg, emit) -> list[str]:
     return [f"with {entered}:", f"    {call}"]
 
 
-def callable_expr(cg, callee, emit) -> str:
+def callable_expr(cg, callee) -> str:
     """The called value at a break; Python functions are wrapped to be captured as frames."""
     if isinstance(callee, (UserFunctionVariable, UserMethodVariable)):
-        fn = emit(reconstruct_function(cg, callee), "__callee")
+        fn = cg.bind(reconstruct_function(cg, callee), "__callee")
         return f"__compile_frame({fn})"
     if isinstance(callee, NNModuleVariable) and callee.source is not None and not (
             callee.value._forward_hooks or callee.value._forward_pre_hooks):
-        return f"__compile_frame({emit(cg.reconstruct(callee), '__callee')}.forward)"
-    return emit(cg.reconstruct(callee), "__callee")
+        return f"__compile_frame({cg.bind(cg.reconstruct(callee), '__callee')}.forward)"
+    return cg.bind(cg.reconstruct(callee), "__callee")
 
 
 def reconstruct_function(cg, var) -> str:

@@ -91,7 +91,6 @@ class InstructionTranslatorBase:
                 parent is None and code.co_flags & inspect.CO_GENERATOR):
             raise Unsupported(f"{code.co_name} is a generator or coroutine")
         self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
-        self.yielded: VariableTracker | None = None  # a generator's value at its last yield
         self.code = code
         self.f_globals = f_globals
         self.symbolic_locals = dict(symbolic_locals)
@@ -105,9 +104,8 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
-        self.cells = {}  # closures: cells of this frame's inner functions, or of its own
-        if code.co_cellvars or code.co_freevars:
-            self.cells = self.make_cells(closure)
+        # closures: cells of this frame's inner functions, or of its own
+        self.cells = self.make_cells(closure) if code.co_cellvars or code.co_freevars else {}
 
     def make_cells(self, closure) -> dict[str, CellVariable]:
         cells = {}
@@ -133,10 +131,8 @@ class InstructionTranslatorBase:
         return self.stack.pop()
 
     def popn(self, n: int) -> list[VariableTracker]:
-        if n == 0:
-            return []
-        items = self.stack[-n:]
-        del self.stack[-n:]
+        items = self.stack[len(self.stack) - n:]  # (not [-n:]: for 0, the whole stack)
+        del self.stack[len(self.stack) - n:]
         return items
 
     def jump(self, inst) -> None:

@@ -1,6 +1,6 @@
-"""Stage 4d: source text -> loaded code, cached on disk by content hash.
+"""Stage 4d: source text -> loaded code.
 
-Input -> output: C++ source -> a shared library loaded with ``ctypes`` (compiled once by the system
+Input -> output: C++ source -> a shared library loaded with ``ctypes`` (compiled by the system
 compiler); Triton/Python source -> an imported module (Triton's ``@triton.jit`` reads the source
 back with ``inspect``, so it must live in a real file).
 
@@ -8,21 +8,13 @@ back with ``inspect``, so it must live in a real file).
     >>> lib.one()
     1
 
-What the cache holds, per user, in ``$TOYCOMP_CACHE_DIR`` (default ``~/.cache/toycomp``, 0700):
-
-    cpp/<key>.cpp     the source, for reading and for compiler error messages
-    cpp/<key>.so      the library
-    cpp/<key>.json    its manifest: SHA-256 of the source and of the library (written last)
-    cpp/<key>.lock    held while one thread or process builds <key>; the others wait
-    triton/triton_<key>.py
-    autotune/<key>.json   the launch config autotuning chose (data, checked before use)
-
-The key hashes all that changes the binary: source, compiler path and ``--version``, flags,
-and the CPU features ``-march=native`` sees (both probed once per process). A hit never starts
-the compiler; an entry failing its manifest is rebuilt (see [Note: cache security]).
-
-Which glibc vector math functions C++ kernels may call is probed in opt/libmvec.py, whose
-probe library is cached here like any kernel.
+Without ``config.kernel_cache`` (teach), each C++ source compiles once per process into a fresh
+private temporary folder. With it (fast), libraries are cached per user in ``$TOYCOMP_CACHE_DIR``
+(default ``~/.cache/toycomp``, 0700) as ``cpp/<key>.cpp``, ``.so``, ``.json`` (the manifest:
+SHA-256 of the source and of the library, written last) and ``.lock`` (held while one thread or
+process builds it), keyed by all that changes the binary: source, compiler path and
+``--version``, flags, and the CPU features ``-march=native`` sees ([Note: cache security]).
+Triton modules (``triton/``) and autotuning's choices (``autotune/``) are kept there too.
 
 NB: in PyTorch this lives in torch/_inductor/codecache.py (CppCodeCache, PyCodeCache,
 write_atomic) and torch/_inductor/cpp_builder.py (compiler discovery and flags).
@@ -101,6 +93,7 @@ def isa_flags() -> tuple[str, ...]:
 # directory for the rest of the process, with one warning.
 
 _LIBRARIES: dict[Path, ctypes.CDLL] = {}
+_COMPILED: dict[tuple[str, tuple[str, ...]], Path] = {}  # (source, flags) -> library, no cache
 _MODULES: dict[Path, ModuleType] = {}
 _TEMP_DIRS: dict[Path, Path] = {}  # unwritable cache directory -> this process's stand-in
 _temp_lock = threading.Lock()  # _TEMP_DIRS and _LIBRARIES
@@ -279,10 +272,37 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 
 # --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """Compile ``source`` (with ``extra_flags``, part of the key) to a shared library, or find
-    it compiled, and return its path; ``CppCompileError``/``CacheDirError`` otherwise."""
-    cxx = find_cxx()
+    """Compile ``source`` (with ``extra_flags``) to a shared library and return its path, or
+    raise ``CppCompileError`` (see the module docstring for where the library goes)."""
+    from toycomp import config  # (a leaf module: no cycle)
+
     extra_flags = (*isa_flags(), *extra_flags)
+    if config.kernel_cache:  # the content-hash cache: [Note: cache security]
+        return _compile_cached(source, extra_flags)
+    if (source, extra_flags) not in _COMPILED:  # (compiled once per process)
+        folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        (folder / "kernel.cpp").write_text(source)
+        _run_cxx(find_cxx(), folder / "kernel.cpp", folder / "kernel.so", extra_flags)
+        _COMPILED[source, extra_flags] = folder / "kernel.so"
+    return _COMPILED[source, extra_flags]
+
+
+def _run_cxx(cxx: str, src: Path, out: Path | str, extra_flags: Sequence[str]) -> None:
+    """Compile the file ``src`` into the library ``out``, or raise ``CppCompileError``."""
+    cmd = [cxx, *CXXFLAGS, str(src), "-o", str(out), *extra_flags]
+    result = _run_compiler(cmd)
+    if result.returncode != 0:
+        raise CppCompileError(
+            f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+            f"{result.stderr.strip()}\n(source: {src})"
+        )
+
+
+def _compile_cached(source: str, extra_flags: Sequence[str]) -> Path:
+    """``compile_cpp`` through the cache: the library keyed by all that changes the binary,
+    found compiled (and verified) or built under a lock against other threads and processes."""
+    cxx = find_cxx()
     flags = (*CXXFLAGS, *extra_flags)
     key = content_hash(source, compiler_id(cxx), " ".join(flags), cpu_features())
     lib = _entry_dir("cpp") / f"{key}.so"
@@ -313,10 +333,7 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
     fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        cmd = [cxx, *CXXFLAGS, str(src), "-o", tmp, *extra_flags]
-        result = _run_compiler(cmd)
-        if result.returncode != 0:
-            raise _compile_error(cmd, result, src)
+        _run_cxx(cxx, src, tmp, extra_flags)
         os.chmod(tmp, 0o700)  # the linker honours the umask, which may let the group write
         binary = Path(tmp).read_bytes()
         os.replace(tmp, lib)
@@ -327,15 +344,8 @@ def _build(cxx: str, source: str, extra_flags: Sequence[str], lib: Path) -> None
     write_atomic(lib.with_suffix(".json"), json.dumps(manifest, indent=1) + "\n")
 
 
-def _compile_error(cmd: list[str], result: subprocess.CompletedProcess, src: Path) -> Exception:
-    return CppCompileError(
-        f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-        f"{result.stderr.strip()}\n(source: {src})"
-    )
-
-
 def load_cpp_library(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """Compile (cached) and ``dlopen`` ``source``; the library stays loaded for the process."""
+    """Compile and ``dlopen`` ``source``; the library stays loaded for the process."""
     path = compile_cpp(source, extra_flags)
     with _temp_lock:  # compile threads (opt/async_compile.py) may load one library at once
         if path not in _LIBRARIES:

@@ -109,9 +109,7 @@ class CompiledGraph:
         return list(self.fn(list(inputs)))
 
     def call_boxed(self, args: list) -> list[torch.Tensor]:
-        """Call it with a list it may empty: the wrapper clears ``args``, so an input whose
-        last use has passed is freed, unless the caller holds it (the AOT backward hands over
-        the saved activations this way; PyTorch's "boxed" calling convention)."""
+        """Call it with a list it may empty ([Note: boxed calls])."""
         return list(self.fn(args))
 
     def __repr__(self) -> str:
@@ -123,22 +121,11 @@ class CompiledGraph:
         return "\n".join(lines)
 
 
-def compile_graph(
-    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
-) -> CompiledGraph:
-    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
-    ``"triton"``); compile and load everything. ``memory_planning``: see [Note: planning
-    modes]."""
-    device = torch.device(scheduled.device)
-    _check_backend(backend, device)
-    if device.type == "cuda" and device.index is None:  # the device the wrapper enters
-        device = torch.device("cuda", torch.cuda.current_device())
-    kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
-    if backend == "cpp":
-        generated = [cpp.generate(k) for k in kernels]
-    else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
-        generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
-    return _load_graph(scheduled, backend, device, generated, memory_planning)
+# [Note: boxed calls]
+# CompiledGraph.call_boxed hands the wrapper a list it may empty: with memory planning the wrapper
+# clears ``args``, so an input whose last use has passed is freed, unless the caller holds it
+# (the AOT backward hands over the saved activations this way; PyTorch's "boxed" calling
+# convention).
 
 
 # [Note: planning modes]
@@ -146,21 +133,29 @@ def compile_graph(
 # buffers ([Note: memory planning] in opt/memory_planning.py); False allocates every buffer and
 # frees it at its last use; None (the default) follows toycomp.config.memory_planning, and where
 # that is off (teach) each buffer is allocated before the step that first writes it and lives
-# until `call` returns.
-def _load_graph(
-    scheduled: ir.ScheduledGraph,
-    backend: str,
-    device: torch.device,
-    generated: list[GeneratedKernel],
-    memory_planning: bool | None,
+# until `call` returns (WrapperCodegen's memory_planning=None: no plan at all).
+
+
+def compile_graph(
+    scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
-    """Write the wrapper, load the kernels into its namespace and ``exec`` it."""
-    plain = memory_planning is None and not config.memory_planning
-    planned = memory_planning is not False
-    source = WrapperCodegen(scheduled, generated, planned, plain).generate()
+    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
+    ``"triton"``), compile and load the kernels into the wrapper's namespace and ``exec`` it.
+    ``memory_planning``: see [Note: planning modes]."""
+    device = _check_backend(backend, torch.device(scheduled.device))
+    kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
+    if backend == "cpp":
+        generated = [cpp.generate(k) for k in kernels]
+    else:  # on CUDA, lean launches: kernel.run(stream0, grid, ...) ([Note: lean launches])
+        generated = [triton.generate(k, cuda=device.type == "cuda") for k in kernels]
+    if memory_planning is None:  # the config's choice: a plan, or none at all (teach)
+        memory_planning = True if config.memory_planning else None
+    source = WrapperCodegen(scheduled, generated, memory_planning).generate()
     namespace = _namespace(device)
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
     namespace.update(_load_kernels(generated, backend, device))
+    if backend == "triton":  # CUDA: compiled before the first run (opt/async_compile.py)
+        async_compile.precompile_triton(generated, scheduled, device)
     externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
     if externs:  # matmuls, convolutions, fallbacks: bound (and checked) now
         _bind_externs(namespace, externs)
@@ -187,13 +182,17 @@ def fresh_outputs(scheduled: ir.ScheduledGraph) -> tuple[bool, ...]:
     return tuple(n in written and names.count(n) == 1 for n in names)
 
 
-def _check_backend(backend: str, device: torch.device) -> None:
+def _check_backend(backend: str, device: torch.device) -> torch.device:
+    """The device the wrapper runs on, if ``backend`` can run there."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if backend == "cpp" and device.type != "cpu":
         raise RuntimeError(f"the C++ backend runs on CPU tensors only, not {device}")
     if backend == "triton" and device.type not in ("cpu", "cuda"):
         raise RuntimeError(f"the Triton backend runs on CUDA (or CPU, interpreted), not {device}")
+    if device.type == "cuda" and device.index is None:  # the device the wrapper enters
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _load_kernels(
@@ -201,8 +200,8 @@ def _load_kernels(
 ) -> dict[str, Any]:
     if backend == "cpp" and config.compile_threads in (False, 0, 1):
         loaded = [cpp.load(g) for g in generated]
-    elif backend == "cpp":  # the compilers side by side (opt/async_compile.py)
-        loaded = async_compile.compile_all(cpp.load, generated)
+    elif backend == "cpp":  # side by side, a few kernels a compile (opt/async_compile.py)
+        loaded = async_compile.compile_cpp(generated)
     else:
         return {n: triton.load(g, device, n) for g in generated for n in (g.name, *g.variants)}
     return {g.name: fn for g, fn in zip(generated, loaded)}
@@ -215,39 +214,29 @@ class WrapperCodegen:
         self,
         scheduled: ir.ScheduledGraph,
         generated: list[GeneratedKernel],
-        memory_planning: bool = True,
-        plain: bool = False,
+        memory_planning: bool | None = True,
     ) -> None:
         self.graph = scheduled
-        self.memory_planning = memory_planning and not plain
-        self.plain = plain  # no plan at all: see _write_plain_steps
+        self.memory_planning = memory_planning  # None: no plan at all ([Note: planning modes])
         self.out_variants: dict[str, str] = {}  # extern calls writing into planned buffers
         self.calls = {g.name: g.call for g in generated}
-        self.layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.constants = {c.name for c in scheduled.constants}
         self.tensor_inputs = [b for b in scheduled.inputs if isinstance(b, ir.InputBuffer)]
-        for buf in (*self.tensor_inputs, *scheduled.constants, *scheduled.allocations):
-            self.layouts[buf.name] = (tuple(buf.size), tuple(buf.stride))
-        for step in scheduled.steps:
-            if isinstance(step, ir.ExternKernel):
-                self.layouts[step.name] = (tuple(step.size), tuple(step.stride))
-                for o in step.outputs:
-                    self.layouts[o.name] = (tuple(o.size), tuple(o.stride))
-        taken = set(_namespace(torch.device("cpu"))) | {"get_raw_stream", "stream0"}  # + CUDA's
-        taken |= set(self.calls)
-        taken |= {v for g in generated for v in g.variants}
-        sizes = [b.name for b in scheduled.inputs if isinstance(b, ir.SizeInput)]
-        for name in [*self.layouts, *sizes]:
-            is_symbol = indexing.size_symbol_named(name) is not None
-            if not name.isidentifier() or name in taken or is_symbol:
+        externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
+        buffers = [*self.tensor_inputs, *scheduled.constants, *scheduled.allocations]
+        buffers += [b for step in externs for b in (step, *step.outputs)]
+        self.layouts = {b.name: (tuple(b.size), tuple(b.stride)) for b in buffers}
+        taken = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}  # + CUDA's
+        taken |= {*self.calls, *(v for g in generated for v in g.variants)}
+        for name in [*self.layouts, *(b.name for b in scheduled.inputs)]:  # + the sizes' inputs
+            if not name.isidentifier() or name in taken or indexing.size_symbol_named(name):
                 raise ValueError(f"buffer name {name!r} cannot be a wrapper variable")
         self.symbols = symbol_sources(scheduled.inputs)
 
     def generate(self) -> str:
-        code = IndentedBuffer()
-        steps = len(self.graph.steps)
-        plural = "s" * (steps != 1)
-        code.writeline(f"# toycomp wrapper ({steps} step{plural} on {self.graph.device})")
+        code, steps = IndentedBuffer(), len(self.graph.steps)
+        steps_text = f"{steps} step{'s' * (steps != 1)}"
+        code.writeline(f"# toycomp wrapper ({steps_text} on {self.graph.device})")
         code.writeline("def call(args):")
         with code.indent():
             names = [b.name for b in self.graph.inputs]
@@ -305,13 +294,6 @@ class WrapperCodegen:
             code.writelines(lines)
             code.writeline(f"inputs_seen.remember({names})")
 
-    def _write_steps(self, code: IndentedBuffer) -> None:
-        """The steps, each with its allocations, then the ``return``."""
-        if self.plain:
-            self._write_plain_steps(code)
-        else:  # reused buffers, frees at last uses
-            self._write_planned_steps(code)
-
     def _write_planned_steps(self, code: IndentedBuffer) -> None:
         """The steps, each with its allocations and frees ([Note: memory planning])."""
         allocs = {a.name: a for a in self.graph.allocations}
@@ -326,25 +308,23 @@ class WrapperCodegen:
             for line in self.plan.before[i]:  # [Note: memory planning]
                 allocs.pop(line.name, None)
                 code.writeline(line.codegen(render_tuple))
-            code.writelines(self._step_line(step).split("\n"))
-            if isinstance(step, ir.ExternKernel):
-                code.writelines(_check_extern_lines(step))
+            code.writelines(self._step_lines(step))
             if self.plan.after[i] is not None:
                 code.writeline(self.plan.after[i].codegen())
         for name, a in allocs.items():  # written by no step (e.g. empty outputs)
             code.writeline(_empty(a))
         self._write_return(code)
 
-    def _write_plain_steps(self, code: IndentedBuffer) -> None:
-        """The steps with no memory plan: each buffer allocated before the step that first
-        writes it (Python frees them all when ``call`` returns), then the ``return``."""
+    def _write_steps(self, code: IndentedBuffer) -> None:
+        """The steps, then the ``return``. With no memory plan, each buffer is allocated before
+        the step that first writes it (Python frees them all when ``call`` returns)."""
+        if self.memory_planning is not None:  # reused buffers, frees at last uses
+            return self._write_planned_steps(code)
         allocs = {a.name: a for a in self.graph.allocations}
         for step in self.graph.steps:
             if isinstance(step, ir.Kernel):
                 code.writelines([_empty(allocs.pop(b)) for b in step.writes() if b in allocs])
-            code.writelines(self._step_line(step).split("\n"))
-            if isinstance(step, ir.ExternKernel):
-                code.writelines(_check_extern_lines(step))
+            code.writelines(self._step_lines(step))
         code.writelines([_empty(a) for a in allocs.values()])  # written by no step
         self._write_return(code)
 
@@ -353,10 +333,10 @@ class WrapperCodegen:
         outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
         code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
 
-    def _step_line(self, step: ir.Kernel | ir.ExternKernel) -> str:
+    def _step_lines(self, step: ir.Kernel | ir.ExternKernel) -> list[str]:
         if isinstance(step, ir.Kernel):
-            return self.calls[step.name]
-        return self._extern_call(step)
+            return self.calls[step.name].split("\n")
+        return [self._extern_call(step), *_check_extern_lines(step)]
 
     def _extern_call(self, step: ir.ExternKernel) -> str:
         target = extern_name(step.kernel)
@@ -367,6 +347,11 @@ class WrapperCodegen:
         return f"{step.name} = {target}({', '.join(args)})"
 
     def _output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:
+        if isinstance(arg, ir.TensorArg) and stride is None and arg.buffer not in self.constants:
+            return self._view(arg)
+        return self._special_output(arg, stride)  # None, a size, a re-laid-out output, a constant
+
+    def _special_output(self, arg: ir.TensorArg | None, stride: tuple[int, ...] | None) -> str:
         if arg is None:
             return "None"
         if not isinstance(arg, ir.TensorArg):  # a size (AOT saves s0 for the backward)

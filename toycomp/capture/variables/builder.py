@@ -55,12 +55,11 @@ from toycomp.capture.variables.lists import (
     NamedTupleVariable,
     TupleVariable,
 )
+from toycomp.capture.variables.classes import NamedTupleClassVariable, UserDefinedClassVariable
 from toycomp.capture.variables.objects import (
-    NamedTupleClassVariable,
     NNModuleVariable,
     PythonModuleVariable,
     SkipFunctionVariable,
-    UserDefinedClassVariable,
     UserDefinedObjectVariable,
 )
 from toycomp.capture.variables.copying import CopyFunctionVariable, is_copy_function
@@ -85,17 +84,16 @@ BUILTIN_MODULES = (builtins, math, operator)
 
 def is_torch_function(value: Any) -> bool:
     """Functions put in the graph as opaque calls: torch.*, F.*, torch.Tensor methods."""
-    module = getattr(value, "__module__", None) or ""
     if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
-    if module.startswith("torch.nn.modules") or module.startswith("torch._dynamo"):
+    module = getattr(value, "__module__", None) or ""
+    if module.split(".")[0] != "torch" or module.startswith(("torch.nn.modules", "torch._dynamo")):
         return False
-    if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
-            and not isinstance(value.__self__, (torch.Tensor, torch.nn.Module)):
-        return False  # GradScaler.scale: traced, its side effects replayed (not stored fakes)
-    if isinstance(value, types.FunctionType) and "<" in value.__qualname__:
-        return False  # a lambda or local function (OpInfo's ops): no import path for FX; inline
-    return module == "torch" or module.startswith("torch.") or module.startswith("torch._C")
+    if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+        # not GradScaler.scale: traced, its side effects replayed (not stored fakes)
+        return isinstance(value.__self__, (torch.Tensor, torch.nn.Module))
+    # not a lambda or local function (OpInfo's ops): no import path for FX; inlined
+    return not (isinstance(value, types.FunctionType) and "<" in value.__qualname__)
 
 
 def is_literal_tuple(value: Any) -> bool:

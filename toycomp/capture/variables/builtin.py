@@ -110,6 +110,9 @@ class BuiltinVariable(VariableTracker):
             if fn in TENSOR_OPERATORS:
                 return tx.output.create_call("call_function", fn, args, kwargs)
             raise Unsupported(f"{self.fn.__name__}() on a tensor")
+        return self.call_on_values(tx, args, kwargs)  # containers' methods, constants folded
+
+    def call_on_values(self, tx, args, kwargs):
         if self.fn is operator.getitem and isinstance(getattr(args[0], "fn", None), type):
             return fold(self.fn, args, kwargs)  # a type hint: list[torch.Tensor]
         if self.fn in CONTAINER_METHODS and not isinstance(args[0], ConstantVariable):

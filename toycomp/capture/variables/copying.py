@@ -21,7 +21,8 @@ from toycomp.capture.variables.base import ValueVariable, VariableTracker
 from toycomp.capture.variables.functions import UserMethodVariable
 from toycomp.capture.variables.lists import DictVariable, ListVariable, NamedTupleVariable
 from toycomp.capture.variables.lists import TupleVariable
-from toycomp.capture.variables.objects import MISSING, NewObjectVariable, class_lookup
+from toycomp.capture.variables.classes import NewObjectVariable
+from toycomp.capture.variables.objects import MISSING, class_lookup
 from toycomp.capture.variables.objects import UserDefinedObjectVariable, is_data_descriptor
 from toycomp.capture.variables.tensor import TensorVariable
 
@@ -78,15 +79,8 @@ class CopiedObjectVariable(NewObjectVariable):
             return UserMethodVariable(hook, self).call_function(tx, [ConstantVariable(name)], {})
         raise MissingAttribute(f"{self.cls.__name__} object has no attribute {name!r}")
 
-    def reconstruct(self, codegen):
-        if id(self) in codegen.temps:
-            return codegen.temps[id(self)]
-        cls = self.cls_source.code() if self.cls_source else codegen.constant(self.cls)
-        name = codegen.new_object(self, f"object.__new__({cls})")
-        for attr, value in self.overrides.items():
-            codegen.lines.append(f"object.__setattr__({name}, {attr!r}, "
-                                 f"{codegen.reconstruct(value)})")
-        return name
+    def reconstruct(self, codegen):  # as ``copy`` writes the attributes: not via __setattr__
+        return super().reconstruct(codegen, store="object.__setattr__({obj}, {attr!r}, {value})")
 
 
 def copy_variable(tx, var: VariableTracker, deep: bool, memo: dict) -> VariableTracker:

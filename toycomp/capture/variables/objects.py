@@ -1,4 +1,4 @@
-"""Objects while tracing: nn.Modules, user-defined objects and classes, Python modules, super().
+"""Objects while tracing: nn.Modules, user-defined objects, Python modules, super().
 
 Attribute reads look where Python would, in its order ([Note: attribute lookup order]), and
 wrap what they find with an ``AttrSource``, so each read becomes a guard: a float attribute by
@@ -9,8 +9,9 @@ Example: tracing ``self.scale * x`` with ``m.scale = 2.0`` guards ``L['self'].sc
 after ``m.scale = 10.0`` the guard fails and the function is recompiled.
 
 NB: in PyTorch this lives in torch/_dynamo/variables/nn_module.py (NNModuleVariable,
-UnspecializedNNModuleVariable), variables/user_defined.py (UserDefinedObjectVariable,
-UserDefinedClassVariable) and variables/misc.py (SuperVariable, PythonModuleVariable).
+UnspecializedNNModuleVariable), variables/user_defined.py (UserDefinedObjectVariable) and
+variables/misc.py (SuperVariable, PythonModuleVariable). Classes, and the objects the traced code
+makes by calling them, are in classes.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from toycomp.capture.variables.base import (
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.lists import (
     ListIteratorVariable,
-    NamedTupleVariable,
     TupleVariable,
     as_iterator,
 )
@@ -225,149 +225,6 @@ class NNModuleVariable(UserDefinedObjectVariable):
 
     def unpack_var_sequence(self, tx):
         return self.call_method(tx, "__iter__", [], {}).unpack_var_sequence(tx)
-
-
-class UserDefinedClassVariable(ValueVariable):
-    """A class (guarded by identity): usable in isinstance and attribute reads; calling it makes
-    a ``NewObjectVariable`` (``why_not_constructible`` says which classes cannot)."""
-
-    def var_getattr(self, tx, name):
-        src = self.source and AttrSource(self.source, name)
-        if not any(name in vars(klass) for klass in self.value.__mro__):
-            return tx.output.wrap(getattr(self.value, name), src)  # from type: __name__...
-        attr = inspect.getattr_static(self.value, name)
-        if isinstance(attr, (staticmethod, classmethod)):
-            attr = attr.__func__
-            if isinstance(inspect.getattr_static(self.value, name), classmethod):
-                return UserMethodVariable(attr, self, None)
-        return tx.output.wrap(attr, src)
-
-    def call_function(self, tx, args, kwargs):
-        """``Point(x, y)``: a new object, tracked while tracing, ``__init__`` inlined on it."""
-        from toycomp.capture.variables import user_dicts  # (it subclasses this module's)
-
-        cls = self.value
-        if user_dicts.is_user_dict_class(cls):  # ModelOutput(loss=...): a dict and an object
-            obj, init = user_dicts.construct(tx, cls, self.source)
-            init.call_function(tx, args, kwargs)
-            return obj
-        if issubclass(cls, torch.nn.Module):
-            return make_module(tx, cls, args, kwargs)
-        why = why_not_constructible(cls)
-        if why:
-            raise Unsupported(f"creating an object of user class {cls.__qualname__}: {why}")
-        obj = NewObjectVariable(cls, self.source)
-        init = inspect.getattr_static(cls, "__init__")
-        if init is object.__init__:
-            if args or kwargs:
-                raise Unsupported(f"{cls.__qualname__}() takes no arguments")
-            return obj
-        init_source = self.source and AttrSource(self.source, "__init__")
-        UserMethodVariable(init, obj, init_source).call_function(tx, args, kwargs)
-        return obj
-
-
-def make_module(tx, cls, args, kwargs) -> NNModuleVariable:
-    """``loss_fct = CrossEntropyLoss()`` inside ``forward``: made for real while tracing, from
-    constant arguments, when it holds no tensor (no parameter or buffer: each call in eager
-    would make new ones, randomly initialised). The graph calls its ``forward``, inlined; the
-    object is kept for the transformed function, should it outlive the graph."""
-    try:
-        consts = [a.as_python_constant() for a in args]
-        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
-    except Unsupported:
-        raise Unsupported(f"creating a {cls.__qualname__} from non-constant arguments") from None
-    module = cls(*consts, **kw)
-    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
-        raise Unsupported(f"creating a {cls.__qualname__}, which holds tensors, in the "
-                          "compiled function")
-    tx.output.keep_alive.append(module)
-    return NNModuleVariable(module, None)
-
-
-class NamedTupleClassVariable(UserDefinedClassVariable):
-    """A ``collections.namedtuple`` / ``typing.NamedTuple`` class: calling it makes a
-    ``NamedTupleVariable``, its arguments bound to the fields as ``cls.__new__`` binds them."""
-
-    def call_function(self, tx, args, kwargs):
-        cls = self.value
-        try:
-            bound = inspect.signature(cls).bind(*args, **kwargs).arguments
-        except TypeError as e:
-            raise Unsupported(f"{cls.__qualname__}(): {e}") from None
-        defaults = getattr(cls, "_field_defaults", {})
-        items = [bound[f] if f in bound else tx.output.wrap(defaults[f], None)
-                 for f in cls._fields]
-        return NamedTupleVariable(items, cls)
-
-
-def why_not_constructible(cls) -> str | None:
-    """Why a new object of ``cls`` cannot be traced (None: it can). The tracer models an
-    object as ``object.__new__(cls)`` plus an instance ``__dict__`` of trackers."""
-    if type(cls).__call__ is not type.__call__:  # (abc.ABCMeta makes objects as type does)
-        return f"it has a metaclass ({type(cls).__name__})"
-    if getattr(cls, "__abstractmethods__", None):
-        return "it has abstract methods"
-    if cls.__new__ is not object.__new__:
-        return "it defines __new__ (or subclasses a builtin type)"
-    if any(vars(klass).get("__slots__") for klass in cls.__mro__):  # (collections.abc: ())
-        return "it has __slots__"
-    for hook in ("__setattr__", "__getattribute__", "__delattr__"):
-        if getattr(cls, hook) is not getattr(object, hook):
-            return f"it defines {hook}"
-    init = inspect.getattr_static(cls, "__init__")
-    if init is not object.__init__ and not isinstance(init, types.FunctionType):
-        return "its __init__ is not Python code"
-    return None
-
-
-class NewObjectVariable(UserDefinedObjectVariable):
-    """An object made by the traced code (``p = Point(x, y)``): no real object exists while
-    tracing; its attributes live in ``overrides``. Stores to it are not side effects: if it
-    escapes (returned, stored in a list or a global, live at a graph break) it is rebuilt
-    after the graph, in its final state::
-
-        __tmp0 = object.__new__(G['Point'])
-        __tmp0.x = __graph_out[0]
-        __tmp0.y = __graph_out[1]
-
-    NB: in PyTorch this is ``SideEffects.track_object_new`` and ``codegen_save_tempvars``."""
-
-    def __init__(self, cls, cls_source=None):
-        super().__init__(None, None)
-        del self.value  # no real object (``is`` compares trackers)
-        self.cls = cls
-        self.cls_source = cls_source
-
-    def python_type(self):
-        return self.cls
-
-    def instance_attr(self, tx, name):
-        return None  # the instance dict is ``overrides``
-
-    def class_source(self):
-        return self.cls_source
-
-    def plain_class_attr(self, tx, name):
-        source = self.cls_source and AttrSource(self.cls_source, name)
-        return tx.output.wrap(getattr(self.cls, name), source)
-
-    def setattr(self, tx, name, value):
-        if hasattr(inspect.getattr_static(self.cls, name, None), "__set__"):
-            raise Unsupported(f"store to the descriptor {self.cls.__name__}.{name}")
-        self.overrides[name] = value
-
-    def reconstruct(self, codegen):
-        if id(self) in codegen.temps:
-            return codegen.temps[id(self)]
-        cls = self.cls_source.code() if self.cls_source else codegen.constant(self.cls)
-        name = codegen.new_object(self, f"object.__new__({cls})")
-        for attr, value in self.overrides.items():
-            codegen.lines.append(f"{name}.{attr} = {codegen.reconstruct(value)}")
-        return name
-
-    def __repr__(self):
-        return f"NewObjectVariable({self.cls.__name__})"
 
 
 class SuperVariable(VariableTracker):

@@ -76,12 +76,8 @@ class TorchVariable(ValueVariable):
             raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if is_special(fn):
             return self.call_special(tx, args, kwargs)
-        if fn is torch.arange and "dtype" not in kwargs and all(
-                isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
-            # integer bounds give int64; written out, so that sizes (SymInts) keep it
-            kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
-        if fn is torch.nn.functional.one_hot:
-            args = _checked_one_hot_args(tx, args, kwargs)
+        if fn in ARGUMENT_RULES:  # torch.arange's dtype, F.one_hot's number of classes
+            args, kwargs = ARGUMENT_RULES[fn](tx, args, kwargs)
         return tx.output.create_call("call_function", fn, args, kwargs)
 
     def call_special(self, tx, args, kwargs):
@@ -116,15 +112,27 @@ class TorchVariable(ValueVariable):
         return f"TorchVariable({getattr(self.value, '__qualname__', self.value)})"
 
 
-def _checked_one_hot_args(tx, args, kwargs) -> list:
+def _arange_arguments(tx, args, kwargs) -> tuple[list, dict]:
+    """Integer bounds give int64: written out, so that sizes (SymInts) keep it."""
+    if "dtype" not in kwargs and all(
+            isinstance(a, ConstantVariable) and a.python_type() is int for a in args):
+        kwargs = {**kwargs, "dtype": ConstantVariable(torch.int64)}
+    return args, kwargs
+
+
+def _one_hot_arguments(tx, args, kwargs) -> tuple[list, dict]:
     """``one_hot``'s arguments, its classes through ``toycomp::check_one_hot``: traced on fake
     tensors, ATen's one_hot skips the range check eager makes ([Note: checks that raise as
     eager does] in prims/decomp_table.py). num_classes=-1 (read from the data) is left alone."""
     n = kwargs["num_classes"] if "num_classes" in kwargs else (args[1] if len(args) > 1 else None)
     if n is None or n.as_python_constant() < 0:
-        return list(args)
+        return list(args), kwargs
     check = torch.ops.toycomp.check_one_hot.default
-    return [tx.output.create_call("call_function", check, [args[0], n], {}), *args[1:]]
+    return [tx.output.create_call("call_function", check, [args[0], n], {}), *args[1:]], kwargs
+
+
+# Functions whose arguments are adjusted before they become a graph node.
+ARGUMENT_RULES = {torch.arange: _arange_arguments, torch.nn.functional.one_hot: _one_hot_arguments}
 
 
 class ContextManagerVariable(VariableTracker):

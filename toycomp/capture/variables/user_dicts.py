@@ -38,12 +38,8 @@ from toycomp.capture.variables.base import (
 )
 from toycomp.capture.variables.functions import UserMethodVariable
 from toycomp.capture.variables.lists import DictVariable
-from toycomp.capture.variables.objects import (
-    MISSING,
-    NewObjectVariable,
-    UserDefinedObjectVariable,
-    class_lookup,
-)
+from toycomp.capture.variables.classes import NewObjectVariable
+from toycomp.capture.variables.objects import MISSING, UserDefinedObjectVariable, class_lookup
 
 DICT_TYPES = (collections.OrderedDict, collections.defaultdict, dict)
 MUTATING = {"__setitem__", "__delitem__", "update", "pop", "popitem", "setdefault", "clear"}

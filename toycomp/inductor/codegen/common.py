@@ -228,9 +228,6 @@ class KernelCodegen:
     def _assign_args(self) -> dict[str, str]:
         writes = self.kernel.writes()
         reads = [b for b in self.kernel.reads() if b not in writes]
-        for name in (*reads, *writes):
-            if name not in self.dtypes:
-                raise ValueError(f"{self.kernel.name}: buffer {name} missing from buffer_dtypes")
         args = {b: f"in_ptr{i}" for i, b in enumerate(reads)}
         args.update({b: f"out_ptr{i}" for i, b in enumerate(writes)})
         return args
@@ -245,6 +242,10 @@ class KernelCodegen:
             self.generated.clear()
 
     # --- the walk -------------------------------------------------------------------------------
+    # [Note: each node generated once]
+    # codegen_expr generates each distinct node once per loop, its arguments first, iteratively
+    # (see [Note: expressions are DAGs] in loop_body.py); ``generated`` keeps the node alive, so
+    # its ``id`` stays its own.
     def codegen_loop(self, loop: ir.Loop) -> None:
         """Fill the five sections for one ``ir.Loop`` (call ``new_sections`` first)."""
         self.in_r_loop = loop.over_r
@@ -270,9 +271,7 @@ class KernelCodegen:
             self.column_reduce(stmt, value)
 
     def codegen_expr(self, expr: ir.Expr) -> str:
-        """The code of ``expr``'s value in the current loop. Each distinct node is generated
-        once per loop, its arguments first (iteratively: see [Note: expressions are DAGs] in
-        loop_body.py); ``generated`` keeps the node alive, so its ``id`` stays its own."""
+        """The code of ``expr``'s value in the current loop ([Note: each node generated once])."""
         stack = [(expr, False)]
         while stack:
             node, args_done = stack.pop()
@@ -288,8 +287,6 @@ class KernelCodegen:
     def codegen_node(self, expr: ir.Expr) -> str:
         """One node, its arguments already generated (``codegen_expr`` returns their code)."""
         if isinstance(expr, ir.Load):
-            if expr.buffer not in self.args:
-                raise ValueError(f"{self.kernel.name}: load from unknown buffer {expr.buffer}")
             if expr.indirect:  # gather: at an index read from other values
                 return self.indirect_load(expr)
             self.check_index(expr.index)
@@ -299,9 +296,7 @@ class KernelCodegen:
         if isinstance(expr, ir.IndexValue):
             self.check_index(expr.index)
             return self.index_value(expr.index, expr.dtype)
-        if isinstance(expr, ir.Local):
-            if expr.name not in self.locals:
-                raise ValueError(f"{self.kernel.name}: Local({expr.name}) read before its Reduce")
+        if isinstance(expr, ir.Local):  # a Reduce's result, generated before the Locals reading it
             return self.locals[expr.name]
         if isinstance(expr, ir.Op):
             return self.codegen_op(expr)
@@ -316,10 +311,8 @@ class KernelCodegen:
             self.loads = loads
 
     def codegen_op(self, expr: ir.Op) -> str:
-        if expr.name == "pow":
-            simpler = simplify_pow(expr)
-            if simpler is not expr:
-                return self.codegen_expr(simpler)
+        if expr.name == "pow" and (simpler := simplify_pow(expr)) is not expr:
+            return self.codegen_expr(simpler)  # x**2 as x*x, x**-1 as a reciprocal
         if expr.name not in self.ops:
             raise NotImplementedError(f"{type(self).__name__}: no rule for op {expr.name!r}")
         args = []
@@ -332,8 +325,7 @@ class KernelCodegen:
             if compute_dtype(arg.dtype) != compute_dtype(dtype):
                 code = self.cast(code, arg.dtype, dtype)
             args.append(code)
-        code = self.op(expr, args)
-        return self.cse.generate(self.compute, code, expr.dtype)
+        return self.cse.generate(self.compute, self.op(expr, args), expr.dtype)
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         """Apply the rule table (``convert_element_type`` also receives the target dtype)."""

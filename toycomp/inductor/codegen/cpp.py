@@ -161,6 +161,8 @@ class CppKernelCodegen(KernelCodegen):
     ops = CPP_OPS
     printer = CppPrinter()
     ctype = staticmethod(cpp_type)
+    plane: int | None = None  # cpp.layouts: see [Note: pointwise kernels over planes]
+    rplane: int | None = None  # and [Note: reductions over planes]
 
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
@@ -173,8 +175,6 @@ class CppKernelCodegen(KernelCodegen):
         self.column = self.layouts and cpp_layout.use_column_layout(kernel)
         self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
         self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
-        self.plane: int | None = None  # see [Note: pointwise kernels over planes]
-        self.rplane: int | None = None  # and [Note: reductions over planes]
 
     def op(self, expr: ir.Op, args: list[str]) -> str:
         if vector_math() and compute_dtype(expr.dtype) == torch.float32:  # cpp.simdlen
@@ -258,8 +258,7 @@ class CppKernelCodegen(KernelCodegen):
     # --- layout ----------------------------------------------------------------------------------
     def codegen_kernel(self) -> str:
         k = self.kernel
-        parts = cpp_layout.split_by_layout(k) if self.layouts else [k]  # [Note: a kernel of
-        # rows and columns] in opt/cpp_layout.py
+        parts = cpp_layout.split_by_layout(k) if self.layouts else [k]  # see codegen_parts
         if len(parts) == 1:
             functions = [self.codegen_function(k.name, self.codegen_body())]
         else:  # one static function per part, and the kernel calling them in turn
@@ -275,6 +274,7 @@ class CppKernelCodegen(KernelCodegen):
         return preamble() + "\n" + code.getvalue() + "".join(functions)
 
     def codegen_parts(self, parts: list[ir.Kernel]) -> list[str]:
+        """[Note: a kernel of rows and columns] in opt/cpp_layout.py."""
         functions, calls = [], IndentedBuffer()
         for part in parts:
             cg = CppKernelCodegen(part)
@@ -314,9 +314,6 @@ class CppKernelCodegen(KernelCodegen):
         if self.layouts:
             self.plane = cpp_layout.pointwise_plane(k)
             self.rplane = cpp_layout.reduction_plane(k)
-        parallel_r = None
-        if indexing.known_equal(k.numel, 1) and not k.scatters():  # a scatter's r runs in order
-            parallel_r = self.parallel_if(k.rnumel, cpp_reduction.PARALLEL_REDUCTION_MIN_RNUMEL)
         # a row's costly values, kept: opt/cpp_row_buffers.py (config.cpp.row_buffers)
         kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
         for i, loop in enumerate(k.loops):
@@ -328,7 +325,7 @@ class CppKernelCodegen(KernelCodegen):
             if kept:
                 kept.after_loop(self, i)
             if loop.over_r:
-                cpp_reduction.codegen_row_loop(self, body, loop, parallel_r)
+                cpp_reduction.codegen_row_loop(self, body, loop)
             else:
                 for section in (self.loads, self.compute, self.stores):
                     body.splice(section)
@@ -342,16 +339,22 @@ class CppKernelCodegen(KernelCodegen):
             code.splice(body)
             return code
         simd = vector_math() and self.simd_x_loop()
-        if self.plane is not None:  # planes on the cores, each plane's elements vectorised
-            outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
-            inner = "#pragma omp simd" if simd else None
-            return cpp_layout.plane_loops("x", k.numel, self.plane, body, outer, inner)
+        if self.plane is not None:  # cpp.layouts: the x loop over planes
+            return self.codegen_x_planes(body, parallel, simd)
         pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
         if pragma:
             code.writeline(f"#pragma omp {pragma}{parallel or ''}")
         code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
         code.splice(_block(body))
         return code
+
+    def codegen_x_planes(
+        self, body: IndentedBuffer, parallel: str | None, simd: bool
+    ) -> IndentedBuffer:
+        """Planes on the cores, each plane's elements vectorised (opt/cpp_layout.py)."""
+        outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
+        inner = "#pragma omp simd" if simd else None
+        return cpp_layout.plane_loops("x", self.kernel.numel, self.plane, body, outer, inner)
 
     def simd_x_loop(self) -> bool:
         """A pointwise kernel's x loop is its only loop: vectorise it too."""
@@ -450,8 +453,7 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     else:
         lib = cache.load_cpp_library(generated.source)
     fn = getattr(lib, generated.name)
-    # Declared argument types let ctypes take the ints from data_ptr() directly: the call is
-    # on every kernel launch, so it stays one ctypes call with no Python wrapper around it.
+    # Declared argument types: one ctypes call per launch, taking data_ptr()'s ints directly.
     args = generated.call[generated.call.index("(") + 1 : -1].split(", ")
     fn.argtypes = [_ctype(a) for a in args if a]  # pointers, then sizes s0... and floats f0...
     fn.restype = None

@@ -124,10 +124,13 @@ def reduce_row(cg, red: ir.Reduce, value: str) -> None:
         cg.declared_reductions.add((clause, dtype))
 
 
-def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop, parallel_r: str | None) -> None:
+def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop) -> None:
     """One r loop of the row layout: ``omp simd`` with its reduction clauses, or, in a kernel
     of one row (``parallel_r``), ``omp parallel for`` over r; over planes ``r0``, ``r1`` when
     ``cg.rplane`` is set (see [Note: reductions over planes] in cpp_layout.py)."""
+    k, parallel_r = cg.kernel, None
+    if indexing.known_equal(k.numel, 1) and not k.scatters():  # a scatter's r runs in order
+        parallel_r = cg.parallel_if(k.rnumel, PARALLEL_REDUCTION_MIN_RNUMEL)
     body.splice(cg.prefix)
     clauses = "".join(f" reduction({c})" for c in cg.loop_reductions)
     simd = f"#pragma omp simd{clauses}" if clauses or independent_iterations(loop) else None
