@@ -17,7 +17,10 @@ values and gradients are the same (docs/passes.md lists the passes, flags and ho
     at launch (CUDA)          triton.lean_launch            codegen/triton.py, _triton_compat.py
     in the wrapper            memory_planning               memory_planning.py
                               compile_threads               async_compile.py (kernels compiled
-                                                              in a pool of threads)
+                                                              in a pool of threads; Triton's
+                                                              ahead of the first run)
+                              cpp.batch_kernels             async_compile.py (one file a thread)
+                              kernel_cache                  cache.py (libraries kept on disk)
     at launch (CUDA)          max_autotune                  autotune.py
     around the compiled graph triton.cudagraphs             cudagraphs.py
 

@@ -46,6 +46,9 @@ STEPS: list[tuple[str, Any, tuple[str, ...]]] = [
     ("triton.lean_launch", True, ("triton",)),
     ("fast_guards", True, ("cpp", "triton")),
 ]
+# Passes that change how long compiling takes, not the code or its time: the ladder leaves them
+# off (as in teach) on every rung; benchmarks/compile_time.py measures them.
+COMPILE_TIME_PASSES = ("compile_threads", "cpp.batch_kernels", "kernel_cache")
 
 
 @dataclass
