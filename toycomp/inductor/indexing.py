@@ -107,8 +107,7 @@ def is_scalar_symbol(symbol: sympy.Basic) -> bool:
 
 
 def size_symbols(*exprs) -> list[sympy.Symbol]:
-    """The size symbols in ``exprs`` (ints, sympy expressions, tuples of them), ``s2`` < ``s10``,
-    then the scalars ``f0, f1...``: the arguments a kernel using ``exprs`` takes."""
+    """The size symbols in ``exprs`` (``s2`` < ``s10``), then scalars ``f0``...: kernel args."""
     found: set[sympy.Symbol] = set()
     for e in exprs:
         if isinstance(e, (tuple, list)):
@@ -218,8 +217,7 @@ def numel(size: tuple[int, ...]) -> int:
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Expand ``expr`` and drop the ``//`` (and so ``%``) terms that the variables' ranges
-    (``i1 -> 1000``) make trivial: ``(1000*i0 + i1) // 1000`` becomes ``i0``."""
+    """Expand ``expr``, dropping ``//`` terms its ranges make trivial (``(1000*i0+i1)//1000``)."""
     return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
 
 

@@ -353,10 +353,8 @@ class Kernel:
     rows_per_program: int = 0
 
     def size_symbols(self) -> tuple[sympy.Symbol, ...]:
-        """The size symbols (``s0, s1...``) the kernel takes as arguments: those of its numel,
-        rnumel and indices (ordered by number; none for a static kernel)."""
-        values = self.values()
-        indices = [e.index for e in walk(*values) if isinstance(e, (Load, IndexValue))]
+        """The size symbols (``s0, s1...``) of its numel, rnumel and indices: its arguments."""
+        indices = [e.index for e in walk(*self.values()) if isinstance(e, (Load, IndexValue))]
         indices += [s.index for s in self.stores()]
         return tuple(indexing.size_symbols(self.numel, self.rnumel, *indices))
 
@@ -380,8 +378,7 @@ class Kernel:
 
     def reads(self) -> tuple[str, ...]:
         """Buffers loaded by this kernel (in first-use order)."""
-        values = self.values()
-        return tuple(dict.fromkeys(e.buffer for e in walk(*values) if isinstance(e, Load)))
+        return tuple(dict.fromkeys(e.buffer for e in walk(*self.values()) if isinstance(e, Load)))
 
     def writes(self) -> tuple[str, ...]:
         """Buffers stored by this kernel."""

@@ -107,12 +107,7 @@ class Constant:
 
 
 def convert_number(value: Number, dtype: torch.dtype) -> Number:
-    """A Python number as a tensor of ``dtype`` holds it (``torch.tensor(value).to(dtype)``):
-    ``True``/``False`` for bool, a float for floating dtypes, else an int truncated toward zero.
-
-    >>> convert_number(2, torch.float32), convert_number(-2.7, torch.int64)
-    (2.0, -2)
-    """
+    """A Python number as a tensor of ``dtype`` holds it (ints truncate toward zero)."""
     if dtype == torch.bool:
         return bool(value)
     return float(value) if dtype.is_floating_point else int(value)
@@ -181,8 +176,7 @@ def walk(*exprs: Expr) -> Iterator[Expr]:
 
 
 def post_order(*exprs: Expr) -> list[Expr]:
-    """Every distinct sub-expression of ``exprs``, once, each after its arguments (left to right:
-    the order in which a recursive evaluation would first reach them)."""
+    """Every distinct sub-expression of ``exprs``, once, each after its arguments."""
     order: list[Expr] = []
     seen: set[int] = set()
     stack = [(e, False) for e in reversed(exprs)]
@@ -198,8 +192,7 @@ def post_order(*exprs: Expr) -> list[Expr]:
 
 
 def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Rebuild ``expr`` bottom-up; ``fn`` returns a replacement for a node, or None to keep it.
-    Each distinct node is rebuilt once, so shared sub-expressions stay shared."""
+    """Rebuild ``expr`` bottom-up, each distinct node once; ``fn`` replaces a node, or None."""
     new: dict[int, Expr] = {}  # id(original node) -> its rebuilt version
     for node in post_order(expr):
         rebuilt = node

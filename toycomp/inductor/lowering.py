@@ -95,8 +95,7 @@ REALIZE_READS_THRESHOLD = 4
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> ir.LoweredGraph:
-    """Lower a prims graph (prims and ATen ops) to the loop IR, for ``example_inputs``' strides:
-    the LoweredGraph's inputs, buffers to compute in order, outputs as TensorArgs."""
+    """Lower a prims graph (prims and ATen ops) to the loop IR, for ``example_inputs``' strides."""
     return GraphLowering(gm, example_inputs).run()
 
 
@@ -147,11 +146,10 @@ class GraphLowering:
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
-        elsewhere = tensor.device if tensor.device != self.device else None  # an extern's cpu seed
-        any_device = tensor.dim() == 0 and bool(node.users) and all(  # [Note: extern seeds]
-            u.op == "call_function" and isinstance(u.target, OpOverload) for u in node.users)
-        self.inputs.append(ir.InputBuffer(node.name, size, stride, tensor.dtype, elsewhere,
-                                          any_device))
+        buffer = ir.InputBuffer(node.name, size, stride, tensor.dtype)
+        if tensor.device != self.device or tensor.dim() == 0:  # maybe an extern's seed
+            buffer = _extern_seed(buffer, node, tensor, self.device)
+        self.inputs.append(buffer)
         self.meta[node] = to_meta(tensor)
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
@@ -206,7 +204,7 @@ class GraphLowering:
         if rule is None or not _dtypes_supported(node, self.meta):
             return self.extern(node, _kernel_name(node), fallback=True)
         args, kwargs = _map_nodes((node.args, node.kwargs), self.env.__getitem__)
-        self.current_origin = _origin(node)
+        self.current_origin = node.name  # where a buffer's work comes from
         try:
             value = rule(self, self.tensor_meta(self.meta[node]), *args, **kwargs)
         except NotImplementedError:  # a rule may decline a case: run the prim eagerly instead
@@ -216,9 +214,8 @@ class GraphLowering:
         _check_matches_meta(node, value, self.tensor_meta(self.meta[node]), self.sizevars)
         origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
-        base = node.args[0] if node.args else None
-        if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW and isinstance(base, Node):
-            self.view_base[node] = base
+        if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW:  # see realize_base_of_view
+            self.view_base[node] = node.args[0]
         if len(node.users) >= 2 and _costly_to_inline(value):
             self.realize(node)
 
@@ -234,7 +231,7 @@ class GraphLowering:
         self.nodes.append(
             ir.ExternKernel(
                 name, kernel, args, tuple(kwargs.items()), size, stride, out.dtype, fallback,
-                origins=(_origin(node),),
+                origins=(node.name,),
             )
         )  # fmt: skip
         self.env[node] = strided_load(name, size, stride, out.dtype)
@@ -264,7 +261,7 @@ class GraphLowering:
         self.nodes.append(
             ir.ExternKernel(
                 name, kernel, args, tuple(kwargs.items()), (), (), outputs[0].dtype, fallback,
-                origins=(_origin(node),), outputs=tuple(outputs),
+                origins=(node.name,), outputs=tuple(outputs),
             )
         )  # fmt: skip
         self.env[node] = tuple(values)
@@ -298,8 +295,7 @@ class GraphLowering:
         return TensorMeta(self.sizevars.shape(t), t.dtype)
 
     def eager_stride(self, arg: Any, val: Any) -> tuple | None:
-        """``val``'s strides if an output read as ``arg`` would be laid out otherwise, else None
-        (AOT compiles the backward for eager's strides of the forward's saved tensors)."""
+        """``val``'s (eager's) strides if ``arg``'s differ, else None: AOT expects eager's."""
         if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
             return None
         size, stride = self.sizevars.shape(val), self.sizevars.stride(val)
@@ -314,7 +310,7 @@ class GraphLowering:
         value = self.env[node]
         if not isinstance(value, TensorValue):
             raise LoweringError(f"{node.name!r} is not a tensor")
-        if through_views and self.realize_base_of_view(node):
+        if through_views and node in self.view_base and self.realize_base_of_view(node):
             value = self.env[node]
         view = as_strided_view(value)
         if view is not None:
@@ -326,8 +322,7 @@ class GraphLowering:
         return ir.TensorArg(name, value.size, stride)
 
     def realize_base_of_view(self, node: Node) -> bool:
-        """Realize the nearest node that ``node`` views (through a chain of views) and that
-        has other users too, then lower the chain again on top of it (see the Note)."""
+        """Realize the nearest shared node that ``node`` views, then lower the views on it again."""
         if as_strided_view(self.env[node]) is not None:  # already in memory (or a view of it)
             return False
         chain = [node]
@@ -361,6 +356,15 @@ def _costly_to_inline(value: TensorValue) -> bool:
     return len(reads) > REALIZE_READS_THRESHOLD
 
 
+def _extern_seed(buffer: ir.InputBuffer, node: Node, tensor, device) -> ir.InputBuffer:
+    """An input on another device, or a 0-d one only externs read ([Note: extern seeds])."""
+    elsewhere = tensor.device if tensor.device != device else None  # an extern's cpu seed
+    any_device = tensor.dim() == 0 and bool(node.users) and all(
+        u.op == "call_function" and isinstance(u.target, OpOverload) for u in node.users
+    )
+    return replace(buffer, device=elsewhere, any_device=any_device)
+
+
 def _values(args: Any) -> list[TensorValue]:
     if isinstance(args, TensorValue):
         return [args]
@@ -373,12 +377,6 @@ def _kernel_name(node: Node) -> str:
     if prims.is_prim(node.target):
         return f"toycomp.prims.{prims.PRIM_INFO[node.target].name}"
     return str(node.target)  # "aten.mm.default"
-
-
-def _origin(node: Node) -> str:
-    """The FX node a buffer's work comes from: the prims graph's node name (each prims node
-    keeps the ATen node it was decomposed from in ``meta["aten_origin"]``)."""
-    return node.name
 
 
 def _indices_read(node: Node) -> set[int]:

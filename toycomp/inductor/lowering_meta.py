@@ -51,6 +51,10 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.devic
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
         return t.device
+    return _creation_device(gm)  # a graph without tensor inputs
+
+
+def _creation_device(gm: torch.fx.GraphModule) -> torch.device:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in (prims.full, prims.iota):
             return torch.device(node.kwargs.get("device", node.args[-1]))
@@ -65,11 +69,15 @@ def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
         return to_meta(val)
     if is_symbolic(val) or (isinstance(val, int) and not prims.is_prim(node.target)):
         return val  # a size computation (sym_size, operator.mul on SymInts)
+    return _tuple_or_run_on_meta(node, meta, val)  # an extern's tuple, or no value recorded
+
+
+def _tuple_or_run_on_meta(node: Node, meta: dict[Node, Any], val: Any) -> Any:
     if node.target is operator.getitem and isinstance(meta[node.args[0]], (tuple, list)):
         return meta[node.args[0]][node.args[1]]
     if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
         return to_meta_value(val)
-    return _run_on_meta(node, meta)  # no value recorded
+    return _run_on_meta(node, meta)
 
 
 def _run_on_meta(node: Node, meta: dict[Node, Any]) -> Any:

@@ -106,11 +106,14 @@ class _Group:
     scatter: ir.Scatter | None = None  # a scatter's second kernel, alone: see the Note
 
     def writes(self) -> set[str]:
+        if self.extern is not None or self.scatter is not None:  # a step of its own
+            return self.own_step_writes()
+        return {e.node.name for e in self.entries}
+
+    def own_step_writes(self) -> set[str]:
         if self.extern is not None:
             return {self.extern.name, *self.extern.buffers()}
-        if self.scatter is not None:
-            return {self.scatter.name}
-        return {e.node.name for e in self.entries}
+        return {self.scatter.name}
 
     def reads(self) -> set[str]:
         if self.scatter is not None:
@@ -157,8 +160,7 @@ def _loads(*exprs: ir.Expr) -> list[str]:
 
 
 def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
-    """Fuse the buffers of ``lowered`` into kernels (see [Note: fusion]): the ScheduledGraph's
-    allocations and steps (Kernels and ExternKernels in run order)."""
+    """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion])."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
         if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
@@ -173,9 +175,8 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
         if group.extern is not None or group.scatter is not None:  # a step of its own
             steps.append(_own_step(name, group))
             continue
-        kernel = _make_kernel(name, group, stored)
         allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
-        steps.append(kernel)
+        steps.append(_make_kernel(name, group, stored))
     return ir.ScheduledGraph(
         lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
         lowered.constants, lowered.output_strides, lowered.scalars,
@@ -199,12 +200,16 @@ def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
 
 def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
     """The buffers a lowered node reads, in first-use order."""
-    if isinstance(node, ExternKernel):
-        args = list(_flatten((node.args, [v for _, v in node.kwargs])))
-        return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
+    if isinstance(node, (ExternKernel, ir.Scatter)):  # arguments, or a scatter's two bodies
+        return _own_step_reads(node)
+    return _loads(node.body)
+
+
+def _own_step_reads(node: ExternKernel | ir.Scatter) -> list[str]:
     if isinstance(node, ir.Scatter):
         return _loads(*node.bodies())
-    return _loads(node.body)
+    args = list(_flatten((node.args, [v for _, v in node.kwargs])))
+    return list(dict.fromkeys(a.buffer for a in args if isinstance(a, ir.TensorArg)))
 
 
 # --- grouping ------------------------------------------------------------------------------------
@@ -225,8 +230,7 @@ def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
         if fused is not None:
             groups[k] = fused
             return
-    numel, rnumel = _node_group(node)
-    group = _Group(numel, rnumel)
+    group = _Group(*_node_group(node))  # a kernel of its own
     entry = _make_entry(node, group, {})
     assert entry is not None, f"{node.name} does not fit its own kernel"
     group.entries.append(entry)
@@ -285,20 +289,17 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
         return None
     mapping, over_r = placed
     ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
-    size = node.size
-    ivars = indexing.index_vars("i", len(size))
-    own = indexing.linear_index(ivars, indexing.contiguous_strides(size))
-    position = indexing.simplify_index(own.subs(mapping, simultaneous=True), ranges)
+    ivars = indexing.index_vars("i", len(node.size))
+    own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
+    position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
 
     def rewrite(e: ir.Expr) -> ir.Expr | None:
-        if isinstance(e, ir.IndexValue):
-            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
-        if not isinstance(e, ir.Load):
+        if not isinstance(e, (ir.Load, ir.IndexValue)):
             return None
-        index = _subs(e.index, mapping, ranges)
-        if e.buffer not in fused:
-            return ir.Load(e.buffer, index, e.dtype, e.indirect)
-        return _fused_read(fused[e.buffer], index, group)  # computed in this kernel
+        e = dataclasses.replace(e, index=_subs(e.index, mapping, ranges))
+        if isinstance(e, ir.Load) and e.buffer in fused:  # computed in this kernel
+            return _fused_read(fused[e.buffer], e.index, group)
+        return e
 
     try:
         value = ir.map_expr(node.body, rewrite)
@@ -321,13 +322,9 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
 
 
 def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
-    """How ``node``'s index variables follow (x, r) in a (numel, rnumel) kernel, and whether the
-    node runs once per (x, r) (True) or once per x (False); None if it does not fit."""
+    """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
     ivars = indexing.index_vars("i", len(node.size))
-    if isinstance(node, Reduction) and node.mix_order_rows:  # split_reduction.py's partials
-        if _is_column_partial(node, numel, rnumel):
-            return _column_partial_mapping(node, ivars), True
-    if isinstance(node, Reduction):
+    if isinstance(node, Reduction):  # (split_reduction.py's mix-order partials too)
         return _reduction_mapping(node, ivars, numel, rnumel)
     if indexing.known_equal(indexing.numel(node.size), numel):  # per row
         return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
@@ -336,6 +333,8 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
 
 def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
     """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
+    if node.mix_order_rows and _is_column_partial(node, numel, rnumel):
+        return _column_partial_mapping(node, ivars), True
     if not _same_group(_node_group(node), (numel, rnumel)):
         return None
     rvars = indexing.index_vars("r", len(node.reduction_size))
@@ -364,8 +363,7 @@ def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
 
 
 def _same_group(a: tuple, b: tuple) -> bool:
-    """Equal (numel, rnumel) for every value of the size symbols: with dynamic shapes a fusion
-    is decided only on what holds for all sizes (``4*s0`` is ``s0*4``, never ``s1``)."""
+    """Equal (numel, rnumel) for every value of the size symbols (``4*s0`` is never ``s1``)."""
     return all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
 
@@ -413,17 +411,11 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
     pending: list[tuple[bool, ir.Store]] = []
     for e in group.entries:
-        if _is_column_partial(e.node, group.numel, group.rnumel):  # (mix-order reductions)
-            statements.append((True, _column_reduce(e)))
-        elif isinstance(e.node, Reduction):
-            local = ir.Local(_local_name(e.node), e.node.dtype)
-            reduce = ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)
-            statements.append((True, reduce))
-            if e.node.name in stored:
-                pending.append((False, ir.Store(e.node.name, e.position, local)))
+        if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
+            _add_reduction(e, group, stored, statements, pending)
         elif e.node.name in stored:
             statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
-            pending = []
+            pending.clear()
     loops = _split_loops(statements + pending)
     origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
     return ir.Kernel(
@@ -432,21 +424,29 @@ def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
     )
 
 
+def _add_reduction(e: _Entry, group: _Group, stored: set[str], statements, pending) -> None:
+    """A Reduce (or a mix-order ColumnReduce); its Store waits ([Note: pending stores])."""
+    if _is_column_partial(e.node, group.numel, group.rnumel):
+        statements.append((True, _column_reduce(e)))
+        return
+    local = ir.Local(_local_name(e.node), e.node.dtype)
+    statements.append((True, ir.Reduce(local.name, e.node.reduction_type, e.value, local.dtype)))
+    if e.node.name in stored:
+        pending.append((False, ir.Store(e.node.name, e.position, local)))
+
+
 def _column_reduce(e: _Entry) -> ir.ColumnReduce:
     kind, dtype = e.node.reduction_type, e.node.dtype
     return ir.ColumnReduce(e.node.name, e.position, kind, e.value, dtype)
 
 
 def _split_loops(statements) -> tuple[ir.Loop, ...]:
-    """Consecutive statements share a Loop unless they differ in over_r or one needs a Reduce
-    of the current Loop (whose result is only known after the loop)."""
+    """Statements share a Loop unless over_r changes or one reads a Reduce of that Loop."""
     loops: list[ir.Loop] = []
     body: list = []
     over_r, reduced = False, set()
-    locals_under = _locals_under([stmt.value for _, stmt in statements])
     for stmt_over_r, stmt in statements:
-        uses = locals_under[id(stmt.value)]
-        if body and (stmt_over_r != over_r or uses & reduced):
+        if body and (stmt_over_r != over_r or reduced and _reads_local(stmt.value, reduced)):
             loops.append(ir.Loop(over_r, tuple(body)))
             body, reduced = [], set()
         over_r = stmt_over_r
@@ -458,18 +458,9 @@ def _split_loops(statements) -> tuple[ir.Loop, ...]:
     return tuple(loops)
 
 
-def _locals_under(values: list[ir.Expr]) -> dict[int, frozenset[str]]:
-    """id(node) -> the names of the ``Local``s it reads, for every node under ``values``
-    (computed once per node, bottom-up: see [Note: expressions are DAGs] in loop_body.py)."""
-    under: dict[int, frozenset[str]] = {}
-    for e in ir.post_order(*values):
-        if isinstance(e, ir.Local):
-            under[id(e)] = frozenset([e.name])
-        elif isinstance(e, ir.Op):
-            under[id(e)] = frozenset().union(*(under[id(a)] for a in e.args))
-        else:
-            under[id(e)] = frozenset()
-    return under
+def _reads_local(value: ir.Expr, names: set[str]) -> bool:
+    """Does ``value`` read one of the ``Local``s ``names`` (a Reduce's result)?"""
+    return any(isinstance(e, ir.Local) and e.name in names for e in ir.walk(value))
 
 
 def _buffer_dtypes(loops, group: _Group) -> tuple:

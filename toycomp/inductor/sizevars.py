@@ -88,8 +88,7 @@ class SizeVars:
         return to_toycomp(expr, self.renames, shape_env_of(value) or self.shape_env)
 
     def known_equal(self, a: Size, b: Size) -> bool:
-        """``a == b`` for every size the trace's guards allow: by algebra (``indexing``), else
-        by asking the ShapeEnv ([Note: sizes equal under guards])."""
+        """``a == b`` by algebra, else under the guards ([Note: sizes equal under guards])."""
         return indexing.known_equal(a, b) or self._equal_under_guards(a, b)
 
     # [Note: sizes equal under guards]

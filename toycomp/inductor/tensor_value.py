@@ -61,8 +61,7 @@ def strided_load(name: str, size, stride, dtype: torch.dtype) -> TensorValue:
 
 
 def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
-    """A TensorArg when ``value`` is exactly a strided view of a buffer (one load at an affine
-    index ``offset + sum(stride_k * i_k)``), else None."""
+    """A TensorArg if ``value`` is one load at ``offset + sum(stride_k * i_k)``, else None."""
     if not isinstance(value.body, ir.Load):
         return None
     index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
