@@ -152,39 +152,47 @@ inline void toycomp_store(float* p, toycomp_vec v, int n) {
 # sine has the same bits alone or next to its cosine, vectorised or not.
 SINCOSF = r"""#if defined(__x86_64__) && defined(__GNUC__)
 #define TOYCOMP_SINCOS_MAX 8192.0f  // larger |x| (and inf): glibc's sinf and cosf
-// (odd ? b : a) with its sign flipped when flip (0 or 2) is 2, by masks on the bits: no branch,
-// so GCC vectorises it without AVX-512's masked instructions (on AVX2, `q & 1 ? cos_r : sin_r`
-// kept the loop scalar, computing cos_r on one branch only: 60x slower).
-inline float toycomp_pick(uint32_t odd, float a, float b, uint32_t flip) {
-    uint32_t ua, ub, mask = 0u - odd;  // odd: 0 or 1
-    std::memcpy(&ua, &a, 4);
-    std::memcpy(&ub, &b, 4);
-    uint32_t u = ((ua & ~mask) | (ub & mask)) ^ (flip << 30);
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-}
-// sin x (S) and/or cos x (C), |x| <= TOYCOMP_SINCOS_MAX: x = j*pi/2 + r with |r| <= pi/4 (j the
-// nearest integer, by the 1.5*2^23 shifter; r = x - j*pi/2 in three fma, pi/2 in three parts),
-// then Cephes' polynomials for sin r and cos r, and the quadrant j mod 4 picks and signs them.
-template <bool S, bool C> inline void toycomp_sincosf_1(float x, float* s, float* c) {
-    float k = __builtin_fmaf(x, 0x1.45f306p-1f, 0x1.8p23f);  // 1.5*2^23 + j
-    uint32_t q;
-    std::memcpy(&q, &k, 4);  // its low bits: j mod 4
-    float j = k - 0x1.8p23f;
-    float r = __builtin_fmaf(j, -0x1.921fb4p0f, x);  // three parts below pi/2: j = +0 gives
-    r = __builtin_fmaf(j, -0x1.4442d0p-24f, r);        // -0 products, and -0 + -0 = -0, so
-    r = __builtin_fmaf(j, -0x1.84698ap-48f, r);        // that r = x when x = -0.0
+// [Note: one polynomial for sin and for cos]
+// sin x, |x| <= TOYCOMP_SINCOS_MAX: x = j*pi + r with |r| <= pi/2 (j the nearest integer, by the
+// 1.5*2^23 shifter; r = x - j*pi in three fma, pi in three parts), then sin x = +-sin r by one
+// odd polynomial of degree 9 (Sleef's sinf_u35 coefficients, as eager's), negated when j is odd.
+// cos x: x = q*pi/2 + r with q = 2j + 1 odd (j = rint(x/pi - 1/2)), cos x = +-sin r, negated when
+// j is even. One polynomial and no quadrant select: a reduction by pi/2 into [-pi/4, pi/4] needs
+// sin r and cos r both and a select of the two (1.3x the time on 4M floats). The sign flip is
+// one xor of the bits (no branch: GCC vectorises it without masked instructions).
+inline float toycomp_sin_poly(float r, uint32_t flip) {  // (-1)^flip * sin r, |r| <= pi/2
     float r2 = r * r;
-    float ps = __builtin_fmaf(__builtin_fmaf(-1.9515295891e-4f, r2, 8.3321608736e-3f), r2,
-                              -1.6666654611e-1f);
-    float sin_r = __builtin_copysignf(__builtin_fmaf(r * r2, ps, r), r);  // sin(-0.0) = -0.0
-    float pc = __builtin_fmaf(__builtin_fmaf(2.443315711809948e-5f, r2, -1.388731625493765e-3f),
-                              r2, 4.166664568298827e-2f);
-    float cos_r = __builtin_fmaf(r2 * r2, pc, __builtin_fmaf(-0.5f, r2, 1.0f));
-    // j mod 4 = 0, 1, 2, 3: sin x = sin r, cos r, -sin r, -cos r; cos x = cos r, -sin r, ...
-    if constexpr (S) *s = toycomp_pick(q & 1, sin_r, cos_r, q & 2);
-    if constexpr (C) *c = toycomp_pick(q & 1, cos_r, sin_r, (q + 1) & 2);
+    float u = __builtin_fmaf(2.6083159809786593541503e-06f, r2, -1.981069071916863322258e-4f);
+    u = __builtin_fmaf(u, r2, 8.33307858556509017944336e-3f);
+    u = __builtin_fmaf(u, r2, -0.166666597127914428710938f);
+    float y = __builtin_copysignf(__builtin_fmaf(r2, u * r, r), r);  // sin(-0.0) = -0.0
+    uint32_t bits;
+    std::memcpy(&bits, &y, 4);
+    bits ^= flip << 31;
+    std::memcpy(&y, &bits, 4);
+    return y;
+}
+template <bool S, bool C> inline void toycomp_sincosf_1(float x, float* s, float* c) {
+    if constexpr (S) {
+        float k = __builtin_fmaf(x, 0x1.45f306p-2f, 0x1.8p23f);  // 1.5*2^23 + j, j = rint(x/pi)
+        uint32_t q;
+        std::memcpy(&q, &k, 4);  // its low bit: j mod 2
+        float j = k - 0x1.8p23f;
+        float r = __builtin_fmaf(j, -0x1.921fb4p1f, x);  // three parts below pi: j = +0 gives
+        r = __builtin_fmaf(j, -0x1.4442d0p-23f, r);        // -0 products, and -0 + -0 = -0, so
+        r = __builtin_fmaf(j, -0x1.84698ap-47f, r);        // that r = x when x = -0.0
+        *s = toycomp_sin_poly(r, q & 1);
+    }
+    if constexpr (C) {
+        float k = __builtin_fmaf(x, 0x1.45f306p-2f, -0.5f) + 0x1.8p23f;  // 1.5*2^23 + j
+        uint32_t q;
+        std::memcpy(&q, &k, 4);
+        float h = (k - 0x1.8p23f) * 2.0f + 1.0f;  // q = 2j + 1 (exact: |j| < 2^12)
+        float r = __builtin_fmaf(h, -0x1.921fb4p0f, x);  // x - q*pi/2, pi/2 in three parts
+        r = __builtin_fmaf(h, -0x1.4442d0p-24f, r);
+        r = __builtin_fmaf(h, -0x1.84698ap-48f, r);
+        *c = toycomp_sin_poly(r, ~q & 1);  // cos x = sin r for j odd, -sin r for j even
+    }
 }
 // Whether any of the n floats at a is beyond TOYCOMP_SINCOS_MAX (or NaN), with one compare of
 // their bits for a clone's vector (GCC's builtins: <immintrin.h> costs 0.3 s a compile).

@@ -123,17 +123,18 @@ def _probe_works(functions: Sequence[str]) -> bool:
 
 # --- float sin and cos: toycomp's own -------------------------------------------------------
 # [Note: one sincos for sin and cos]
-# sin(x)**2 + cos(x)**2 computes two functions of one value, and both begin the same way: x is
-# reduced to r = x - j*pi/2 with |r| <= pi/4, then a polynomial gives sin r or cos r, and the
-# quadrant j mod 4 picks which and its sign. Computing both at once costs little more than one.
+# sin(x)**2 + cos(x)**2 computes two functions of one value, and both are computed alike: x is
+# reduced to r = x - k*pi/2 with |r| <= pi/2, and a polynomial of r gives the result up to its
+# sign. The kernel calls a vector function once per vector: one call for both saves a call.
 # glibc has no usable vector sincosf: libmvec 2.36's _ZGVeN16vvv_sincosf takes vectors of 32
 # pointers and scatters through them (twice the time of sinf + cosf on 16 floats), and its sine
 # differs from its sinf in the last bit for 4M of the 2^32 floats. So float sin and cos are
-# toycomp's own, in PREAMBLE (cpp_prefix.py, TOYCOMP_SINCOSF): Cody and Waite's reduction (pi/2
-# in three floats, each subtracted by one fma), Cephes' sinf/cosf polynomials, and for |x| >
-# 8192 (and inf) glibc's scalar sinf/cosf, lane by lane (rare). Checked on all 2^32 floats
-# against sin/cos in double: at most 1.56 ulp for |x| <= 8192, 0.56 beyond (libmvec's sinf and
-# cosf: 1.94; Sleef's u35, which eager and Inductor call: 2.49), at most 3 ulp from Sleef's
+# toycomp's own, in PREAMBLE (cpp_vector_prefix.py, TOYCOMP_SINCOSF): Cody and Waite's reduction
+# (pi in three floats, each subtracted by one fma), one odd polynomial of sin for each function
+# ([Note: one polynomial for sin and for cos] there), and for |x| > 8192 (and inf) glibc's
+# scalar sinf/cosf, lane by lane (rare). Against sin/cos in double: at most 2.21 ulp for |x| <=
+# 8192 (every float of [0.5, 2), a sweep of the range: tests/inductor/test_cpp_sin_poly.py;
+# Sleef's u35, which eager and Inductor call: 2.49), 0.56 beyond; within 4 ulp of Sleef's
 # (eager's) value; signed zeros, inf and NaN as eager. Like libmvec's
 # functions (see [Note: vectorised libm] in cpp.py), one implementation serves every lane of
 # every clone and the scalar function, so results do not depend on vectorisation; and the
@@ -143,6 +144,8 @@ def _probe_works(functions: Sequence[str]) -> bool:
 # vectorises through the clone _ZGVeN16vl4l4_toycomp_sincosf (pointers to the 16 lanes of tmpA
 # and of tmpB). On 4M floats (AVX-512, one thread) sin(x)**2 + cos(x)**2 takes 0.65-0.75x the
 # time it took with libmvec's sinf and cosf; sin alone about the same time as libmvec's sinf.
+# Each function has its own reduction (into [-pi/2, pi/2], for one polynomial instead of two
+# and no select): sin alone on 4M floats took 0.6x the time of the shared one.
 # NB: Inductor calls Sleef_sinf16_u35 and Sleef_cosf16_u35 (at::vec::Vectorized) separately.
 SIN_COS = {"sin": "sinf", "cos": "cosf"}  # prim -> float function, declared by TOYCOMP_SINCOSF
 _SIN_OR_COS = re.compile(r"(\s*)float (tmp\d+) = toycomp_(sin|cos)f\((tmp\d+)\);")
