@@ -38,7 +38,7 @@ TEACH_PATH_BUDGET = {
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
     "glue": 325,
 }
-TEACH_PATH_TOTAL = 3650
+TEACH_PATH_TOTAL = 3100
 # Lines of the package's modules, per stage and in all (wc -l).
 # (indirect indexing raised prims, inductor and codegen by about 600 lines in all: the gather
 # and scatter prims with their rules and the shifted reads, Load/Store index values, ir.Scatter;
@@ -55,11 +55,12 @@ PACKAGE_BUDGET = {
     # rules for what real models left to eager: functional_rules.py, avg_pool_rules.py)
     "inductor": 4350,
     "inductor/codegen": 2700,
-    "inductor/opt": 2500,
+    "inductor/opt": 2750,  # (+230: batched C++ compiles and Triton's ahead-of-time compile,
+    # async_compile.py, for the compile-time goal of the speed issue)
     "exercises": 2150,
     "glue": 2400,
 }
-PACKAGE_TOTAL = 26800
+PACKAGE_TOTAL = 27250
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 
