@@ -264,8 +264,8 @@ class FunctionalRecorder(TorchDispatchMode):
                  and is_dense(e.tensor) and covers(extent(e.tensor), read)]  # fmt: skip
         if not roots:
             raise RuntimeError(
-                f"toycomp.aot: {op} reads memory that no dense, up-to-date traced tensor covers "
-                "(e.g. an as_strided reaching outside its input); toycomp cannot record it"
+                f"toycomp.aot: {op} reading memory that no dense, up-to-date traced tensor covers "
+                "(e.g. an as_strided reaching outside its input) is not supported"
             )
         return min(roots, key=_needs_relayout)  # stable: t itself if it can
 

@@ -217,8 +217,8 @@ class AOTOutput:
     def _check_offsets(self, args: Sequence[torch.Tensor]) -> None:
         for i in self.offset_sensitive:
             if args[i].storage_offset() != 0:
-                raise RuntimeError(f"toycomp.aot: input {i} has a storage offset but the graph "
-                                   "applies as_strided to it (traced with offset 0)")  # fmt: skip
+                raise RuntimeError(f"toycomp.aot: aten.as_strided on input {i}, which has a "
+                                   "storage offset, is not supported (traced with offset 0)")
 
     def _apply_mutations(self, args: Sequence[torch.Tensor], values: Sequence) -> None:
         """The input-mutation epilogue, as in AOTAutograd.

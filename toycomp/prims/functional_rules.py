@@ -1,5 +1,5 @@
 """Stage 3b, the table (what functionalization and autograd leave behind in real models):
-``as_strided_scatter``, ``as_strided``, ``empty_strided``, ``fill.Tensor`` and
+``as_strided_scatter``, ``as_strided``, ``fill.Tensor`` and
 ``convolution_backward``.
 
 Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls).
@@ -141,13 +141,6 @@ def as_strided_scatter(a: Any, src: Any, size: Sequence[int], stride: Sequence[i
     if order == list(range(a.ndim)):
         return out
     return prims.permute(out, [order.index(d) for d in range(a.ndim)])
-
-
-@register(aten.empty_strided.default)
-def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype=None, layout=None,
-                  device=None, pin_memory=None) -> Any:  # fmt: skip
-    # its values are unspecified: zeros are as good as any (the graph writes it before reading)
-    return prims.full(list(size), 0, dtype or torch.get_default_dtype(), device or "cpu")
 
 
 @register(aten.fill.Tensor)
