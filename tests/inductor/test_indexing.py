@@ -21,6 +21,9 @@ def test_simplify_index_agrees_with_brute_force():
     ranges = {i0: 4, i1: 6}
     rng = random.Random(0)
     cases = [FloorDiv(6 * i0 + i1, 6), modular(6 * i0 + i1, 6), FloorDiv(i1 + 1, 6)]
+    # as_strided's gather: a storage position, its row and its column mod 3 (a -13*(..) term)
+    flat = 3 * (5 * i0 + i1) - 13 * FloorDiv(5 * i0 + i1, 5)
+    cases += [modular(modular(flat, 6), 3), FloorDiv(flat, 3), modular(flat - 2 * i0, 4)]
     for _ in range(200):
         a, b, c, d = (rng.randint(0, 7) for _ in range(4))
         inner = FloorDiv(a * i0 + b * i1 + c, d + 1)
@@ -31,6 +34,8 @@ def test_simplify_index_agrees_with_brute_force():
             env = {i0: v0, i1: v1}
             want = _eval_index(expr, env)
             assert _eval_index(simple, env) == want, (expr, simple, env)
+            # C++ and Triton print // as a truncating division: no negative numerator
+            assert _eval_index(simple, env, truncate=True) == want, (expr, simple, env)
     assert simplify_index(cases[0], ranges) == i0 and simplify_index(cases[1], ranges) == i1
 
 
@@ -46,15 +51,17 @@ def test_index_bounds_hold_and_are_exact_for_affine_indices():
     assert index_bounds(x + index_vars("i", 1)[0], ranges) is None  # i0's range is unknown
 
 
-def _eval_index(expr, env):
-    """Exact integer evaluation of an index (independent of interpret.py)."""
+def _eval_index(expr, env, truncate=False):
+    """Exact integer evaluation of an index (independent of interpret.py); ``truncate``: each
+    ``//`` rounds toward zero, as the generated C++ and Triton code's division does."""
     if isinstance(expr, FloorDiv):
-        return _eval_index(expr.args[0], env) // _eval_index(expr.args[1], env)
+        a, b = (_eval_index(e, env, truncate) for e in expr.args)
+        return int(a / b) if truncate else a // b
     if expr.is_Integer:
         return int(expr)
     if expr.is_Symbol:
         return env[expr]
-    vals = [_eval_index(a, env) for a in expr.args]
+    vals = [_eval_index(a, env, truncate) for a in expr.args]
     out = vals[0]
     for v in vals[1:]:
         out = out + v if expr.is_Add else out * v

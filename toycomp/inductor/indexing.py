@@ -234,9 +234,12 @@ def _simplify_floordiv(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sym
             whole += term
         else:
             rest += term
-    # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d
+    # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d. Only for b >= 0: C++ and
+    # Triton print // as a division that truncates toward zero, wrong for a negative b.
     bounds = index_bounds(rest, ranges)
-    if bounds is not None and known_nonnegative(bounds[0]) and known_less(bounds[1], divisor):
+    if bounds is None or not known_nonnegative(bounds[0]):
+        return FloorDiv(*args)
+    if known_less(bounds[1], divisor):
         return sympy.expand(whole / divisor)
     return sympy.expand(whole / divisor) + FloorDiv(rest, divisor)
 
