@@ -230,3 +230,65 @@ def test_plane_index_is_the_same_element(plane, numel):
     for value in range(numel):
         got = split.subs({x0: value // plane, x1: value % plane})
         assert got == index.subs(x, value), value
+
+
+# --- the core kernel and the passes' subclass ---------------------------------------------------
+# each C++ flag's value when on, and a case whose code it changes
+PASS_FLAGS = {"cpp.simdlen": (None, "softmax"), "cpp.layouts": (True, "sum0"),
+              "cpp.row_buffers": (True, "softmax")}  # fmt: skip
+PASS_CASES = {  # a pointwise kernel, row and column reductions, bf16, a scatter-add, amax
+    "sin2cos2": (lambda a: torch.sin(a) ** 2 + torch.cos(a) ** 2, (1000,)),
+    "softmax": (lambda a: a.softmax(-1), (64, 100)),
+    "sum0": (lambda a: a.sum(0) * 2, (64, 48)),
+    "bf16": (lambda a: a.to(torch.bfloat16).exp().sum(-1), (16, 33)),
+    "scatter_add": (lambda a: a.scatter_add(0, torch.tensor([0, 2, 2, 5]), a[:4].exp()), (8,)),
+    "amax": (lambda a: a.exp().amax(-1) - a.amin(-1), (16, 40)),
+}
+
+
+def _scheduled_kernels(fn, shape) -> list[Kernel]:
+    a = torch.randn(shape, requires_grad=True)
+    explanation = toycomp.explain(fn, a, backend="cpp")
+    graphs = [explanation.graph(g) for g in ("forward", "backward")]
+    return [k for g in graphs if g is not None for k in g.scheduled.steps if isinstance(k, Kernel)]
+
+
+@pytest.mark.parametrize("case", list(PASS_CASES))
+def test_the_passes_subclass_writes_the_core_kernel_with_its_passes_off(case):
+    """opt/libmvec.py's CppVecKernelCodegen only adds what its flags switch on: with all of them
+    off it writes the core's source, byte for byte (so the teach preset's kernel is the one the
+    core shows, and a hook that does something with its pass off is caught)."""
+    from toycomp.inductor.codegen import cpp
+    from toycomp.inductor.opt import libmvec
+
+    kernels = _scheduled_kernels(*PASS_CASES[case])
+    assert kernels
+    with toycomp.config.patch(**toycomp.config.teach):
+        for k in kernels:
+            core = cpp.CppKernelCodegen(k).codegen_kernel()
+            assert libmvec.CppVecKernelCodegen(k).codegen_kernel() == core
+            assert cpp.generate(k).source == core
+
+
+@pytest.mark.parametrize("flag", list(PASS_FLAGS))
+def test_each_cpp_pass_alone_takes_the_subclass_and_matches_eager(flag):
+    """One C++ flag on, the others off: cpp.generate uses the subclass, and values and gradients
+    are eager's."""
+    from toycomp.inductor.codegen import cpp
+
+    value, changed = PASS_FLAGS[flag]
+    options = {**toycomp.config.teach, flag: value}
+    with toycomp.config.patch(**options):
+        kernels = _scheduled_kernels(*PASS_CASES[changed])
+        core = [cpp.CppKernelCodegen(k).codegen_kernel() for k in kernels]
+        assert [cpp.generate(k).source for k in kernels] != core
+    for case in ("softmax", "sum0", "sin2cos2"):
+        fn, shape = PASS_CASES[case]
+        a = torch.randn(shape, requires_grad=True)
+        compiled = toycomp.compile(fn, backend="cpp", options=options)
+        out = compiled(a)
+        (grad,) = torch.autograd.grad(out.sum(), a)
+        want = fn(a)
+        (want_grad,) = torch.autograd.grad(want.sum(), a)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-5)

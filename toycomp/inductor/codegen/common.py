@@ -55,15 +55,14 @@ class GeneratedKernel:
 
 
 class IndentedBuffer:
-    """A list of source lines, each written at the current indentation."""
+    """A list of source lines, each written at the current indentation (four spaces a level)."""
 
-    def __init__(self, indent: str = "    ") -> None:
+    def __init__(self) -> None:
         self.lines: list[str] = []
         self.level = 0
-        self.unit = indent
 
     def writeline(self, line: str = "") -> None:
-        self.lines.append(self.unit * self.level + line if line else "")
+        self.lines.append("    " * self.level + line if line else "")
 
     def writelines(self, lines: list[str]) -> None:
         for line in lines:
@@ -74,12 +73,10 @@ class IndentedBuffer:
         self.writelines(other.lines)
 
     @contextlib.contextmanager
-    def indent(self, levels: int = 1) -> Iterator[None]:
-        self.level += levels
-        try:
-            yield
-        finally:
-            self.level -= levels
+    def indent(self) -> Iterator[None]:
+        self.level += 1
+        yield
+        self.level -= 1
 
     def getvalue(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -219,25 +216,20 @@ class KernelCodegen:
     def __init__(self, kernel: ir.Kernel) -> None:
         self.kernel = kernel
         self.dtypes = dict(kernel.buffer_dtypes)
-        self.args = self._assign_args()
+        writes = kernel.writes()  # the arguments: buffers only read, then buffers written
+        reads = [b for b in kernel.reads() if b not in writes]
+        self.args = {b: f"in_ptr{i}" for i, b in enumerate(reads)}
+        self.args.update({b: f"out_ptr{i}" for i, b in enumerate(writes)})
         self.cse = CSE(self.declare)
         self.locals: dict[str, str] = {}  # Reduce.name -> variable holding the result
         self.generated: dict[int, tuple[ir.Expr, str]] = {}  # id(node) -> (node, its code)
         self.new_sections()
 
-    def _assign_args(self) -> dict[str, str]:
-        writes = self.kernel.writes()
-        reads = [b for b in self.kernel.reads() if b not in writes]
-        args = {b: f"in_ptr{i}" for i, b in enumerate(reads)}
-        args.update({b: f"out_ptr{i}" for i, b in enumerate(writes)})
-        return args
-
     def new_sections(self, keep_cse: bool = False) -> None:
-        """Fresh sections for the next loop. The CSE cache is cleared too, unless the next loop
-        shares the previous one's scope (``keep_cse``: Triton's persistent reductions)."""
+        """Fresh sections for the next loop, and a fresh CSE scope unless ``keep_cse``."""
         self.prefix, self.loads, self.compute = IndentedBuffer(), IndentedBuffer(), IndentedBuffer()
         self.stores, self.suffix = IndentedBuffer(), IndentedBuffer()
-        if not keep_cse:
+        if not keep_cse:  # (Triton's persistent reductions: every loop in one scope)
             self.cse.cache.clear()
             self.generated.clear()
 
@@ -250,20 +242,24 @@ class KernelCodegen:
         """Fill the five sections for one ``ir.Loop`` (call ``new_sections`` first)."""
         self.in_r_loop = loop.over_r
         for stmt in loop.body:
-            if not loop.over_r and isinstance(stmt, ir.Reduce):
-                raise ValueError(f"{self.kernel.name}: Reduce {stmt.name} outside an r loop")
             value = self.codegen_expr(stmt.value)
             if isinstance(stmt, ir.Store) and not (stmt.indirect or stmt.accumulate):
                 self.check_index(stmt.index)
                 self.store(stmt.buffer, stmt.index, value, stmt.value)
-            elif isinstance(stmt, ir.Reduce):
-                self.locals[stmt.name] = self.local_name(stmt.name)
-                self.reduce(stmt, value)
-            else:  # a scatter's store, a mix-order partial
-                self.codegen_rare_statement(stmt, value)
+            else:  # a reduction, a scatter's store, a mix-order partial
+                self.codegen_special_statement(stmt, value)
 
-    def codegen_rare_statement(self, stmt: ir.Store | ir.ColumnReduce, value: str) -> None:
-        if isinstance(stmt, ir.Store):  # at an indirect index, or adding to the buffer
+    def codegen_special_statement(
+        self, stmt: ir.Reduce | ir.Store | ir.ColumnReduce, value: str
+    ) -> None:
+        """A ``Reduce`` (in an r loop only), a store at an indirect index or adding to the
+        buffer (a scatter), a ``ColumnReduce`` (a mix-order partial)."""
+        if isinstance(stmt, ir.Reduce):
+            if not self.in_r_loop:
+                raise ValueError(f"{self.kernel.name}: Reduce {stmt.name} outside an r loop")
+            self.locals[stmt.name] = self.local_name(stmt.name)
+            self.reduce(stmt, value)
+        elif isinstance(stmt, ir.Store):
             index = self.indirect_index(stmt.index, stmt.indirect)
             self.store(stmt.buffer, index, value, stmt.value, stmt.accumulate)
         else:
@@ -286,20 +282,23 @@ class KernelCodegen:
 
     def codegen_node(self, expr: ir.Expr) -> str:
         """One node, its arguments already generated (``codegen_expr`` returns their code)."""
-        if isinstance(expr, ir.Load):
-            if expr.indirect:  # gather: at an index read from other values
-                return self.indirect_load(expr)
+        if isinstance(expr, ir.Op):
+            return self.codegen_op(expr)
+        if isinstance(expr, ir.Load) and not expr.indirect:
             self.check_index(expr.index)
             return self.load(expr.buffer, expr.index, expr.dtype)
         if isinstance(expr, ir.Constant):
             return self.constant(expr.value, expr.dtype)
+        return self.codegen_special_node(expr)  # a gather, an index's value, a Reduce's result
+
+    def codegen_special_node(self, expr: ir.Load | ir.IndexValue | ir.Local) -> str:
+        if isinstance(expr, ir.Load):  # gather: at an index read from other values
+            return self.indirect_load(expr)
         if isinstance(expr, ir.IndexValue):
             self.check_index(expr.index)
             return self.index_value(expr.index, expr.dtype)
         if isinstance(expr, ir.Local):  # a Reduce's result, generated before the Locals reading it
             return self.locals[expr.name]
-        if isinstance(expr, ir.Op):
-            return self.codegen_op(expr)
         raise TypeError(f"unknown loop-IR expression {expr!r}")
 
     def indirect_load(self, expr: ir.Load) -> str:
@@ -320,11 +319,10 @@ class KernelCodegen:
             dtype = operand_dtype(expr, i)
             if isinstance(arg, ir.Constant):  # a number is re-spelled, never cast
                 args.append(self.constant(ir.convert_number(arg.value, dtype), dtype))
-                continue
-            code = self.codegen_expr(arg)
-            if compute_dtype(arg.dtype) != compute_dtype(dtype):
-                code = self.cast(code, arg.dtype, dtype)
-            args.append(code)
+            elif compute_dtype(arg.dtype) != compute_dtype(dtype):
+                args.append(self.cast(self.codegen_expr(arg), arg.dtype, dtype))
+            else:
+                args.append(self.codegen_expr(arg))
         return self.cse.generate(self.compute, self.op(expr, args), expr.dtype)
 
     def op(self, expr: ir.Op, args: list[str]) -> str:

@@ -3,13 +3,16 @@
 Input IR -> output: a fused kernel -> C++ source (compiled by ``cache.compile_cpp`` and called
 through ``ctypes``). Every kernel becomes a loop over ``xindex`` (one output element or row),
 ``#pragma omp parallel for`` across cores (when it is big enough), with an inner ``for rindex``
-loop per ``ir.Loop`` that runs over the reduced elements, or, for a reduction over columns, a
-loop over tiles of outputs with ``rindex`` outside (cpp_layout.py: which; cpp_reduction.py: how);
-loops are ``omp simd`` and float ``exp``/``log``/... call glibc's vector math, one
-implementation for every element of every kernel (see [Note: vectorised libm]); float ``sin``
-and ``cos`` are toycomp's own, computed together by one call where a kernel needs both (see
-[Note: one sincos for sin and cos] in libmvec.py). For ``sin(x)**2 + cos(x)**2`` on 4M floats
-(the scheduled kernel that ``toycomp.explain`` keeps)::
+loop per ``ir.Loop`` that runs over the reduced elements (cpp_reduction.py). That is
+``CppKernelCodegen``, the core. The C++ passes (``toycomp.config.cpp``: vector math, layouts,
+row buffers) live in its subclass in opt/libmvec.py, which ``generate`` uses when one of them
+is on: with the ``fast`` preset loops are ``omp simd`` and float ``exp``/``log``/... call
+glibc's vector math, one implementation for every element of every kernel (see [Note:
+vectorised libm]); float ``sin`` and ``cos`` are toycomp's own, computed together by one call
+where a kernel needs both (see [Note: one sincos for sin and cos] in libmvec.py); a reduction
+over columns runs over tiles of outputs with ``rindex`` outside (cpp_layout.py: which;
+cpp_reduction.py: how). For ``sin(x)**2 + cos(x)**2`` on 4M floats (the scheduled kernel that
+``toycomp.explain`` keeps), with the ``fast`` preset::
 
     >>> import torch, toycomp
     >>> f = lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2
@@ -60,7 +63,6 @@ import torch
 import toycomp.config as config
 from toycomp.inductor import cache, indexing, ir
 from toycomp.inductor.codegen import cpp_reduction
-from toycomp.inductor.opt import cpp_layout, cpp_row_buffers, libmvec
 from toycomp.inductor.codegen.common import (
     GeneratedKernel,
     IndentedBuffer,
@@ -74,6 +76,7 @@ from toycomp.inductor.codegen.cpp_utils import (  # noqa: F401  (re-exported: cp
     CPP_OPS,
     CPP_TYPES,
     CppPrinter,
+    braced,
     cpp_convert,
     cpp_type,
 )
@@ -139,63 +142,28 @@ PARALLEL_MIN_ELEMENTS = 16384
 PREAMBLE = VECTOR_PREAMBLE
 
 
-def vector_math() -> bool:
-    """Whether kernels call vector math (``toycomp.config.cpp.simdlen``, off in ``teach``)."""
-    return config.cpp.simdlen != 0
-
-
 def preamble() -> str:
     """The text every C++ kernel starts with: the core, then the vector math macros."""
-    return VECTOR_PREAMBLE if vector_math() else CORE_PREAMBLE
-
-
-VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
-    "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "tanh": ("tanhf", 1),
-    "erf": ("erff", 1), "pow": ("powf", 2),
-}  # fmt: skip
+    return VECTOR_PREAMBLE if config.cpp.simdlen != 0 else CORE_PREAMBLE
 
 
 class CppKernelCodegen(KernelCodegen):
-    """Generates one C++ function for an ``ir.Kernel``."""
+    """Generates one C++ function for an ``ir.Kernel``: a loop over ``x`` (on all cores when the
+    kernel is big enough) running the kernel's loops in turn, scalar code.
+
+    With a C++ pass on (``cpp.simdlen``, ``cpp.layouts``, ``cpp.row_buffers``), ``generate``
+    uses opt/libmvec.py's subclass instead, as Inductor's CppVecKernel extends CppKernel.
+    """
 
     ops = CPP_OPS
     printer = CppPrinter()
     ctype = staticmethod(cpp_type)
-    plane: int | None = None  # cpp.layouts: see [Note: pointwise kernels over planes]
-    rplane: int | None = None  # and [Note: reductions over planes]
+    preamble = CORE_PREAMBLE  # the first lines of every kernel's source (cpp_prefix.py)
+    rplane: int | None = None  # cpp.layouts: see [Note: reductions over planes]
 
     def __init__(self, kernel: ir.Kernel) -> None:
         super().__init__(kernel)
-        self.loop_reductions: list[str] = []  # "+:acc" clauses of the current r loop
-        self.row_sums: list[tuple[str, str]] = []  # its float sums summed in blocks (C type, acc)
-        self.declared_reductions: set[tuple[str, torch.dtype]] = set()
-        self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
-        # columns and planes: opt/cpp_layout.py (never for indirect indices, which it cannot read)
-        self.layouts = config.cpp.layouts and not kernel.indirect()
-        self.column = self.layouts and cpp_layout.use_column_layout(kernel)
-        self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
-        self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
-
-    def op(self, expr: ir.Op, args: list[str]) -> str:
-        if vector_math() and compute_dtype(expr.dtype) == torch.float32:  # cpp.simdlen
-            return self.vector_math_op(expr, args) or super().op(expr, args)
-        return super().op(expr, args)
-
-    def vector_math_op(self, expr: ir.Op, args: list[str]) -> str | None:
-        """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
-        for every element of every kernel (see [Note: vectorised libm])."""
-        if expr.name in VECTOR_MATH:
-            fn, arity = VECTOR_MATH[expr.name]
-            self.vector_math[fn] = arity
-            return f"toycomp_{fn}({', '.join(args)})"
-        if expr.name in libmvec.SIN_COS:  # declared by codegen_kernel, when used
-            return f"toycomp_{libmvec.SIN_COS[expr.name]}({args[0]})"
-        return None
-
-    def codegen_loop(self, loop: ir.Loop) -> None:
-        super().codegen_loop(loop)
-        if vector_math():
-            libmvec.fuse_sin_cos(self.compute)  # see [Note: one sincos for sin and cos]
+        self.declared_reductions: set[tuple[str, torch.dtype]] = set()  # NaN-aware max/min
 
     def load(self, buffer: str, index: sympy.Expr, dtype: torch.dtype) -> str:
         code = f"{self.args[buffer]}[{self.print_index(index)}]"
@@ -216,35 +184,14 @@ class CppKernelCodegen(KernelCodegen):
         self.stores.writeline(f"{target} = {value};")
 
     def reduce(self, red: ir.Reduce, value: str) -> None:
-        if self.column:
-            cpp_reduction.reduce_column(self, red, value)
-        else:
-            cpp_reduction.reduce_row(self, red, value)
+        cpp_reduction.reduce_row(self, red, value)
 
     def constant(self, value: ir.Number, dtype: torch.dtype) -> str:
         dtype = compute_dtype(dtype or _literal_dtype(value))
-        if dtype == torch.bool:
-            return "true" if value else "false"
-        if dtype.is_floating_point:
-            if not math.isfinite(value):
-                return _non_finite(value, cpp_type(dtype))
-            text = repr(float(value)) + ("f" if dtype == torch.float32 else "")
-            return f"({text})" if value < 0 else text
-        if int(value) == torch.iinfo(dtype).min:
-            return f"std::numeric_limits<{cpp_type(dtype)}>::min()"
-        return f"{cpp_type(dtype)}({int(value)})"
-
-    def print_index(self, index: sympy.Expr) -> str:
-        if self.plane is not None or self.rplane is not None:  # cpp.layouts' planes
-            index = self.plane_index(index)
-        return super().print_index(index)
-
-    def plane_index(self, index: sympy.Expr) -> sympy.Expr:
-        # x = plane*x0 + x1, r = rplane*r0 + r1: see [Note: pointwise kernels over planes]
-        for var, plane in ((indexing.x, self.plane), (indexing.r, self.rplane)):
-            if plane is not None:
-                index = cpp_layout.plane_index(sympy.sympify(index), plane, var)
-        return index
+        if not dtype.is_floating_point or not math.isfinite(value):
+            return _exact_constant(value, dtype)  # bool, integers, infinities and NaN
+        text = repr(float(value)) + ("f" if dtype == torch.float32 else "")
+        return f"({text})" if value < 0 else text
 
     def index_value(self, index: sympy.Expr, dtype: torch.dtype) -> str:
         return self.cse.generate(self.compute, self.print_index(index), dtype)
@@ -255,139 +202,74 @@ class CppKernelCodegen(KernelCodegen):
     def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
         return f"{cpp_type(compute_dtype(dtype))} {name} = {expr};"
 
-    # --- layout ----------------------------------------------------------------------------------
+    # --- the function ----------------------------------------------------------------------------
     def codegen_kernel(self) -> str:
-        k = self.kernel
-        parts = cpp_layout.split_by_layout(k) if self.layouts else [k]  # see codegen_parts
-        if len(parts) == 1:
-            functions = [self.codegen_function(k.name, self.codegen_body())]
-        else:  # one static function per part, and the kernel calling them in turn
-            functions = self.codegen_parts(parts)
+        functions = self.codegen_functions()
         code = IndentedBuffer()
-        code.writeline(f"// {k.name} (FX origins: {self.origins_comment()})")
-        if vector_math():  # the libm functions called, vectorised (opt/libmvec.py)
-            self.declare_vector_math(code, "".join(functions))
-        if "toycomp_pow(" in "".join(functions):
+        code.writeline(f"// {self.kernel.name} (FX origins: {self.origins_comment()})")
+        self.declare_helpers(code, functions)
+        return self.preamble + "\n" + code.getvalue() + functions
+
+    def codegen_functions(self) -> str:
+        return self.codegen_function(self.kernel.name, self.codegen_body())
+
+    def declare_helpers(self, code: IndentedBuffer, functions: str) -> None:
+        """Declare what ``functions`` call: ``toycomp_pow``, NaN-aware max/min reductions."""
+        if "toycomp_pow(" in functions:
             code.writelines(POW_HELPERS.splitlines())
         for clause, dtype in sorted(self.declared_reductions, key=str):
             code.writeline(cpp_reduction.declare_reduction(self, clause, dtype))
-        return preamble() + "\n" + code.getvalue() + "".join(functions)
-
-    def codegen_parts(self, parts: list[ir.Kernel]) -> list[str]:
-        """[Note: a kernel of rows and columns] in opt/cpp_layout.py."""
-        functions, calls = [], IndentedBuffer()
-        for part in parts:
-            cg = CppKernelCodegen(part)
-            functions.append(cg.codegen_function(part.name, cg.codegen_body(), "static "))
-            self.vector_math.update(cg.vector_math)
-            self.declared_reductions.update(cg.declared_reductions)
-            args = [self.args[b] for b in cg.args] + list(map(str, part.size_symbols()))
-            calls.writeline(f"{part.name}({', '.join(args)});")
-        return [*functions, self.codegen_function(self.kernel.name, calls)]
-
-    def declare_vector_math(self, code: IndentedBuffer, functions: str) -> None:
-        for fn, arity in sorted(self.vector_math.items()):
-            code.writelines(_declare_vector_math(fn, arity))
-        called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", functions)
-        for fn in sorted(set(called)):
-            code.writelines(libmvec.declare_sin_cos(fn))
 
     def codegen_function(self, name: str, body: IndentedBuffer, linkage='extern "C" ') -> str:
         code = IndentedBuffer()
         code.writeline(f"{linkage}void {name}({self.signature()})")
-        code.writeline("{")
-        with code.indent():
-            code.splice(body)
-        code.writeline("}")
+        braced(code, body)
         return code.getvalue()
 
-    def codegen_body(self) -> IndentedBuffer:
-        k = self.kernel
-        parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
-        if self.column:  # see [Note: row and column reductions] in cpp_reduction.py
-            return cpp_reduction.codegen_column_body(self, parallel)
-        return self.codegen_row_body(parallel)
+    def signature(self) -> str:
+        """``const float* in_ptr0, float* out_ptr0``, then the sizes (``const int64_t s0``)."""
+        params = []
+        for buffer, arg in self.args.items():
+            const = "const " if arg.startswith("in_ptr") else ""  # only read
+            params.append(f"{const}{cpp_type(self.dtypes[buffer])}* {arg}")
+        params += [_size_param(symbol) for symbol in self.kernel.size_symbols()]
+        return ", ".join(params)
 
-    def codegen_row_body(self, parallel: str | None) -> IndentedBuffer:
-        """One x at a time (on all cores when ``parallel`` is not None), its loops inside."""
-        k, body = self.kernel, IndentedBuffer()
-        if self.layouts:
-            self.plane = cpp_layout.pointwise_plane(k)
-            self.rplane = cpp_layout.reduction_plane(k)
-        # a row's costly values, kept: opt/cpp_row_buffers.py (config.cpp.row_buffers)
-        kept = cpp_row_buffers.RowBuffers(k) if config.cpp.row_buffers else None
-        for i, loop in enumerate(k.loops):
+    def codegen_body(self) -> IndentedBuffer:
+        """The kernel's loops in turn, run for each x."""
+        body = IndentedBuffer()
+        for loop in self.kernel.loops:
             self.new_sections()
-            self.loop_reductions, self.row_sums = [], []
-            if kept:
-                kept.before_loop(self, i)
+            self.loop_reductions, self.row_sums = [], []  # the r loop's clauses, long sums
             self.codegen_loop(loop)
-            if kept:
-                kept.after_loop(self, i)
-            if loop.over_r:
+            if loop.over_r:  # see [Note: row and column reductions] in cpp_reduction.py
                 cpp_reduction.codegen_row_loop(self, body, loop)
             else:
-                for section in (self.loads, self.compute, self.stores):
-                    body.splice(section)
-        return self.codegen_x_loop(body, parallel)
+                body.writelines([*self.loads.lines, *self.compute.lines, *self.stores.lines])
+        return self.codegen_x_loop(body)
 
-    def codegen_x_loop(self, body: IndentedBuffer, parallel: str | None) -> IndentedBuffer:
-        """``body`` run for every x (on all cores when ``parallel`` is not None)."""
+    def codegen_x_loop(self, body: IndentedBuffer) -> IndentedBuffer:
+        """``body`` run for every x, on all cores when the kernel is big enough."""
         k, code = self.kernel, IndentedBuffer()
-        if indexing.known_equal(k.numel, 1):
-            code.writeline("const int64_t xindex = 0;")
-            code.splice(body)
+        if indexing.known_equal(k.numel, 1):  # one x (its r loops may run on the cores)
+            code.writelines(["const int64_t xindex = 0;", *body.lines])
             return code
-        simd = vector_math() and self.simd_x_loop()
-        if self.plane is not None:  # cpp.layouts: the x loop over planes
-            return self.codegen_x_planes(body, parallel, simd)
-        pragma = " ".join(["parallel for"] * (parallel is not None) + ["simd"] * simd)
+        pragma = self.x_pragma(self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS))
         if pragma:
-            code.writeline(f"#pragma omp {pragma}{parallel or ''}")
+            code.writeline(pragma)
         code.writeline(f"for (int64_t xindex = 0; xindex < {self.print_index(k.numel)}; xindex++)")
-        code.splice(_block(body))
+        braced(code, body)
         return code
 
-    def codegen_x_planes(
-        self, body: IndentedBuffer, parallel: str | None, simd: bool
-    ) -> IndentedBuffer:
-        """Planes on the cores, each plane's elements vectorised (opt/cpp_layout.py)."""
-        outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
-        inner = "#pragma omp simd" if simd else None
-        return cpp_layout.plane_loops("x", self.kernel.numel, self.plane, body, outer, inner)
-
-    def simd_x_loop(self) -> bool:
-        """A pointwise kernel's x loop is its only loop: vectorise it too."""
-        independent = cpp_layout.independent_iterations
-        return all(not loop.over_r and independent(loop) for loop in self.kernel.loops)
+    def x_pragma(self, parallel: str | None) -> str | None:
+        return None if parallel is None else f"#pragma omp parallel for{parallel}"
 
     def parallel_if(self, elements, minimum: int) -> str | None:
         """Whether a loop over ``elements`` runs on all cores: None (no), "" (yes), or an OpenMP
         clause deciding at run time: ``if(parallel: 4*s0 >= 16384)`` (symbolic sizes)."""
         if indexing.is_static(elements):
             return "" if elements >= minimum else None
-        return f" if(parallel: {self.print_index(elements)} >= {minimum})"
-
-    def signature(self) -> str:
-        writes = set(self.kernel.writes())
-        params = []
-        for buffer, arg in self.args.items():
-            const = "" if buffer in writes else "const "
-            params.append(f"{const}{cpp_type(self.dtypes[buffer])}* {arg}")
-        for symbol in self.kernel.size_symbols():  # s0: a size; f0: a float made from sizes
-            ctype = "double" if indexing.is_scalar_symbol(symbol) else "int64_t"
-            params.append(f"const {ctype} {symbol}")
-        return ", ".join(params)
-
-
-def _block(body: IndentedBuffer) -> IndentedBuffer:
-    """``body`` in braces, indented: a loop's body."""
-    code = IndentedBuffer()
-    code.writeline("{")
-    with code.indent():
-        code.splice(body)
-    code.writeline("}")
-    return code
+        return f" if(parallel: {self.printer.doprint(elements)} >= {minimum})"
 
 
 def _added_to(target: str, value: str, dtype: torch.dtype) -> str:
@@ -396,31 +278,18 @@ def _added_to(target: str, value: str, dtype: torch.dtype) -> str:
     return f"{current} + {value}"
 
 
-def _non_finite(value: float, ctype: str) -> str:
-    if math.isnan(value):
-        return f"std::numeric_limits<{ctype}>::quiet_NaN()"
-    sign = "-" if value < 0 else ""
-    return f"{sign}std::numeric_limits<{ctype}>::infinity()"
-
-
-def _ctype(arg: str) -> type:
-    if arg.endswith(".data_ptr()"):
-        return ctypes.c_void_p
-    return ctypes.c_double if arg.startswith("f") else ctypes.c_int64
-
-
-def _declare_vector_math(fn: str, arity: int) -> list[str]:
-    """``sinf`` -> ``toycomp_sinf``: glibc's vector sinf where cache.py defines
-    ``TOYCOMP_SIMD_sinf`` (and PREAMBLE can use it), else the scalar sinf."""
-    params = ", ".join(f"float {a}" for a in "ab"[:arity])
-    same = f"TOYCOMP_SAME_LIBM_{arity}"
-    return [
-        f"#if defined(TOYCOMP_SIMD_{fn}) && defined({same})",
-        f"{same}({fn})",
-        "#else",
-        f"inline float toycomp_{fn}({params}) {{ return {fn}({', '.join('ab'[:arity])}); }}",
-        "#endif",
-    ]
+def _exact_constant(value: ir.Number, dtype: torch.dtype) -> str:
+    """A bool or integer literal, or a float's infinity or NaN."""
+    ctype = cpp_type(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        return f"{'-' if value < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+    if int(value) == torch.iinfo(dtype).min:
+        return f"std::numeric_limits<{ctype}>::min()"
+    return f"{ctype}({int(value)})"
 
 
 def _literal_dtype(value: ir.Number) -> torch.dtype:
@@ -432,24 +301,36 @@ def _literal_dtype(value: ir.Number) -> torch.dtype:
     return torch.int64 if isinstance(value, int) else torch.float32
 
 
+def _size_param(symbol: sympy.Symbol) -> str:
+    """A kernel argument for a size: ``s0`` (``int64_t``), or ``f0``, a float made from sizes."""
+    return f"const {'double' if indexing.is_scalar_symbol(symbol) else 'int64_t'} {symbol}"
+
+
+def _ctype(arg: str) -> type:
+    if arg.endswith(".data_ptr()"):
+        return ctypes.c_void_p
+    return ctypes.c_double if arg.startswith("f") else ctypes.c_int64
+
+
 # --- compile and call -------------------------------------------------------------------------
 def generate(kernel: ir.Kernel) -> GeneratedKernel:
     """C++ source for ``kernel`` plus the wrapper line that calls it."""
-    if config.cpp.layouts and not kernel.indirect():  # sibling reductions in one pass
-        kernel = cpp_layout.merge_reduction_loops(kernel)
-    cg = CppKernelCodegen(kernel)
-    source = cg.codegen_kernel()
+    if config.cpp.simdlen == 0 and not (config.cpp.layouts or config.cpp.row_buffers):
+        cg = CppKernelCodegen(kernel)
+    else:  # the C++ passes: a subclass (imported here, since it imports this module)
+        from toycomp.inductor.opt import libmvec
+
+        cg = libmvec.codegen(kernel)
     args = [f"{buffer}.data_ptr()" for buffer in cg.args]
     args += [str(s) for s in kernel.size_symbols()]  # dynamic shapes: the sizes, at call time
     call = f"{kernel.name}({', '.join(args)})"
-    return GeneratedKernel(kernel.name, "cpp", source, kernel.origins, call)
+    return GeneratedKernel(kernel.name, "cpp", cg.codegen_kernel(), kernel.origins, call)
 
 
 def load(generated: GeneratedKernel) -> Callable[..., None]:
     """Compile (or find in the cache) and return the ``ctypes`` function, taking data pointers."""
-    wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
-    if wanted:  # glibc's vector math, where this machine has it
-        lib = _load_vector_math(generated, wanted)
+    if "#if defined(TOYCOMP_SIMD_" in generated.source:  # glibc's vector math (cpp.simdlen)
+        lib = _load_vector_math(generated)
     else:
         lib = cache.load_cpp_library(generated.source)
     fn = getattr(lib, generated.name)
@@ -460,9 +341,12 @@ def load(generated: GeneratedKernel) -> Callable[..., None]:
     return fn
 
 
-def _load_vector_math(generated: GeneratedKernel, wanted: list[str]) -> ctypes.CDLL:
+def _load_vector_math(generated: GeneratedKernel) -> ctypes.CDLL:
     """The kernel compiled with the vector math this machine has ([Note: vectorised libm]);
     should that fail to compile or load, compiled again with scalar calls, with a warning."""
+    from toycomp.inductor.opt import libmvec  # (which imports this module)
+
+    wanted = re.findall(r"^#if defined\(TOYCOMP_SIMD_(\w+)\)", generated.source, re.MULTILINE)
     flags = libmvec.vector_math_flags(wanted)
     try:
         return cache.load_cpp_library(generated.source, flags)

@@ -46,6 +46,7 @@ import torch
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
+from toycomp.inductor.codegen.cpp_utils import braced
 from toycomp.inductor.opt.cpp_layout import independent_iterations, plane_loops
 
 # [Note: row and column reductions]
@@ -152,7 +153,7 @@ def codegen_row_loop(cg, body: IndentedBuffer, loop: ir.Loop) -> None:
             if pragma is not None:
                 body.writeline(pragma)
             body.writeline(f"for (int64_t rindex = {start}; rindex < {end}; rindex++)")
-            _braced(body, cg.loads, cg.compute, cg.stores)
+            braced(body, cg.loads, cg.compute, cg.stores)
     body.splice(cg.suffix)
 
 
@@ -177,7 +178,7 @@ def _cascade_row_loop(cg, body: IndentedBuffer, simd: str, parallel_r: str | Non
             "for (int64_t rindex = r0; rindex < r1; rindex++)", "{"]  # fmt: skip
     inner = ["    " + line for line in [*cg.loads.lines, *cg.compute.lines, *cg.stores.lines]]
     adds = [f"{acc}_cascade += {acc}_block;" for _, acc in cg.row_sums]
-    _braced(body, blocks, loop, inner, ["}"], adds)
+    braced(body, blocks, loop, inner, ["}"], adds)
     body.writelines([f"{acc} = {acc}_cascade;" for _, acc in cg.row_sums])
 
 
@@ -299,11 +300,11 @@ def _column_r_loop(cg, tile: IndentedBuffer, blocks: str | None = None) -> None:
         if cg.partial_sums:
             tile.writeline("#pragma omp simd")
             tile.writeline("for (int64_t xi = 0; xi < xn; xi++)")
-            _braced(tile, [f"{a}_cascade[xi] += {a}_part[xi];" for _, a, _ in cg.partial_sums])
+            braced(tile, [f"{a}_cascade[xi] += {a}_part[xi];" for _, a, _ in cg.partial_sums])
     tile.writeline("}")
     if cg.partial_sums:
         tile.writeline("for (int64_t xi = 0; xi < xn; xi++)")
-        _braced(tile, [f"{a}[xi] = {a}_cascade[xi];" for _, a, _ in cg.partial_sums])
+        braced(tile, [f"{a}[xi] = {a}_cascade[xi];" for _, a, _ in cg.partial_sums])
 
 
 # [Note: a column reduction with few outputs]
@@ -343,9 +344,9 @@ def _codegen_split_rows(cg) -> IndentedBuffer:
     region.writeline("#pragma omp for ordered schedule(static, 1)")
     region.writeline("for (int thread = 0; thread < omp_get_num_threads(); thread++)")
     ordered = ["#pragma omp ordered", "for (int64_t xi = 0; xi < xn; xi++)", "{"]
-    _braced(region, ordered, ["    " + line for line in combines], ["}"])
+    braced(region, ordered, ["    " + line for line in combines], ["}"])
     code.writeline("#pragma omp parallel")
-    _braced(code, region)
+    braced(code, region)
     cg.new_sections()
     cg.codegen_loop(store_loop)
     _tile_loop(cg, code)
@@ -356,7 +357,7 @@ def _tile_loop(cg, out: IndentedBuffer) -> None:
     """The vector loop over the tile's outputs, running the current sections."""
     out.writeline("#pragma omp simd")
     out.writeline("for (int64_t xi = 0; xi < xn; xi++)")
-    _braced(out, ["const int64_t xindex = x0 + xi;"], cg.loads, cg.compute, cg.stores)
+    braced(out, ["const int64_t xindex = x0 + xi;"], cg.loads, cg.compute, cg.stores)
 
 
 # --- shared -------------------------------------------------------------------------------------
@@ -379,12 +380,3 @@ def _value(cg, red: ir.Reduce, value: str) -> str:
     if compute_dtype(red.value.dtype) != compute_dtype(red.dtype):
         return cg.cast(value, red.value.dtype, red.dtype)
     return value
-
-
-def _braced(out: IndentedBuffer, *sections) -> None:
-    """``{``, the sections' lines (IndentedBuffers or lists of lines) indented, ``}``."""
-    out.writeline("{")
-    with out.indent():
-        for section in sections:
-            out.writelines(section.lines if isinstance(section, IndentedBuffer) else section)
-    out.writeline("}")

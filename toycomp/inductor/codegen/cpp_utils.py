@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from toycomp.inductor.codegen.common import IndexPrinter, infix_rules
+from toycomp.inductor.codegen.common import IndentedBuffer, IndexPrinter, infix_rules
 
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
@@ -74,6 +74,15 @@ CPP_OPS: dict[str, Callable[..., str]] = {
     "where": lambda c, a, b: f"{c} ? {a} : {b}",
     "convert_element_type": cpp_convert,
 }
+
+
+def braced(out: IndentedBuffer, *sections: IndentedBuffer | list[str]) -> None:
+    """``{``, the sections' lines indented, ``}``: a loop's or a function's body."""
+    out.writeline("{")
+    with out.indent():
+        for section in sections:
+            out.writelines(section.lines if isinstance(section, IndentedBuffer) else section)
+    out.writeline("}")
 
 
 class CppPrinter(IndexPrinter):

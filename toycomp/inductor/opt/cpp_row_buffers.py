@@ -61,6 +61,7 @@ class RowBuffers:
         self.arrays: dict[int, tuple[str, torch.dtype]] = {}  # structure key -> array
         self.stores: dict[int, list[tuple[ir.Expr, str]]] = {}
         self.loads: dict[int, list[tuple[ir.Expr, str]]] = {}
+        self.loop = 0  # the loop that code generation is at
         if indexing.is_static(kernel.rnumel) and 1 < kernel.rnumel <= ROW_BUFFER_MAX:
             if not indexing.known_equal(kernel.numel, 1):
                 self._plan(_StructureKeys())
@@ -90,20 +91,22 @@ class RowBuffers:
             self.arrays[key] = (f"row{len(self.arrays)}", compute_dtype(node.dtype))
         return self.arrays[key][0]
 
-    def before_loop(self, cg, i: int) -> None:
-        """Loop ``i`` reads its kept values from their arrays instead of computing them."""
-        for node, name in self.loads.get(i, []):
+    def before_loop(self, cg) -> None:
+        """The next loop (the kernel's loops come in turn) reads its kept values from their
+        arrays instead of computing them."""
+        for node, name in self.loads.get(self.loop, []):
             r = cg.print_index(indexing.r)  # rindex, or P*r0 + r1 over planes
             value = cg.cse.generate(cg.loads, f"{name}[{r}]", node.dtype)
             cg.generated[id(node)] = (node, value)
 
-    def after_loop(self, cg, i: int) -> None:
-        """Loop ``i`` stores the values it keeps, into arrays declared just before it."""
+    def after_loop(self, cg) -> None:
+        """That loop stores the values it keeps, into arrays declared just before it."""
         dtypes = dict(self.arrays.values())
-        for node, name in self.stores.get(i, []):
+        for node, name in self.stores.get(self.loop, []):
             cg.prefix.writeline(f"{cg.ctype(dtypes[name])} {name}[{self.kernel.rnumel}];")
             r = cg.print_index(indexing.r)  # rindex, or P*r0 + r1 over planes
             cg.stores.writeline(f"{name}[{r}] = {cg.generated[id(node)][1]};")
+        self.loop += 1
 
 
 class _StructureKeys:

@@ -1,4 +1,5 @@
-"""Vector math for C++ kernels: glibc's libmvec, and toycomp's own sin and cos.
+"""Vector math for C++ kernels: glibc's libmvec, toycomp's own sin and cos, and the C++ kernel
+of the ``cpp.*`` passes (``CppVecKernelCodegen``).
 
 Input -> output: the libm functions a kernel uses -> the compiler flags that switch on their
 vector versions (``-DTOYCOMP_SIMD_expf ... -lmvec``), for those this machine provides and that
@@ -18,9 +19,15 @@ into one call (see [Note: one sincos for sin and cos])::
     toycomp_sincosf(tmp0, &tmp1, &tmp3);
     float tmp2 = tmp1 * tmp1;
 
+``CppVecKernelCodegen`` is codegen/cpp.py's ``CppKernelCodegen`` with the C++ passes applied at
+its hooks, used when any is on: ``cpp.simdlen`` (``omp simd`` loops, the vector math above, its
+preamble), ``cpp.layouts`` (sibling reductions merged, column reductions, planes, parts:
+cpp_layout.py, cpp_reduction.py) and ``cpp.row_buffers`` (cpp_row_buffers.py).
+
 NB: in PyTorch, Inductor's C++ backend vectorises with its own ATen ``Vectorized`` headers
 (torch/_inductor/codegen/cpp.py, cpp_prefix.h) rather than with libmvec: ``Vectorized::sin``
-calls Sleef, which has a ``sincos`` that Inductor does not use.
+calls Sleef, which has a ``sincos`` that Inductor does not use. The kernel class is
+``CppVecKernel`` there, a subclass of ``CppKernel``; ``CppKernelProxy`` picks each part's loops.
 """
 
 from __future__ import annotations
@@ -33,8 +40,15 @@ import re
 import threading
 from typing import Iterable, Sequence
 
-from toycomp.inductor import cache
-from toycomp.inductor.codegen.common import IndentedBuffer
+import sympy
+import torch
+
+import toycomp.config as config
+from toycomp.inductor import cache, indexing, ir
+from toycomp.inductor.codegen import cpp_reduction
+from toycomp.inductor.codegen.common import IndentedBuffer, compute_dtype
+from toycomp.inductor.codegen.cpp import PARALLEL_MIN_ELEMENTS, CppKernelCodegen, preamble
+from toycomp.inductor.opt import cpp_layout, cpp_row_buffers
 from toycomp.inductor.opt.cpp_vector_prefix import VECTOR_PREAMBLE as PREAMBLE
 
 # float function -> (arity, Python reference) for the probe
@@ -224,3 +238,156 @@ def probe_sincos() -> bool:
         return False
     want = [f(x) for x in args for f in (math.sin, math.cos, math.sin, math.cos)]
     return all(math.isclose(y, w, rel_tol=1e-5, abs_tol=1e-6) for y, w in zip(out, want))
+
+
+# --- the C++ kernel of the passes ---------------------------------------------------------------
+VECTOR_MATH: dict[str, tuple[str, int]] = {  # prim -> (float libm function, its arity)
+    "exp": ("expf", 1), "log": ("logf", 1), "log1p": ("log1pf", 1), "tanh": ("tanhf", 1),
+    "erf": ("erff", 1), "pow": ("powf", 2),
+}  # fmt: skip
+
+
+def vector_math() -> bool:
+    """Whether kernels call vector math (``toycomp.config.cpp.simdlen``, off in ``teach``)."""
+    return config.cpp.simdlen != 0
+
+
+def codegen(kernel: ir.Kernel) -> CppVecKernelCodegen:
+    """The code generator of ``kernel`` with the C++ passes that are on (``cpp.generate``'s
+    hook): with ``cpp.layouts``, sibling reductions merged first, to run in one pass."""
+    if config.cpp.layouts and not kernel.indirect():
+        kernel = cpp_layout.merge_reduction_loops(kernel)
+    return CppVecKernelCodegen(kernel)
+
+
+class CppVecKernelCodegen(CppKernelCodegen):
+    """Generates one C++ function for an ``ir.Kernel`` with the C++ passes that are on."""
+
+    plane: int | None = None  # cpp.layouts: see [Note: pointwise kernels over planes]
+
+    def __init__(self, kernel: ir.Kernel) -> None:
+        super().__init__(kernel)
+        self.preamble = preamble()  # with the vector math macros under cpp.simdlen
+        self.vector_math: dict[str, int] = {}  # libm functions called (see VECTOR_MATH)
+        # columns and planes: cpp_layout.py (never for indirect indices, which it cannot read)
+        self.layouts = config.cpp.layouts and not kernel.indirect()
+        self.column = self.layouts and cpp_layout.use_column_layout(kernel)
+        self.partial_sums: list[tuple[str, str, str]] = []  # the column layout's float sums
+        self.accumulators: list[tuple[str, ...]] = []  # and all its accumulator arrays
+        self.kept: cpp_row_buffers.RowBuffers | None = None  # the row layout's, see codegen_body
+
+    # --- cpp.simdlen: vector math ----------------------------------------------------------------
+    def op(self, expr: ir.Op, args: list[str]) -> str:
+        if vector_math() and compute_dtype(expr.dtype) == torch.float32:
+            return self.vector_math_op(expr, args) or super().op(expr, args)
+        return super().op(expr, args)
+
+    def vector_math_op(self, expr: ir.Op, args: list[str]) -> str | None:
+        """float ``exp``/``sin``/... call ``toycomp_expf``/``toycomp_sinf``: one implementation
+        for every element of every kernel (see [Note: vectorised libm] in cpp.py)."""
+        if expr.name in VECTOR_MATH:
+            fn, arity = VECTOR_MATH[expr.name]
+            self.vector_math[fn] = arity
+            return f"toycomp_{fn}({', '.join(args)})"
+        if expr.name in SIN_COS:  # declared by declare_helpers, when used
+            return f"toycomp_{SIN_COS[expr.name]}({args[0]})"
+        return None
+
+    def declare_helpers(self, code: IndentedBuffer, functions: str) -> None:
+        if vector_math():  # the libm functions called, vectorised
+            for fn, arity in sorted(self.vector_math.items()):
+                code.writelines(_declare_vector_math(fn, arity))
+            called = re.findall(r"\btoycomp_(sinf|cosf|sincosf)\(", functions)
+            for fn in sorted(set(called)):
+                code.writelines(declare_sin_cos(fn))
+        super().declare_helpers(code, functions)
+
+    def codegen_loop(self, loop: ir.Loop) -> None:
+        if self.kept is not None:  # cpp.row_buffers: this loop reads the values kept for it
+            self.kept.before_loop(self)
+        super().codegen_loop(loop)
+        if self.kept is not None:  # and keeps the values later loops read
+            self.kept.after_loop(self)
+        if vector_math():
+            fuse_sin_cos(self.compute)  # see [Note: one sincos for sin and cos]
+
+    def x_pragma(self, parallel: str | None) -> str | None:
+        if not (vector_math() and self.simd_x_loop()):
+            return super().x_pragma(parallel)
+        if parallel is None:
+            return "#pragma omp simd"
+        return f"#pragma omp parallel for simd{parallel}"
+
+    def simd_x_loop(self) -> bool:
+        """A pointwise kernel's x loop is its only loop: vectorise it too."""
+        independent = cpp_layout.independent_iterations
+        return all(not loop.over_r and independent(loop) for loop in self.kernel.loops)
+
+    # --- cpp.layouts: columns, planes, parts; cpp.row_buffers ----------------------------------
+    def reduce(self, red: ir.Reduce, value: str) -> None:
+        if self.column:
+            cpp_reduction.reduce_column(self, red, value)
+        else:
+            super().reduce(red, value)
+
+    def print_index(self, index: sympy.Expr) -> str:
+        # x = plane*x0 + x1, r = rplane*r0 + r1: see [Note: pointwise kernels over planes]
+        for var, plane in ((indexing.x, self.plane), (indexing.r, self.rplane)):
+            if plane is not None:
+                index = cpp_layout.plane_index(sympy.sympify(index), plane, var)
+        return super().print_index(index)
+
+    def codegen_functions(self) -> str:
+        parts = cpp_layout.split_by_layout(self.kernel) if self.layouts else [self.kernel]
+        if len(parts) == 1:
+            return super().codegen_functions()
+        return "".join(self.codegen_parts(parts))
+
+    def codegen_parts(self, parts: list[ir.Kernel]) -> list[str]:
+        """One static function per part, and the kernel calling them in turn: [Note: a kernel
+        of rows and columns] in cpp_layout.py."""
+        functions, calls = [], IndentedBuffer()
+        for part in parts:
+            cg = CppVecKernelCodegen(part)
+            functions.append(cg.codegen_function(part.name, cg.codegen_body(), "static "))
+            self.vector_math.update(cg.vector_math)
+            self.declared_reductions.update(cg.declared_reductions)
+            args = [self.args[b] for b in cg.args] + list(map(str, part.size_symbols()))
+            calls.writeline(f"{part.name}({', '.join(args)});")
+        return [*functions, self.codegen_function(self.kernel.name, calls)]
+
+    def codegen_body(self) -> IndentedBuffer:
+        k = self.kernel
+        if self.column:  # see [Note: row and column reductions] in cpp_reduction.py
+            parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
+            return cpp_reduction.codegen_column_body(self, parallel)
+        if self.layouts:
+            self.plane = cpp_layout.pointwise_plane(k)
+            self.rplane = cpp_layout.reduction_plane(k)
+        if config.cpp.row_buffers:  # a row's costly values, kept: see cpp_row_buffers.py
+            self.kept = cpp_row_buffers.RowBuffers(k)
+        return super().codegen_body()
+
+    def codegen_x_loop(self, body: IndentedBuffer) -> IndentedBuffer:
+        if self.plane is None:
+            return super().codegen_x_loop(body)
+        # planes on the cores, each plane's elements vectorised
+        k = self.kernel
+        parallel = self.parallel_if(k.numel * k.rnumel, PARALLEL_MIN_ELEMENTS)
+        outer = None if parallel is None else f"#pragma omp parallel for{parallel}"
+        inner = "#pragma omp simd" if vector_math() and self.simd_x_loop() else None
+        return cpp_layout.plane_loops("x", k.numel, self.plane, body, outer, inner)
+
+
+def _declare_vector_math(fn: str, arity: int) -> list[str]:
+    """``sinf`` -> ``toycomp_sinf``: glibc's vector sinf where cache.py defines
+    ``TOYCOMP_SIMD_sinf`` (and PREAMBLE can use it), else the scalar sinf."""
+    params = ", ".join(f"float {a}" for a in "ab"[:arity])
+    same = f"TOYCOMP_SAME_LIBM_{arity}"
+    return [
+        f"#if defined(TOYCOMP_SIMD_{fn}) && defined({same})",
+        f"{same}({fn})",
+        "#else",
+        f"inline float toycomp_{fn}({params}) {{ return {fn}({', '.join('ab'[:arity])}); }}",
+        "#endif",
+    ]
