@@ -100,7 +100,6 @@ class DecompTracer:
     def __init__(self, graph: fx.Graph) -> None:
         self.graph = graph
         self.origin = ""  # name of the ATen node being decomposed
-        self.aten_node: fx.Node | None = None  # that node (as_strided reads its inputs' layouts)
         self.emitted: list[fx.Node] = []
         self.alias_root: dict[fx.Node, fx.Node] = {}  # in-place result -> storage owner
         self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them

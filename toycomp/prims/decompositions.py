@@ -100,7 +100,7 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
     env: dict[fx.Node, Any] = {}
     inputs = iter(example_inputs)
     for node in gm.graph.nodes:
-        tracer.origin, tracer.aten_node = node.name, node
+        tracer.origin, tracer.aten_node = node.name, node  # (as_strided reads its layout)
         if node.op in ("placeholder", "get_attr"):
             env[node] = _copy_input(gm, graph, node, inputs, tracer.sizes)
         elif node.op == "call_function":
