@@ -92,3 +92,22 @@ def test_gradient_through_a_transposed_input_uses_empty_strided():
     g = _gen(95)
     x0 = (torch.rand(1, 8, 7, generator=g) * 4 - 2).transpose(0, 2).requires_grad_()
     check_compiled(fn, [x0, torch.rand(7, 1, 1, generator=g) * 4 - 2])
+
+
+def test_empty_strided_with_symbolic_sizes_stays_eager():
+    """After a size change the sizes are symbols: empty_strided and the as_strided_scatter
+    reading it both run eagerly (visibly), with eager's gradients (fuzz seed 95, resized)."""
+    import toycomp
+
+    def fn(x0, x1):
+        return torch.minimum(torch.log(x0.abs() + 0.01), x0) * x1
+
+    compiled = toycomp.compile(fn)
+    for n in (7, 9):
+        g = _gen(95)
+        x0 = (torch.rand(1, 8, n, generator=g) * 4 - 2).transpose(0, 2)
+        x1 = torch.rand(n, 1, 1, generator=g) * 4 - 2
+        a, b = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        compiled(a, x1).square().sum().backward()
+        fn(b, x1).square().sum().backward()
+        torch.testing.assert_close(a.grad, b.grad)

@@ -43,9 +43,9 @@ def _extern(op: Any, *args: Any) -> Any:
     return tracer.emit(op, args, {}) if tracer is not None else op(*args)
 
 
-def _concrete(*sizes: Any) -> None:
+def _concrete(*sizes: Any, op: str = "as_strided") -> None:
     if any(is_symbolic(s) for group in sizes for s in group):
-        raise Unsupported("as_strided_scatter with symbolic sizes")
+        raise Unsupported(f"{op} with symbolic sizes")
 
 
 # --- as_strided_scatter and as_strided ----------------------------------------------------------
@@ -80,17 +80,23 @@ def _is_fresh(node: fx.Node) -> bool:
     return schema is not None and all(r.alias_info is None for r in schema.returns)
 
 
-def _storage_order(val: Any) -> list[int]:
-    """The dims of ``val`` from outermost to innermost in memory, as ``clone`` lays them out:
-    its own order when it is dense (a permutation of a contiguous tensor), else row-major."""
-    sizes, strides = list(val.shape), list(val.stride())
-    order = sorted(range(val.ndim), key=lambda d: -strides[d])  # stable: ties keep dim order
+def _dense_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int] | None:
+    """The dims from outermost to innermost in memory when these strides are dense (a
+    permutation of a contiguous tensor's), else None."""
+    order = sorted(range(len(sizes)), key=lambda d: -strides[d])  # stable: ties keep dim order
     expected = 1
     for d in reversed(order):
         if sizes[d] != 1 and strides[d] != expected:
-            return list(range(val.ndim))  # not dense: clone makes it contiguous
+            return None
         expected *= sizes[d]
     return order
+
+
+def _storage_order(val: Any) -> list[int]:
+    """The dims of ``val`` from outermost to innermost in memory, as ``clone`` lays them out:
+    its own order when it is dense, else row-major (clone makes it contiguous)."""
+    order = _dense_order(list(val.shape), list(val.stride()))
+    return list(range(val.ndim)) if order is None else order
 
 
 def _positions(size: Sequence[int], stride: Sequence[int], offset: int, device: Any) -> Any:
@@ -158,7 +164,7 @@ def as_strided_scatter(a: Any, src: Any, size: Sequence[int], stride: Sequence[i
                        storage_offset: int | None = None) -> Any:  # fmt: skip
     # eager: ``out = a.clone(); out.as_strided(size, stride, offset).copy_(src)``; the clone
     # starts its storage at 0 and keeps a's memory order (if dense)
-    _concrete(a.shape, size, stride, [storage_offset or 0])
+    _concrete(a.shape, size, stride, [storage_offset or 0], op="as_strided_scatter")
     count = _numel(size)
     if count == 0 or a.numel() == 0:
         return a
@@ -178,10 +184,21 @@ _READ_MEMORY = (aten.as_strided.default, aten.as_strided_scatter.default)
 @register(aten.empty_strided.default)
 def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype=None, layout=None,
                   device=None, pin_memory=None) -> Any:  # fmt: skip
-    # its values are unspecified (zeros are as good as any); its strides matter only to the
-    # as_strided ops that read its memory, which take them from the ATen graph
-    # ([Note: as_strided reads the ATen layout])
-    return prims.full(list(size), 0, dtype or torch.get_default_dtype(), device or "cpu")
+    # Its values are unspecified (zeros are as good as any), its strides are not: the as_strided
+    # rules read them from the ATen graph ([Note: as_strided reads the ATen layout]), and an
+    # ATen op left to eager (an as_strided with symbolic sizes) reads the memory the prims give.
+    # So a full laid out in storage order, permuted back to ``size``: the same strides.
+    _concrete(size, stride, op="empty_strided")
+    dtype, device = dtype or torch.get_default_dtype(), device or "cpu"
+    order = _dense_order(list(size), list(stride))
+    if _numel(size) == 0:
+        return prims.full(list(size), 0, dtype, device)
+    if order is None:
+        raise Unsupported("empty_strided with strides that are not dense")
+    stored = prims.full([size[d] for d in order], 0, dtype, device)
+    if order == list(range(len(size))):
+        return stored
+    return prims.permute(stored, [order.index(d) for d in range(len(size))])
 
 
 @register(aten.fill.Tensor)
