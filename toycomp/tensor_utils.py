@@ -27,11 +27,9 @@ def to_meta(t: torch.Tensor) -> torch.Tensor:
 
 def to_meta_value(value: Any) -> Any:
     """``to_meta`` on a tensor or on each tensor of a tuple/list; other values unchanged."""
-    if isinstance(value, torch.Tensor):
-        return to_meta(value)
     if isinstance(value, (tuple, list)):
         return tuple(to_meta_value(v) for v in value)
-    return value
+    return to_meta(value) if isinstance(value, torch.Tensor) else value
 
 
 def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
