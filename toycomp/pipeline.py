@@ -64,9 +64,8 @@ PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization
 # the inputs' device or by ``device``, the one the lowered graph computes on: a graph of Python
 # numbers may make a CUDA tensor (GradScaler's lazily made ``torch.full((), 65536.0,
 # device="cuda")``).
-def resolve_backend(
-    backend: str | None, example_inputs: Sequence[Any], device: torch.device | None = None
-) -> str:
+def resolve_backend(backend: str | None, example_inputs: Sequence[Any],
+                    device: torch.device | None = None) -> str:
     """The code generator: ``backend``, or for ``None`` the device's ([Note: the backend ...])."""
     if backend is not None:
         if backend not in BACKENDS:

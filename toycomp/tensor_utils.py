@@ -49,8 +49,7 @@ def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
 
 
 def python_number_dtype(x: bool | int | float | complex) -> torch.dtype:
-    """The dtype PyTorch gives a Python number, ``torch.tensor(x).dtype`` (a float: the default
-    dtype, float32 unless ``torch.set_default_dtype`` changed it)."""
+    """``torch.tensor(x).dtype`` (floats: the default dtype, float32 unless set otherwise)."""
     if isinstance(x, bool):
         return torch.bool
     if isinstance(x, int):

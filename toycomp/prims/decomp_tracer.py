@@ -105,14 +105,13 @@ class DecompTracer:
         self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
-        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result (``val``:
-        the meta value of an ATen op that cannot run on meta tensors)."""
+        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result."""
         if prims.is_prim(target):
             _check_contract(target, args)
             val, device = _eval_prim(target, args, kwargs)
         elif val is None:
             val, device = _eval_op_on_meta(target, args, kwargs)
-        else:
+        else:  # ``val`` given: the meta value of an ATen op that cannot run on meta tensors
             device = _first_device((args, kwargs))
         name = target.__name__ if prims.is_prim(target) else _op_name(target)
         node_args, node_kwargs = _node_of((tuple(args), dict(kwargs)), self.sizes.node)

@@ -106,10 +106,7 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
         elif node.op == "call_function":
             env[node] = _decompose_node(tracer, node, env)
         elif node.op == "output":
-            outputs = fx.node.map_arg(node.args[0], env.__getitem__)
-            out = graph.output(_node_of(outputs, tracer.sizes.node))
-            out.meta["aten_origin"] = node.name
-            out.meta["val"] = _output_vals(node, env)
+            _copy_output(graph, node, env, tracer.sizes)
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
@@ -132,15 +129,17 @@ def _hoist_checks(graph: fx.Graph) -> None:
             after.append(node)  # (moving it earlier keeps the others' relative order)
 
 
-def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
-    """What the graph returns, laid out as the ATen graph's values are (the strides eager gives,
-    which the backward's example inputs have too); the prims' meta values where unknown."""
+def _copy_output(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, Any], sizes: Any) -> None:
+    """The output node; its values laid out as the ATen graph's are (the strides eager gives,
+    which the backward's example inputs have too), the prims' meta values where unknown."""
 
     def val(n: fx.Node) -> Any:
         aten_val = n.meta.get("val")
         return _to_meta(aten_val) if isinstance(aten_val, torch.Tensor) else _meta_of(env[n])
 
-    return fx.node.map_arg(node.args[0], val)
+    out = graph.output(_node_of(fx.node.map_arg(node.args[0], env.__getitem__), sizes.node))
+    out.meta["aten_origin"] = node.name
+    out.meta["val"] = fx.node.map_arg(node.args[0], val)
 
 
 def _copy_input(

@@ -180,9 +180,7 @@ def elementwise(
     computation, result = elementwise_dtypes(*args, kind=kind)
     shape = broadcast_shapes(*(a.shape for a in args if not is_number(a)))
     promoted = result_type(*args)
-    operands = [
-        round_number(a, promoted) if round_numbers and is_number(a) else a for a in args
-    ]
+    operands = [round_number(a, promoted) if round_numbers and is_number(a) else a for a in args]
     operands = [broadcast_to(convert(a, computation), shape) for a in operands]
     return convert(fn(*operands), result)
 
