@@ -340,7 +340,7 @@ class LayoutsSeen:  # inductor/wrapper.py, aot/runtime_wrappers.py: inputs check
         self.check = lambda *ts: len(ts) == n and check(*ts)  # (TensorGuards raises otherwise)
 
 
-def _with_repeats(tensors) -> Callable:
+def _with_repeats(tensors: tuple) -> Callable:
     """TensorGuards is False for a tensor given twice (Dynamo passes each once): check the
     others, and that the repeated positions hold the same tensor again."""
     first: dict[int, int] = {}  # id -> the first position of that tensor

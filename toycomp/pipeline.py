@@ -66,7 +66,7 @@ PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization
 # device="cuda")``).
 def resolve_backend(backend: str | None, example_inputs: Sequence[Any],
                     device: torch.device | None = None) -> str:
-    """The code generator: ``backend``, or for ``None`` the device's ([Note: the backend ...])."""
+    """The code generator: ``backend``, or for ``None`` the device's (see the Note above)."""
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"toycomp: unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -100,7 +100,7 @@ def inductor_compiler(backend: str | None, name: str, record: list[GraphArtefact
             lowered = split_reductions(lowered, target, size_hints(example_inputs))
         scheduled = schedule(lowered)
         compiled = compile_graph(scheduled, target)
-        if opaque:  # hidden from Dynamo: [Note: the compiled callable is opaque to Dynamo]
+        if opaque:  # (the backward runs from autograd, outside the forward's disabled call)
             compiled.fn = torch.compiler.disable(compiled.fn)
         record.append(
             GraphArtefacts(name, gm, prims_gm, fallbacks(prims_gm), lowered, scheduled, compiled)
@@ -186,7 +186,6 @@ class GraphCompiler:
             return self.run_eagerly(gm, _layout_error(tensors))
         try:
             cudagraphs = self.cudagraph_mode() if config.triton.cudagraphs else None
-            # [Note: autotuning is asked for] in inductor/opt/autotune.py
             with autotune.requested(True) if config.max_autotune else contextlib.nullcontext():
                 aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend,
                                                     self.partition, cudagraphs)
