@@ -11,7 +11,7 @@ tracker, so a list appended to through two names stays one list.
 >>> out = OutputGraph(lambda: None, {})
 >>> out.wrap(3, LocalSource("n"))
 ConstantVariable(3)
->>> out.guards.conditions[-1]
+>>> list(out.guards.conditions)[-1]
 "L['n'] == 3"
 
 NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder, which calls
@@ -172,6 +172,10 @@ class VariableBuilder:
             return NNModuleVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
+        if not isinstance(value, (type, functools._lru_cache_wrapper)) and (  # see wrap_callable
+                is_torch_function(value) or any(value is f for f in TRACING_STATE)):
+            g and guard and g.id_match(source, value)  # torch.sin, F.relu, Tensor methods
+            return TorchVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
 
     def wrap_container(self, value, source, g, guard) -> VariableTracker:
@@ -236,6 +240,8 @@ class VariableBuilder:
                                      for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
+        """What is not a torch function: builtins, functools' wrappers (of torch functions too),
+        copy, skipped modules (numpy...), classes (torch's too), Python functions, objects."""
         if value is os.environ:
             return EnvironVariable(value, source)
         if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
@@ -251,9 +257,6 @@ class VariableBuilder:
             return SkipFunctionVariable(value, source)
         if isinstance(value, type):
             return self.wrap_class(value, source, g)
-        if is_torch_function(value) or any(value is f for f in TRACING_STATE):
-            g and g.id_match(source, value)
-            return TorchVariable(value, source)
         return self.wrap_python_callable(value, source, g)  # builtins, user functions, objects
 
     def wrap_python_callable(self, value, source, g) -> VariableTracker:

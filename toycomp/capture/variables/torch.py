@@ -57,8 +57,11 @@ SPECIAL_FUNCTIONS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.jit
 
 
 def is_special(fn) -> bool:
-    """Tracing state, constants, grad mode, autocast, classes...: see call_special."""
-    return (any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
+    """Not a plain graph call (see call_special): custom ops, calls toycomp refuses, tracing
+    state, constants, grad mode, autocast, classes."""
+    return (isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload)
+            or fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo")
+            or any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
             or fn in CONSTANT_FUNCTIONS or fn in AUTOCAST or isinstance(fn, type))
 
 
@@ -69,19 +72,19 @@ class TorchVariable(ValueVariable):
         return tx.output.wrap(getattr(self.value, name), None, guard=False)
 
     def call_function(self, tx, args, kwargs):
-        fn = self.value
-        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
-            fn = fn._opoverload  # the graph calls its operator (metadata: its fake impl), as Dynamo
-        if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
-            raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
-        if is_special(fn):
+        if is_special(self.value):  # not a plain graph call
             return self.call_special(tx, args, kwargs)
-        if fn in ARGUMENT_RULES:  # torch.arange's dtype, F.one_hot's number of classes
-            args, kwargs = ARGUMENT_RULES[fn](tx, args, kwargs)
-        return tx.output.create_call("call_function", fn, args, kwargs)
+        if self.value in ARGUMENT_RULES:  # torch.arange's dtype, F.one_hot's number of classes
+            args, kwargs = ARGUMENT_RULES[self.value](tx, args, kwargs)
+        return tx.output.create_call("call_function", self.value, args, kwargs)
 
     def call_special(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
+            # the graph calls its operator (metadata: its fake impl), as Dynamo does
+            return tx.output.create_call("call_function", fn._opoverload, args, kwargs)
+        if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
+            raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if any(fn is f for f in TRACING_STATE):
             return ConstantVariable(TRACING_STATE[fn])
         if fn in (torch.from_numpy, torch.as_tensor, torch.asarray) and not kwargs and \
