@@ -33,8 +33,7 @@ _LITERALS = (int, float, str, bool, type(None), bytes)
 
 
 def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> str | None:
-    """``value`` as text without binding a new name, or None: a literal of exactly one of
-    ``scalars`` (not an IntEnum, never nan / inf), a dtype, or the name ``env`` binds it to."""
+    """A literal of exactly ``scalars`` (not nan/inf), a dtype, its name in ``env``, or None."""
     if type(value) in scalars and repr(value) not in ("nan", "inf", "-inf"):
         return repr(value)
     if isinstance(value, torch.dtype):

@@ -113,12 +113,11 @@ class CompiledFrame:
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             L = bound.arguments
-        G = self.fn.__globals__
         for entry in self.entries:
-            if entry.check(L, G):
+            if entry.check(L, self.fn.__globals__):
                 return entry.transformed.fn(*args, **kwargs)
         # no entry matches: compile one, unless skipped or at the recompile limit (logged)
-        if self.skip_reason is None and (not self.entries or self.may_recompile(L, G)):
+        if self.skip_reason is None and (not self.entries or self.may_recompile(L)):
             entry = self.compile(dict(L))
             if entry is not None:
                 self.entries.append(entry)
@@ -132,8 +131,9 @@ class CompiledFrame:
         plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         return [p.name for p in params] if all(p.kind in plain for p in params) else None
 
-    def may_recompile(self, L, G) -> bool:
+    def may_recompile(self, L) -> bool:
         """No guard held: recompile (logged), unless this frame hit the recompile limit."""
+        G = self.fn.__globals__
         if len(self.entries) >= self.context.recompile_limit:
             self.warn_recompile_limit(L, G)
             return False

@@ -61,9 +61,9 @@ _LITERAL_TYPES = (int, float, str, bool, type(None))
 class GuardBuilder:
     """Collects guard lines (deduplicated, in the order they were asked for)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Any = None) -> None:
         self.conditions: dict[str, None] = {}  # each line once, in order (a dict as an ordered set)
-        self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS}
+        self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS, "F": fn}  # F: fn's cells
         self.named: dict[str, str] = {}  # values read once and named: t0 -> its path
         self.lookups: dict[Source, dict[str, str]] = {}  # a module's source -> module_lookups
         self.leans: dict[Source, Source] = {}  # a source -> as the guards read it (see lean)
@@ -137,8 +137,7 @@ class GuardBuilder:
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 
     def tensor_match(self, source: Source, t: torch.Tensor, sizes=None, strides=None) -> None:
-        """Type, shape, strides, dtype, device and requires_grad of a tensor (with dynamic
-        shapes, ``sizes`` and ``strides`` say what to check of each dimension: symbolic_layout)."""
+        """Type, shape, strides, dtype, device, requires_grad (sizes: see symbolic_layout)."""
         v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
         if "." in v or v.count("[") > 1:  # an attribute chain: batched, or read once and named

@@ -159,14 +159,11 @@ _CHECK = """def check(L, G):
 """
 
 
-def compile_check(
-    conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None,
-    readable: dict[str, str] | None = None, texts: list[str] | None = None,
-    batch: TensorBatch | None = None,
-) -> Callable[[dict, dict], bool]:
-    """One function ``check(L, G)`` of all ``conditions``; ``named``: values read once and named
-    (t0 -> its path), ``readable``: paths as read -> as the user writes them, ``texts``: the
-    conditions as the builder wrote them (when fast_guards rewrote them)."""
+def compile_check(conditions: list[str], env: dict[str, Any], named: dict | None = None,
+                  readable: dict | None = None, texts: list | None = None,
+                  batch: TensorBatch | None = None) -> Callable[[dict, dict], bool]:
+    """``check(L, G)``: all ``conditions``; ``named``: t0 -> its path; ``readable``: paths as
+    read -> as written; ``texts``: the conditions as written (fast_guards rewrote them)."""
     source = _CHECK.format(body="\n            and ".join(conditions) or "True")
     scope = dict(env)
     exec(compile(source, "<toycomp guards>", "exec"), scope)

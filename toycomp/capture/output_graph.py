@@ -79,8 +79,7 @@ class OutputGraph:
             compat.fake_tensor_mode()
         self.shape_env = compat.fake_mode_shape_env(self.fake_mode)  # None: no size is a symbol
         self.shapes = SymbolicSizes(dynamic, frame_state or FrameState())  # dynamic_shapes.py
-        self.guards = GuardBuilder()
-        self.guards.env["F"] = fn  # guards read the function's cells and defaults as ``F``
+        self.guards = GuardBuilder(fn)
         self.guards.global_state()
         self.side_effects = SideEffects(self.check_replayable)
         self.wrap = VariableBuilder(self)
@@ -202,14 +201,12 @@ class OutputGraph:
 
     # ----- calls ----------------------------------------------------------------------------
 
-    def create_call(self, kind: str, target, args: list, kwargs: dict, opaque: bool = False):
+    def create_call(self, kind: str, target, args: list, kwargs: dict):
         """Add ``target(*args, **kwargs)`` to the graph; run it on fakes for the result."""
         node = self.graph.create_node(kind, target, tuple(self.as_node(a) for a in args),
                                       {k: self.as_node(v) for k, v in kwargs.items()})
         if self.location is not None:  # the user's line, as in Dynamo's graphs
             node.meta["stack_trace"] = '  File "{}", line {}, in {}\n'.format(*self.location)
-        if opaque:
-            return OpaqueVariable(node)
         fake_args = [self.as_fake(a) for a in args]
         fake_kwargs = {k: self.as_fake(v) for k, v in kwargs.items()}
         try:
@@ -219,6 +216,10 @@ class OutputGraph:
         except Exception as e:
             raise self.failed_call(node, e) from e
         return self.wrap_result(node, result)
+
+    def opaque_call(self, target, args: list) -> OpaqueVariable:
+        """A node whose value is not a tensor (the autocast state): not run on fake tensors."""
+        return OpaqueVariable(self.graph.call_function(target, tuple(map(self.as_node, args))))
 
     def failed_call(self, node: torch.fx.Node, e: Exception) -> Unsupported:
         """The op raised on fake tensors: no node, and an error naming the op."""

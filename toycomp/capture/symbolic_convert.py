@@ -150,8 +150,7 @@ class InstructionTranslator(InstructionTranslatorBase):
         self.break_at = break_at
         self.break_info = break_info or ("", (), None)  # (reason, location, kind)
         self.plan: Return | Break | None = None
-        # (step, instruction, in a 3.10 try block) where the stack was empty: see last_checkpoint
-        self.resumable: list[tuple] = []
+        self.resumable: list[tuple] = []  # (step, inst, in a 3.10 try) at an empty stack
         self.grad_mode_at_start = torch.is_grad_enabled()
 
     def run(self) -> None:

@@ -86,8 +86,7 @@ def build_transformed(fn, plan, output, context) -> TransformedCode:
 
 
 def call_graph(output, cg, context) -> tuple[list[str], Any, list]:
-    """The lines that call the compiled graph (none without a torch operation), the
-    GraphModule and its example inputs; called last, when ``cg.outputs`` are all known."""
+    """The lines calling the compiled graph, the GraphModule, its inputs (``cg.outputs`` known)."""
     if not output.count_calls():
         return [], None, []
     gm = output.graph_module(list(cg.outputs.values()))

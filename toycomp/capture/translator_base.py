@@ -93,7 +93,6 @@ class InstructionTranslatorBase:
         self.symbolic_locals = dict(symbolic_locals)
         self.output = output
         self.fn_source = fn_source
-        self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
         self.instructions, self.index_of = decode(code)
         self.stack: list[VariableTracker] = []

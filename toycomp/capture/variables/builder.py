@@ -82,6 +82,11 @@ SKIP_MODULES = ("numpy", "random", "scipy", "pandas", "time", "os", "sys", "logg
 BUILTIN_MODULES = (builtins, math, operator)
 
 
+# [Note: which torch callables the graph holds]
+# Tensor methods, and what the torch package (not nn.Module's code, nor Dynamo's) defines. A
+# method bound to a Python object that is not a tensor or a module is traced instead
+# (``GradScaler.scale``: its side effects are replayed, not stored fakes), and so is a lambda or
+# a local function (OpInfo's ops): FX could not print an import path for it.
 def is_torch_function(value: Any) -> bool:
     """Functions put in the graph as opaque calls: torch.*, F.*, torch.Tensor methods."""
     if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -90,9 +95,7 @@ def is_torch_function(value: Any) -> bool:
     if module.split(".")[0] != "torch" or module.startswith(("torch.nn.modules", "torch._dynamo")):
         return False
     if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
-        # not GradScaler.scale: traced, its side effects replayed (not stored fakes)
         return isinstance(value.__self__, (torch.Tensor, torch.nn.Module))
-    # not a lambda or local function (OpInfo's ops): no import path for FX; inlined
     return not (isinstance(value, types.FunctionType) and "<" in value.__qualname__)
 
 
@@ -167,9 +170,7 @@ class VariableBuilder:
         if type(value) in ITERATOR_TYPES:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
-            g and g.type_match(source, value)
-            g and g.note_module(source, value)  # guards may read its dicts: sources.py
-            return NNModuleVariable(value, source)
+            return self.wrap_module(value, source, g)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         if not isinstance(value, (type, functools._lru_cache_wrapper)) and (  # see wrap_callable
@@ -201,6 +202,12 @@ class VariableBuilder:
         g and g.dict_keys_match(source, list(value))
         return DictVariable({k: self(v, source and GetItemSource(source, k))
                              for k, v in value.items()}, source, type(value))
+
+    def wrap_module(self, value, source, g) -> NNModuleVariable:
+        """An nn.Module, guarded by its type; guards may read its dicts (sources.py)."""
+        g and g.type_match(source, value)
+        g and g.note_module(source, value)
+        return NNModuleVariable(value, source)
 
     def wrap_numpy(self, value, source, g) -> NumpyArrayVariable:
         g.type_match(source, value)  # (before the tensor's guards, which convert it)

@@ -57,8 +57,7 @@ SPECIAL_FUNCTIONS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.jit
 
 
 def is_special(fn) -> bool:
-    """Not a plain graph call (see call_special): custom ops, calls toycomp refuses, tracing
-    state, constants, grad mode, autocast, classes."""
+    """Custom ops, refused calls, tracing state, constants, grad mode, autocast, classes."""
     return (isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload)
             or fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo")
             or any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
@@ -193,8 +192,7 @@ class AutocastVariable(ContextManagerVariable):
         real = torch.autocast(*self.args, **self.kwargs)
         params = [real.device, real.fast_dtype, real._enabled, real._cache_enabled]
         enter = torch.amp.autocast_mode._enter_autocast
-        self.node = tx.output.create_call(
-            "call_function", enter, [ConstantVariable(p) for p in params], {}, opaque=True)
+        self.node = tx.output.opaque_call(enter, [ConstantVariable(p) for p in params])
         self.real = real
         real.__enter__()
         tx.output.entered.append(real)  # left for real when the trace ends, whatever happens
@@ -202,7 +200,7 @@ class AutocastVariable(ContextManagerVariable):
 
     def exit(self, tx):
         exit_fn = torch.amp.autocast_mode._exit_autocast
-        tx.output.create_call("call_function", exit_fn, [self.node], {}, opaque=True)
+        tx.output.opaque_call(exit_fn, [self.node])
         self.real.__exit__(None, None, None)
         tx.output.entered.remove(self.real)
         return ConstantVariable(None)
