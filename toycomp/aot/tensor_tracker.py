@@ -208,7 +208,7 @@ class TensorTracker:
         """The node holding tensor ``t``'s current value, or computing the SymInt ``t``."""
         if not isinstance(t, torch.Tensor):
             return self.read_size(t)
-        entry = self.entry_for(t, op)
+        entry = self._tracked.get(id(t)) or self._unknown(t, op)  # (unknown: a constant)
         if entry.stale:
             raise _stale_read_error(op, entry)
         return entry.node
