@@ -319,8 +319,7 @@ def min_cut_rematerialization_partition(
     required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
     cut = set(solve_min_cut(joint, required_fw, required_bw))
     reached = _ancestors(bwd_outputs, stop=cut)  # the backward: it recomputes what is not cut
-    saved = [n for n in joint.graph.nodes if n in reached and n in cut]
-    saved = with_sizes(joint, saved, tangents)  # [Note: saving sizes]
+    saved = with_sizes(joint, [n for n in joint.graph.nodes if n in reached and n in cut], tangents)
     fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, bwd_outputs, (reached - cut) | set(tangents))
