@@ -40,7 +40,7 @@ import torch.fx as fx
 
 from toycomp import config
 from toycomp._torch_compat import LayoutsSeen, cudnn_and_mkldnn_disabled, fake_mode_of
-from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
+from toycomp.aot.functional_utils import storage_key
 from toycomp.aot.functionalize import FunctionalRecorder
 from toycomp.aot.tensor_tracker import TensorTracker
 from toycomp.aot.partitioners import default_partition
@@ -70,11 +70,10 @@ def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _clone_input(x: Any, requires_grad: bool) -> Any:
-    """A private copy of an input (same strides): tracing never mutates the user's data."""
+    """A private copy of an input (its strides if dense): tracing never mutates the user's data."""
     if not isinstance(x, torch.Tensor):
         return _size_input(x)
-    # (a non-dense input, with gaps or overlaps, is traced as a contiguous tensor)
-    return copy_like(x, x if is_dense(x) else x.contiguous()).requires_grad_(requires_grad)
+    return x.detach().clone().requires_grad_(requires_grad)  # [Note: inputs traced dense]
 
 
 def _size_input(x: Any) -> Any:
@@ -83,6 +82,11 @@ def _size_input(x: Any) -> Any:
         return x
     raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
 
+
+# [Note: inputs traced dense] ``x.clone()`` (``preserve_format``) keeps the strides of a dense
+# input (one whose elements fill a block of memory: contiguous, transposed, channels-last...) and
+# gives any other (a slice with gaps, an expand) a dense layout, contiguous or channels-last as
+# ``torch.empty_like`` chooses; the runtime copies such inputs into that layout on every call.
 
 # [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
 # leaf (``a * 1``) is recorded by autograd, and the caller's tensor gets a new history. We

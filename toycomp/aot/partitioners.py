@@ -266,11 +266,10 @@ def _flow_graph(joint: fx.GraphModule, required_fw: set, required_bw: set) -> nx
     flow.add_nodes_from(["source", "sink"])
     for node in list(joint.graph.nodes)[:-1]:  # (the last node is the output)
         node_in, node_out = f"{node.name}_in", f"{node.name}_out"
+        if node in required_bw:  # from a tangent: drains; a gradient the forward computes: saved
+            flow.add_edge(node_out if node in required_fw else node_in, "sink", capacity=math.inf)
         if node in required_bw and node not in required_fw:
-            flow.add_edge(node_in, "sink", capacity=math.inf)
             continue
-        if node in required_bw:  # a gradient that the forward computes (a primal...): save it
-            flow.add_edge(node_out, "sink", capacity=math.inf)
         banned = (node in required_fw or is_random(node)) and should_ban_recomputation(node)
         if node.op == "placeholder" or banned or (is_size(node) and node not in required_bw):
             flow.add_edge("source", node_in, capacity=math.inf)
@@ -319,7 +318,9 @@ def min_cut_rematerialization_partition(
     required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
     cut = set(solve_min_cut(joint, required_fw, required_bw))
     reached = _ancestors(bwd_outputs, stop=cut)  # the backward: it recomputes what is not cut
-    saved = with_sizes(joint, [n for n in joint.graph.nodes if n in reached and n in cut], tangents)
+    saved = [n for n in joint.graph.nodes if n in reached and n in cut]
+    if any(map(is_size, joint.graph.nodes)):  # dynamic shapes: [Note: saving sizes]
+        saved = with_sizes(joint, saved, tangents)
     fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, bwd_outputs, (reached - cut) | set(tangents))

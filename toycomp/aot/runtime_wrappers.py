@@ -308,17 +308,16 @@ class AOTOutput:
     # inputs: a mismatch raises instead of running kernels on the wrong sizes. Inputs seen
     # before are not checked again ([Note: inputs checked once] in inductor/runtime.py).
     @functools.cached_property
-    def _traced_inputs(self) -> tuple[list, SymbolicInputs | None]:
-        """The traced (meta) value of each forward input, and their symbols if sizes are dynamic."""
+    def _traced_inputs(self) -> tuple[list, list, SymbolicInputs | None]:
+        """The forward's inputs as traced: meta values, (shape, strides), symbols if dynamic."""
         vals = [n.meta["val"] for n in self.forward.graph.find_nodes(op="placeholder")]
-        return vals, symbolic_inputs(vals)
+        layouts = [(m.shape, m.stride()) if isinstance(m, torch.Tensor) else None for m in vals]
+        return vals, layouts, symbolic_inputs(vals)
 
     def _with_layouts(self, args: Sequence) -> list:
         """``args`` with the layouts they were traced with (a copy where strides differ)."""
-        vals, symbolic = self._traced_inputs
-        if symbolic is None:  # (a size input: None, as it is)
-            layouts = [(m.shape, m.stride()) if isinstance(m, torch.Tensor) else None for m in vals]
-        else:
+        vals, layouts, symbolic = self._traced_inputs
+        if symbolic is not None:  # dynamic shapes: the layouts for this call's sizes
             layouts = symbolic.layouts(args)
         return [a if layout is None else _with_layout(a, *layout, m.dtype)
                 for a, m, layout in zip(args, vals, layouts)]  # fmt: skip
@@ -335,7 +334,7 @@ class AOTOutput:
 
     def _concrete(self, meta: torch.Tensor, args: Sequence) -> tuple[tuple, tuple]:
         """(shape, strides) of a traced value in the call with inputs ``args``."""
-        symbolic = self._traced_inputs[1]
+        symbolic = self._traced_inputs[2]
         if symbolic is None:
             return tuple(meta.shape), meta.stride()
         return symbolic.evaluate(meta, args)

@@ -120,7 +120,8 @@ class TensorTracker:
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         node.meta["val"] = _plain_meta(val)
-        node.meta["device"] = _devices(val) if device is None else device
+        devices = tree_map(lambda v: getattr(v, "device", None), val)  # (a tuple's: per result)
+        node.meta["device"] = devices if device is None else device
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
@@ -139,7 +140,7 @@ class TensorTracker:
         devices = node.meta["device"]
         nodes: list[fx.Node | None] = []
         for i, item in enumerate(val):
-            device = devices[i] if isinstance(devices, tuple) else devices
+            device = devices[i] if isinstance(devices, (tuple, list)) else devices
             if isinstance(item, torch.Tensor):
                 nodes.append(self.emit(operator.getitem, (node, i), {}, item, device))
                 continue
@@ -297,10 +298,3 @@ def _plain_meta(val: Any) -> Any:
     """``to_meta_value``, plain meta tensors also under a ``FakeTensorMode`` (for later stages)."""
     with no_fake_mode():
         return to_meta_value(val)
-
-
-def _devices(val: Any) -> Any:
-    """The device of a tensor, or a tuple of them for a tuple of results (None for None)."""
-    if isinstance(val, (tuple, list)):
-        return tuple(_devices(v) for v in val)
-    return val.device if isinstance(val, torch.Tensor) else None
