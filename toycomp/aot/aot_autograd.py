@@ -63,24 +63,22 @@ Compiler = Callable[[fx.GraphModule, list], Callable[[list], Sequence]]
 def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
     """The outputs as a tuple: tensors, or sizes (Dynamo's graphs may return a SymInt)."""
     outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
-    for i, out in enumerate(outs):
-        if not isinstance(out, torch.Tensor) and not is_symbolic(out) and type(out) is not int:
-            raise TypeError(f"toycomp.aot: output {i} is a {type(out).__name__}, not a Tensor")
-    return outs
+    return tuple(o if isinstance(o, torch.Tensor) else _size(o, f"output {i}")
+                 for i, o in enumerate(outs))  # fmt: skip
 
 
 def _clone_input(x: Any, requires_grad: bool) -> Any:
     """A private copy of an input (its strides if dense): tracing never mutates the user's data."""
     if not isinstance(x, torch.Tensor):
-        return _size_input(x)
+        return _size(x, "an input")
     return x.detach().clone().requires_grad_(requires_grad)  # [Note: inputs traced dense]
 
 
-def _size_input(x: Any) -> Any:
-    """A size input (an int or a SymInt) as it is; anything else is refused."""
+def _size(x: Any, what: str) -> Any:
+    """A size (an int or a SymInt) as it is; anything else is refused, naming ``what`` it is."""
     if is_symbolic(x) or type(x) is int:
         return x
-    raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
+    raise TypeError(f"toycomp.aot: {what} is a {type(x).__name__}, not a tensor or a size")
 
 
 # [Note: inputs traced dense] ``x.clone()`` (``preserve_format``) keeps the strides of a dense

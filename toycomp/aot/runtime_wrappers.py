@@ -368,8 +368,7 @@ def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch
 
 
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
-    """The inputs ``gm`` reads with as_strided, whose offset must be 0 ([Note: as_strided reads
-    memory]): the first ``num_inputs`` placeholders are the inputs."""
+    """The inputs that ``gm`` reads with as_strided ([Note: as_strided reads memory])."""
     inputs = list(gm.graph.find_nodes(op="placeholder"))[:num_inputs]
     return [i for i, n in enumerate(inputs) if isinstance(n.meta.get("val"), torch.Tensor)
             and aten.as_strided.default in {u.target for u in n.users}]  # fmt: skip

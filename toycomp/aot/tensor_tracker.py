@@ -120,8 +120,7 @@ class TensorTracker:
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         node.meta["val"] = _plain_meta(val)
-        devices = tree_map(lambda v: getattr(v, "device", None), val)  # (a tuple's: per result)
-        node.meta["device"] = devices if device is None else device
+        node.meta["device"] = device or tree_map(lambda v: getattr(v, "device", None), val)
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
