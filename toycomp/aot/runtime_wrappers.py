@@ -87,9 +87,7 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, aot: AOTOutput, *args: torch.Tensor):  # type: ignore[override]
-        outs = list(aot.compiled_forward(list(args)))
-        fwd = aot.unalias_outputs(outs[: aot.num_fwd_outputs], args)
-        saved = outs[aot.num_fwd_outputs :]
+        fwd, saved = aot.run_forward(args)
         if aot.mutated_inputs:  # the epilogue will overwrite inputs the backward may read
             saved = aot.unshare_mutated(saved, args)
         ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
@@ -195,8 +193,7 @@ class AOTOutput:
                 outs = CompiledFunction.apply(self, *inputs)
         else:
             with torch.no_grad():
-                outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
-                outs = self.unalias_outputs(outs, inputs)
+                outs = self.run_forward(inputs)[0]  # (no saved values needed)
         if self.mutated_inputs or any(i.is_input is not None for i in self.output_alias_info):
             return self._epilogue(args, outs)  # in-place ops on inputs
         return tuple(outs[: self.num_user_outputs])
@@ -273,12 +270,14 @@ class AOTOutput:
     # left alone; saved values are not user outputs and are never copied. A compiler may
     # promise that some outputs are fresh (toycomp's CompiledGraph.fresh_outputs: buffers its
     # own kernels wrote, each returned once); when all user outputs are, nothing is checked.
-    def unalias_outputs(self, outs: Sequence, inputs: Sequence) -> list:
-        """``outs`` (user outputs first) with unexpected storage sharing copied away."""
+    def run_forward(self, inputs: Sequence) -> tuple[list, list]:
+        """The compiled forward's outputs (unexpected storage sharing copied away), saved values."""
+        outs = list(self.compiled_forward(list(inputs)))
+        fwd, saved = outs[: self.num_fwd_outputs], outs[self.num_fwd_outputs :]
         fresh = getattr(self.compiled_forward, "fresh_outputs", ())
-        if all(fresh[: self.num_user_outputs]) and len(fresh) >= self.num_user_outputs:
-            return list(outs)  # the compiler says: new buffers, none shared (no checks needed)
-        return self._copy_shared_outputs(list(outs), inputs)
+        if len(fresh) < self.num_user_outputs or not all(fresh[: self.num_user_outputs]):
+            fwd = self._copy_shared_outputs(fwd, inputs)  # (unless the compiler says: all new)
+        return fwd, saved
 
     def _copy_shared_outputs(self, outs: list, inputs: Sequence) -> list:
         """``outs`` with the outputs that share storage unlike eager's replaced by copies."""
