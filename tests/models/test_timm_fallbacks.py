@@ -1,8 +1,9 @@
 """timm image models (benchmarks/real_models.py's families) through toycomp: one training step
 with no ATen fallback, loss and gradients equal to eager's. Skipped where timm is not installed
 (it is not a requirement of the course). Small members of the families and 32x32 images keep
-the CPU compile short: ConvNeXt (depthwise 7x7 convolutions, channels-last LayerNorm) and
-ResNet (strided convolutions, BatchNorm, max pooling)."""
+the CPU compile short: ConvNeXt (depthwise 7x7 convolutions, channels-last LayerNorm),
+ResNet (strided convolutions, BatchNorm, max pooling) and RegNet (grouped convolutions; its stages
+run `for block in self.children()`, one graph)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import toycomp
 from tests.models.test_fallbacks import fallbacks
 
 timm = pytest.importorskip("timm")
-MODELS = ["convnext_atto", "resnet10t"]
+MODELS = ["convnext_atto", "resnet10t", "regnetx_002"]
 KNOWN: dict[str, list[str]] = {}  # what is left on purpose, by model: nothing
 
 
