@@ -92,9 +92,7 @@ def is_size_symbol(symbol: sympy.Basic) -> bool:
 
 
 def size_symbol_named(name: str) -> sympy.Symbol | None:
-    if name[:1] != "s" or not name[1:].isdigit():
-        return None
-    return size_symbol(int(name[1:]))
+    return size_symbol(int(name[1:])) if name[:1] == "s" and name[1:].isdigit() else None
 
 
 def scalar_symbol(k: int) -> sympy.Symbol:
@@ -127,9 +125,7 @@ def is_static(value) -> bool:
 def known_nonnegative(expr) -> bool:
     """True when ``expr >= 0`` for all values of its variables (see [Note: size symbols])."""
     expr = sympy.sympify(expr)
-    if expr.is_number:
-        return bool(expr >= 0)
-    return _symbolic_nonnegative(expr)
+    return bool(expr >= 0) if expr.is_number else _symbolic_nonnegative(expr)
 
 
 def _symbolic_nonnegative(expr: sympy.Expr) -> bool:
@@ -185,22 +181,16 @@ def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(reversed(size[k + 1 :])) for k in range(len(size)))
 
 
-def linear_index(
-    idx: tuple[sympy.Expr, ...], stride: tuple[int, ...], offset: int = 0
-) -> sympy.Expr:
+def linear_index(idx: tuple, stride: tuple, offset: int = 0) -> sympy.Expr:
     """``offset + sum(i * s)``: the memory position of element ``idx`` of a strided tensor."""
     return sympy.sympify(offset) + sympy.Add(*(i * s for i, s in zip(idx, stride)))
 
 
 def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr, ...]:
     """The per-dimension indices of row-major position ``flat`` in a tensor of ``size``."""
-    idx, inner = [], 1
-    outer = next((dim for dim, n in enumerate(size) if n != 1), None)
-    for dim, n in reversed(list(enumerate(size))):
-        quotient = FloorDiv(flat, inner)  # % n: 0 for n == 1; none for the outermost (flat < numel)
-        idx.append(quotient if dim == outer else modular(quotient, n))
-        inner *= n
-    return tuple(reversed(idx))
+    quotients = [FloorDiv(flat, stride) for stride in contiguous_strides(size)]  # % 1 is 0
+    outer = next((d for d, n in enumerate(size) if n != 1), None)  # no %: flat < numel bounds it
+    return tuple(q if d == outer else modular(q, size[d]) for d, q in enumerate(quotients))
 
 
 def numel(size: tuple[int, ...]) -> int:

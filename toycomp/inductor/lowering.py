@@ -187,8 +187,8 @@ class GraphLowering:
         elif isinstance(node.target, OpOverload):
             fallback = node.target not in EXTERN_OPS
             self.extern(node, _kernel_name(node), fallback)
-        elif prims.is_prim(node.target):
-            self.prim(node)  # a prim with no tensor result: run eagerly
+        elif prims.is_prim(node.target):  # a prim with no tensor result: run eagerly
+            self.extern(node, _kernel_name(node), fallback=True)
         else:
             raise LoweringError(f"toycomp cannot lower {node.name!r}: unknown target {node.target}")
 
@@ -212,12 +212,8 @@ class GraphLowering:
         except Exception as e:
             raise LoweringError(f"lowering {node.name!r} ({_kernel_name(node)}) failed: {e}") from e
         if not self.sizevars.same_sizes(value.size, out.shape) or value.dtype != out.dtype:
-            raise LoweringError(
-                f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
-                f"eager gives {list(out.shape)} {out.dtype}"
-            )
-        inputs = [self.env[n] for n in node.all_input_nodes]
-        origins = [o for v in inputs if isinstance(v, TensorValue) for o in v.origins]
+            raise _meta_mismatch(node, value, out)  # a wrong rule: an error, not a wrong result
+        origins = [o for n in node.all_input_nodes for o in getattr(self.env[n], "origins", ())]
         self.env[node] = replace(value, origins=tuple(dict.fromkeys([*origins, node.name])))
         if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW:  # see realize_base_of_view
             self.view_base[node] = node.args[0]
@@ -360,6 +356,13 @@ def _extern_seed(buffer: ir.InputBuffer, node: Node, tensor, device) -> ir.Input
         u.op == "call_function" and isinstance(u.target, OpOverload) for u in node.users
     )
     return replace(buffer, device=elsewhere, any_device=any_device)
+
+
+def _meta_mismatch(node: Node, value: TensorValue, out: TensorMeta) -> LoweringError:
+    return LoweringError(
+        f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
+        f"eager gives {list(out.shape)} {out.dtype}"
+    )
 
 
 def _kernel_name(node: Node) -> str:

@@ -48,9 +48,9 @@ from toycomp.tensor_utils import to_meta, to_meta_value
 def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
     """The inputs' device; for a graph without inputs, the device its creation prims name."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
-        return t.device
-    return _creation_device(gm)  # a graph without tensor inputs
+    if not tensors:
+        return _creation_device(gm)
+    return min(tensors, key=lambda t: t.dim() == 0).device  # scalars may live elsewhere
 
 
 def _creation_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -61,8 +61,7 @@ def _creation_device(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
-    """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
-    running the op (the prim's eager reference) on meta tensors."""
+    """The node's result on meta (shape, dtype, stride): its meta["val"], or its op run on meta."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return to_meta(val)
@@ -114,10 +113,8 @@ SUPPORTED_DTYPES = {
 
 
 def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
-    tensors = [meta[n] for n in node.all_input_nodes] + [meta[node]]
-    return all(
-        t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor)
-    ) and isinstance(meta[node], torch.Tensor)
+    tensors = [meta[n] for n in (*node.all_input_nodes, node)]
+    return all(t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor))
 
 
 # [Note: fallbacks see eager's strides]
