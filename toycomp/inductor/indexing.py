@@ -201,6 +201,8 @@ def numel(size: tuple[int, ...]) -> int:
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Expand ``expr``, dropping ``//`` terms its ranges make trivial (``(1000*i0+i1)//1000``)."""
+    if not expr.has(FloorDiv):  # nothing more to simplify
+        return sympy.expand(expr)
     return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
 
 

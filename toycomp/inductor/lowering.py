@@ -133,7 +133,7 @@ class GraphLowering:
 
     def placeholder(self, node: Node) -> None:
         tensor = next(self.args_iter)
-        if not isinstance(tensor, torch.Tensor):  # a size: s0
+        if not isinstance(tensor, torch.Tensor):  # a size (s0) or a float
             return self.size_input(node, tensor)
         size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
         buffer = ir.InputBuffer(node.name, size, stride, tensor.dtype)
@@ -269,9 +269,8 @@ class GraphLowering:
 
     def output(self, node: Node) -> None:
         results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
-        for r in results:
-            if r is not None and not isinstance(r, (Node, int)):
-                raise LoweringError(f"graph output {r!r} is not a tensor")
+        if not all(r is None or isinstance(r, (Node, int)) for r in results):
+            raise LoweringError(f"graph outputs {results} are not all tensors (or sizes)")
         self.outputs = _map_nodes(results, self.extern_arg)  # an int: a size saved by AOT
         vals = node.meta.get("val")
         vals = vals if isinstance(vals, (tuple, list)) else (vals,)
