@@ -49,7 +49,8 @@ TEACH_PATH_TOTAL = 3100
 # the student bundle and notebook 05's checks; glue by the logs and the config; inductor and
 # codegen by about 120 for the helpers that took the special cases off the teach path)
 PACKAGE_BUDGET = {
-    "capture": 6900,
+    "capture": 6960,  # (+60: nn.Module's children()/modules() iterators while tracing,
+    # variables/nn_module_iter.py, for timm's RegNet stages)
     "aot": 2200,
     "prims": 4150,  # (+11: the teach path's special cases moved into named helpers; +300: the
     # rules for what real models left to eager: functional_rules.py, avg_pool_rules.py)

@@ -1171,3 +1171,11 @@ def test_inputs_keep_their_traced_layout_after_the_fast_check():
     assert seen and all(strides == [(3, 1), (3, 1)] for strides in seen)
     with pytest.raises(RuntimeError, match="expected a torch.float32 tensor of shape"):
         compiled(a, torch.randn(4, 4))
+
+
+def test_outputs_and_inputs_neither_tensors_nor_sizes_are_refused_by_name():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(TypeError, match="output 1 is a float, not a tensor or a size"):
+        aot.aot_function(lambda t: (t.sin(), 1.5), [x])
+    with pytest.raises(TypeError, match="an input is a str, not a tensor or a size"):
+        aot.aot_function(lambda t, s: t.sin(), [x, "s"])

@@ -1,5 +1,7 @@
 """Tests for toycomp/aot/compile_utils.py: fx_graph_cse. Eager PyTorch is the oracle."""
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -48,6 +50,21 @@ def test_cse_keys_constants_by_type_and_sign_and_keeps_outputs_and_inplace_ops()
     assert kept.count(aten.pow.Tensor_Scalar) == 2 and kept.count(aten.mul.Tensor) == 2
     assert kept.count(aten.add_.Tensor) == 2  # in-place: never merged
     assert kept.count(aten.sin.default) == 1  # the second sin is not returned: merged
+
+
+def test_cse_keys_tensor_constants_by_value_and_merges_equal_slices():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    zeros, one_inside = torch.zeros(2000), torch.zeros(2000)
+    one_inside[1000] = 1.0  # the same (abbreviated) repr as zeros, another value
+    assert repr(zeros) == repr(one_inside)
+    adds = [graph.call_function(aten.add.Tensor, (x, t)) for t in (zeros, zeros, one_inside)]
+    items = [graph.call_function(operator.getitem, (x, s))
+             for s in (slice(0, 2), slice(0, 2), slice(0, 3))]  # fmt: skip
+    graph.output(tuple(graph.call_function(aten.neg.default, (n,)) for n in adds + items))
+    kept = [n for n in fx_graph_cse(graph).nodes if n.op == "call_function"]
+    assert sum(n.target is aten.add.Tensor for n in kept) == 3  # tensor constants: no key
+    assert [n.args[1] for n in kept if n.target is operator.getitem] == [slice(0, 2), slice(0, 3)]
 
 
 def test_cse_does_not_merge_returned_nodes():

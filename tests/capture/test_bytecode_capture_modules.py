@@ -71,7 +71,7 @@ def test_graph_is_torch_level():
     calls = [(n.op, n.target) for n in out.graph.nodes if n.op.startswith("call")]
     assert calls == [("call_function", torch.sin), ("call_method", "add"),
                      ("call_function", operator.mul)]
-    assert all(n.meta.get("source_line", "").endswith(f":{f.__code__.co_firstlineno + 1}")
+    assert all(f", line {f.__code__.co_firstlineno + 1}, in f" in n.meta["stack_trace"]
                for n in out.graph.nodes if n.op.startswith("call"))
 
 

@@ -51,6 +51,11 @@ TRITON_OPINFOS = (
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    # the capture records OpInfo's wrapper_set_seed(torch.empty_strided, ...) as one graph call
+    # with the builtin as an argument, which FX cannot print (SyntaxError in the graph's code);
+    # empty_strided's own decomposition is tested in tests/prims/test_aten_layout.py
+    ("cpp", "empty_strided"): "capture: a builtin function as a graph call's argument",
+    ("int", "empty_strided"): "capture: a builtin function as a graph call's argument",
 }
 
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
@@ -107,7 +112,7 @@ NO_OPINFO = {
     "slice_copy", "split_copy", "_safe_softmax",
 }
 # Ops whose result is uninitialised memory: compare shape, dtype and strides only.
-UNINITIALISED = {"empty", "empty_like", "new_empty"}
+UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided"}
 
 
 def decompositions() -> dict:

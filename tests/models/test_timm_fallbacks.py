@@ -1,8 +1,9 @@
 """timm image models (benchmarks/real_models.py's families) through toycomp: one training step
 with no ATen fallback, loss and gradients equal to eager's. Skipped where timm is not installed
 (it is not a requirement of the course). Small members of the families and 32x32 images keep
-the CPU compile short: ConvNeXt (depthwise 7x7 convolutions, channels-last LayerNorm) and
-ResNet (strided convolutions, BatchNorm, max pooling)."""
+the CPU compile short: ConvNeXt (depthwise 7x7 convolutions, channels-last LayerNorm),
+ResNet (strided convolutions, BatchNorm, max pooling) and RegNet (grouped convolutions; its stages
+run `for block in self.children()`, one graph)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ import toycomp
 from tests.models.test_fallbacks import fallbacks
 
 timm = pytest.importorskip("timm")
-MODELS = ["convnext_atto", "resnet10t"]
-# Left on purpose: ConvNeXt's backward reads a graph input at an absolute storage offset
-# (as_strided), which the meta value cannot place (prims/functional_rules.py): eager runs it.
-KNOWN = {"convnext_atto": ["aten.as_strided.default"]}
+MODELS = ["convnext_atto", "resnet10t", "regnetx_002"]
+KNOWN: dict[str, list[str]] = {}  # what is left on purpose, by model: nothing
 
 
 def step(model, x):

@@ -89,7 +89,7 @@ GRAD_OPINFOS = {
     "huber_loss_backward": "nn.functional.huber_loss",
     "native_group_norm_backward": "nn.functional.group_norm",
 }  # fmt: skip
-UNINITIALIZED = {"empty", "empty_like", "new_empty"}  # values are arbitrary: nothing to compare
+UNINITIALIZED = {"empty", "empty_like", "new_empty", "empty_strided"}  # values are arbitrary: nothing to compare
 MAX_SAMPLES = 3  # keeps the whole file near 20 s on a 2-core machine
 # Cases whose samples all need something we do not decompose (checked to still be correct):
 # floor division of floats (ATen's fmod-based rounding), max/min with indices.

@@ -1,5 +1,5 @@
 """Tests for toycomp.prims.functional_rules and avg_pool_rules: as_strided_scatter, as_strided,
-fill.Tensor, convolution_backward and avg_pool2d decompose (no ATen fallback; empty_strided stays one),
+fill.Tensor, convolution_backward and avg_pool2d decompose (no ATen fallback),
 and the compiled values and gradients match eager's on PyTorch's OpInfo samples and on the
 cases real models meet; a builtin with no bytecode compiles. Eager PyTorch is the oracle."""
 
@@ -81,9 +81,8 @@ def test_as_strided_scatter_strided_and_offset_inputs(dtype):
 
 
 def test_empty_strided_then_filled():
-    # empty_strided has no decomposition: its strides matter to the views taken of it
-    # (autograd's grads of strided inputs), and a contiguous prims.full in its place gave wrong
-    # gradients (fuzz seed 95: test_empty_strided below)
+    # empty_strided's strides matter to the views taken of it (autograd's grads of strided
+    # inputs): the as_strided rules read them from the ATen graph (test_aten_layout.py)
     def fn(x, value):
         out = torch.empty_strided((3, 4), (1, 3))  # column-major
         out.fill_(value)

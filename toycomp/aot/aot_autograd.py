@@ -38,12 +38,13 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import cudnn_and_mkldnn_disabled, fake_mode_of
-from toycomp.aot.functional_utils import copy_like, is_dense, storage_key
+from toycomp import config
+from toycomp._torch_compat import LayoutsSeen, cudnn_and_mkldnn_disabled, fake_mode_of
+from toycomp.aot.functional_utils import storage_key
 from toycomp.aot.functionalize import FunctionalRecorder
 from toycomp.aot.tensor_tracker import TensorTracker
 from toycomp.aot.partitioners import default_partition
-from toycomp.symbolic_shapes import is_symbolic
+from toycomp.symbolic_shapes import free_symbols, is_symbolic
 from toycomp.aot.runtime_wrappers import (
     AOTOutput,
     _requires_grad,
@@ -62,34 +63,35 @@ Compiler = Callable[[fx.GraphModule, list], Callable[[list], Sequence]]
 def _as_tuple(outs: Any) -> tuple[torch.Tensor, ...]:
     """The outputs as a tuple: tensors, or sizes (Dynamo's graphs may return a SymInt)."""
     outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
-    for i, out in enumerate(outs):
-        if not isinstance(out, torch.Tensor) and not is_symbolic(out) and type(out) is not int:
-            raise TypeError(f"toycomp.aot: output {i} is a {type(out).__name__}, not a Tensor")
-    return outs
+    return tuple(o if isinstance(o, torch.Tensor) else _size(o, f"output {i}")
+                 for i, o in enumerate(outs))  # fmt: skip
 
 
 def _clone_input(x: Any, requires_grad: bool) -> Any:
-    """A private copy of an input (same strides): tracing never mutates the user's data."""
+    """A private copy of an input (its strides if dense): tracing never mutates the user's data."""
     if not isinstance(x, torch.Tensor):
-        return _size_input(x)
-    dense = is_dense(x)
-    clone = copy_like(x, x) if dense else x.detach().clone(memory_format=torch.contiguous_format)
-    return clone.requires_grad_(requires_grad and (clone.is_floating_point() or clone.is_complex()))
+        return _size(x, "an input")
+    return x.detach().clone().requires_grad_(requires_grad)  # [Note: inputs traced dense]
 
 
-def _size_input(x: Any) -> Any:
-    """A size input (an int or a SymInt) as it is; anything else is refused."""
+def _size(x: Any, what: str) -> Any:
+    """A size (an int or a SymInt) as it is; anything else is refused, naming ``what`` it is."""
     if is_symbolic(x) or type(x) is int:
         return x
-    raise TypeError(f"toycomp.aot: inputs must be tensors or sizes, got {type(x).__name__}")
+    raise TypeError(f"toycomp.aot: {what} is a {type(x).__name__}, not a tensor or a size")
 
+
+# [Note: inputs traced dense] ``x.clone()`` (``preserve_format``) keeps the strides of a dense
+# input (one whose elements fill a block of memory: contiguous, transposed, channels-last...) and
+# gives any other (a slice with gaps, an expand) a dense layout, contiguous or channels-last as
+# ``torch.empty_like`` chooses; the runtime copies such inputs into that layout on every call.
 
 # [Note: mutated inputs that require grad] In eager, ``x.mul_(2)`` on an input that is not a
 # leaf (``a * 1``) is recorded by autograd, and the caller's tensor gets a new history. We
 # differentiate with respect to leaf primals, which autograd refuses to mutate, so ``fn``
-# gets ``primal.clone()`` (made before recording starts: nothing enters the graph, and its
-# backward passes the gradient through). Like PyTorch's ``maybe_to_fresh_input``
-# (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
+# gets ``primal.clone()`` (``passed`` in ``_trace``, made before recording starts: nothing
+# enters the graph, and its backward passes the gradient through). Like PyTorch's
+# ``maybe_to_fresh_input`` (torch/_functorch/_aot_autograd/graph_capture_wrappers.py).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,15 +145,6 @@ class _Trace:
                 for n in gm.graph.nodes if n.op == "placeholder"]  # fmt: skip
 
 
-# A graph that turns grad mode on itself (``with torch.enable_grad():`` in a function called
-# under ``no_grad``) may return outputs that require grad whatever the caller's mode: it is
-# traced jointly, starting in the caller's mode, as eager would run it.
-def _enables_grad(fn: Callable) -> bool:
-    """Does the graph call ``torch._C._set_grad_enabled(True)``?"""
-    return isinstance(fn, fx.GraphModule) and any(
-        n.target is torch._C._set_grad_enabled and n.args[0] is True for n in fn.graph.nodes)
-
-
 # [Note: the joint function] Like PyTorch's create_joint: grads of the forward outputs that
 # require grad (user outputs, and new values of inputs that autograd saw being mutated)
 # w.r.t. the primals that require grad, with one tangent per such output.
@@ -165,9 +158,8 @@ def _trace_backward(recorder: FunctionalRecorder, primals: list, outs: list, dif
     if diff:
         with recorder:
             grads = torch.autograd.grad([outs[i] for i in diff], wrt, tangents, allow_unused=True)
-    it = iter(grads)
-    return [recorder.tracker.read(next(it), "gradient") if _requires_grad(p) else None
-            for p in primals]  # fmt: skip
+    grads = {id(p): g for p, g in zip(wrt, grads)}  # (None for a primal that needs none)
+    return [recorder.tracker.read(grads.get(id(p)), "gradient") for p in primals]
 
 
 # [Note: cudnn off while tracing] Composite ops pick a backend while we trace
@@ -181,7 +173,6 @@ def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
     grad_mode = joint and torch.is_grad_enabled()  # (off: the graph may turn it on itself)
     with cudnn_and_mkldnn_disabled(), torch.enable_grad() if joint else torch.no_grad():
         primals = [_clone_input(x, joint and _requires_grad(x)) for x in inputs]
-        # What fn sees: [Note: mutated inputs that require grad]
         passed = [p.clone() if _requires_grad(p) else p for p in primals]
         grad_fns = [getattr(p, "grad_fn", None) for p in passed]
         for i, p in enumerate(passed):
@@ -198,7 +189,8 @@ def _trace(fn: Callable, inputs: Sequence[torch.Tensor], joint: bool) -> _Trace:
             raise NotImplementedError("toycomp.aot: the backward mutates an input")
     tracker.graph.output((*out_nodes, *[m.node for m in mutations], *grad_nodes))
     tracker.graph.eliminate_dead_code()
-    tracker.bind_symbols()  # [Note: sizes in the recorded graph]
+    if free_symbols(list(inputs)):  # dynamic shapes: [Note: sizes in the recorded graph]
+        tracker.bind_symbols()
     tracker.graph.lint()
     gm = fx.GraphModule(tracker.constants, tracker.graph)
     gm.meta.update(
@@ -239,10 +231,18 @@ def trace_forward(fn: Callable, inputs: Sequence[torch.Tensor]) -> fx.GraphModul
 # [Note: aot_function's arguments]
 # ``fn`` is a callable on flat tensors returning a tensor or a tuple/list of tensors;
 # ``example_inputs`` are real or fake tensors ([Note: tracing on fake tensors]).
-# ``fw_compiler(gm, example_inputs)`` returns a callable on a list of inputs (``None``: run the
-# GraphModule as it is), ``bw_compiler`` the same for the backward (default: ``fw_compiler``);
-# ``partition_fn(joint)`` returns ``(forward, backward, saved value names)``. The result is an
-# ``AOTOutput`` whose ``joint`` and ``backward`` are ``None`` when nothing needs a gradient.
+# ``fw_compiler(gm, example_inputs)`` returns a callable on a list of inputs (``run_graph``,
+# the default, runs the GraphModule as it is), ``bw_compiler`` the same for the backward
+# (default: ``fw_compiler``); ``partition_fn(joint)`` returns ``(forward, backward, saved value
+# names)``, the saved tensors before the saved sizes (as PyTorch's partitioners order them). The
+# result is an ``AOTOutput`` whose ``joint`` and ``backward`` are ``None`` when nothing needs a
+# gradient.
+
+# [Note: a graph that enables grad] A graph that turns grad mode on itself (``with
+# torch.enable_grad():`` in a function called under ``no_grad``, a call of
+# ``torch._C._set_grad_enabled(True)`` in the graph) may return outputs that require grad
+# whatever the caller's mode: it is traced jointly, starting in the caller's mode, as eager
+# would run it.
 
 # What aot_function copies from the traced graph's meta into AOTOutput.
 _RUNTIME_METADATA = ("num_fwd_outputs", "num_user_outputs", "mutated_inputs", "requires_grad",
@@ -252,14 +252,14 @@ _RUNTIME_METADATA = ("num_fwd_outputs", "num_user_outputs", "mutated_inputs", "r
 def aot_function(
     fn: Callable,
     example_inputs: Sequence[torch.Tensor],
-    fw_compiler: Compiler | None = None,
+    fw_compiler: Compiler = run_graph,
     bw_compiler: Compiler | None = None,
     partition_fn: Callable = default_partition,
 ) -> AOTOutput:
     """Trace, partition, compile and wrap ``fn`` ([Note: aot_function's arguments])."""
-    fw_compiler = fw_compiler or run_graph
     bw_compiler = bw_compiler or fw_compiler
-    enables_grad = _enables_grad(fn)
+    enables_grad = isinstance(fn, fx.GraphModule) and any(  # [Note: a graph that enables grad]
+        n.target is torch._C._set_grad_enabled and n.args[0] is True for n in fn.graph.nodes)
     joint = (torch.is_grad_enabled() or enables_grad) and any(map(_requires_grad, example_inputs))
     with fake_mode_of(example_inputs) or contextlib.nullcontext():
         trace = _trace(fn, example_inputs, joint=joint)
@@ -273,5 +273,6 @@ def aot_function(
         compiled_backward=bw_compiler(backward, trace.examples(backward)) if joint else None,
         offset_sensitive=offset_sensitive_inputs(trace.gm, len(example_inputs)),
         enables_grad=enables_grad,
+        inputs_seen=LayoutsSeen() if config.fast_guards else None,
         **{name: trace.gm.meta[name] for name in _RUNTIME_METADATA},
     )

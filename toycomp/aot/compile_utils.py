@@ -23,12 +23,11 @@ NB: in PyTorch this lives in torch/_functorch/compile_utils.py (``fx_graph_cse``
 from __future__ import annotations
 
 import operator
-from typing import Any
 
 import torch
 import torch.fx as fx
 
-from toycomp._torch_compat import OpOverload, schema_of
+from toycomp._torch_compat import OpOverload, schema_of, tree_flatten
 
 __all__ = ["fx_graph_cse", "is_random"]
 
@@ -48,36 +47,24 @@ def is_random(node: fx.Node) -> bool:
 
 def _is_pure(node: fx.Node) -> bool:
     """A call whose result depends only on its arguments: safe to merge with an equal call."""
-    target = node.target
-    return target is operator.getitem or (
-        isinstance(target, OpOverload)  # (a placeholder's or get_attr's target is a string)
-        and not schema_of(target).is_mutable
-        and not is_random(node)
-        and target.overloadpacket not in _UNINITIALIZED
-    )
+    target = node.target  # (a placeholder's or get_attr's target is a string)
+    if not isinstance(target, OpOverload):
+        return target is operator.getitem
+    impure = schema_of(target).is_mutable or is_random(node)  # in place, or a draw from the RNG
+    return not impure and target.overloadpacket not in _UNINITIALIZED
 
 
-# [Note: CSE keys] A node's key is ``(target, args, kwargs)`` with each argument node replaced by
-# its merged copy and each constant keyed with its type, floats by ``repr``: ``pow(x, 2)`` !=
-# ``pow(x, 2.0)``, ``mul(x, 0.0)`` != ``mul(x, -0.0)``. Lists and tuples stay apart
-# (``map_aggregate`` keeps a list a list). A tensor constant is compared by value, never by
-# identity, so a node taking one gets no key; nor does one with an unhashable constant.
+# [Note: CSE keys] A node's key is its target and the ``repr`` of its arguments, each argument
+# node replaced by its merged copy (whose repr is its name, unique in the new graph). ``repr``
+# keeps apart the constants that ``==`` would merge: ``pow(x, 2)`` and ``pow(x, 2.0)``,
+# ``mul(x, 0.0)`` and ``mul(x, -0.0)``, ``True`` and ``1``, a list and a tuple; and it keys what
+# ``hash`` cannot (a slice). A tensor constant is compared by value, never by its repr (which
+# abbreviates large tensors), so a node taking one gets no key.
 def _cse_key(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
     """The key of [Note: CSE keys], or None if the node has none."""
-
-    def key_of(a: Any) -> Any:
-        if isinstance(a, fx.Node):
-            return env[a]
-        if isinstance(a, torch.Tensor):
-            raise TypeError("tensor constant")
-        return (type(a), repr(a) if isinstance(a, (float, complex)) else a)
-
-    try:
-        key = (node.target, fx.node.map_aggregate((node.args, node.kwargs), key_of))
-        hash(key)
-    except TypeError:  # a tensor or an unhashable constant (a slice...): keep the node
+    if any(isinstance(a, torch.Tensor) for a in tree_flatten((node.args, node.kwargs))[0]):
         return None
-    return key
+    return node.target, repr(fx.node.map_arg((node.args, node.kwargs), lambda n: env[n]))
 
 
 # [Note: CSE before partitioning]

@@ -129,12 +129,10 @@ class FunctionalRecorder(TorchDispatchMode):
             raise
         if mutated:  # in place or out=: recorded as the out-of-place op
             self._functionalize(func, mutated, nargs, nkwargs, (args, kwargs), out)
-            return out
-        node = self.tracker.emit(func, nargs, nkwargs, out)
-        if isinstance(out, torch.Tensor):
-            self.tracker.track(out, node)
-        else:
-            self._track_results(node, out)  # sizes, tuples of results
+        elif isinstance(out, torch.Tensor):
+            self.tracker.track(out, self.tracker.emit(func, nargs, nkwargs, out))
+        else:  # sizes, tuples of results
+            self._track_results(self.tracker.emit(func, nargs, nkwargs, out), out)
         return out
 
     def _track_results(self, node: fx.Node, out: Any) -> None:

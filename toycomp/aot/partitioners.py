@@ -85,9 +85,7 @@ def _ancestors(roots: list[fx.Node], stop: set[fx.Node] = frozenset()) -> set[fx
     return seen
 
 
-def extract_graph(
-    joint: fx.GraphModule, inputs: list[fx.Node], outputs: list[fx.Node], nodes: set[fx.Node]
-) -> fx.GraphModule:
+def extract_graph(joint: fx.GraphModule, inputs: list, outputs: list, nodes: set) -> fx.GraphModule:
     """A graph of ``nodes`` (joint's order, names, meta) from ``inputs`` to ``outputs``."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -237,7 +235,6 @@ def should_ban_recomputation(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target is operator.getitem:
         return False
     packet = getattr(node.target, "overloadpacket", None)
-    # A creation op (scalar_tensor, full...) reads nothing: it is recomputed unless random.
     return is_random(node) or (bool(node.all_input_nodes) and packet not in RECOMPUTABLE_OPS)
 
 
@@ -263,22 +260,18 @@ def _tangent_closure(joint: fx.GraphModule, tangents: list[fx.Node]) -> set[fx.N
     return closure
 
 
-def _flow_graph(
-    joint: fx.GraphModule, required_fw: set[fx.Node], required_bw: set[fx.Node]
-) -> nx.DiGraph:
+def _flow_graph(joint: fx.GraphModule, required_fw: set, required_bw: set) -> nx.DiGraph:
     """The flow graph of [Note: the flow graph], vertices named ``<node>_in`` / ``<node>_out``."""
     flow = nx.DiGraph()
     flow.add_nodes_from(["source", "sink"])
     for node in list(joint.graph.nodes)[:-1]:  # (the last node is the output)
         node_in, node_out = f"{node.name}_in", f"{node.name}_out"
+        if node in required_bw:  # from a tangent: drains; a gradient the forward computes: saved
+            flow.add_edge(node_out if node in required_fw else node_in, "sink", capacity=math.inf)
         if node in required_bw and node not in required_fw:
-            flow.add_edge(node_in, "sink", capacity=math.inf)
             continue
-        if node in required_bw:  # a gradient that the forward computes (a primal...): save it
-            flow.add_edge(node_out, "sink", capacity=math.inf)
-        in_forward = node in required_fw or is_random(node)  # random ops run where eager ran them
-        size = is_size(node) and node not in required_bw  # [Note: saving sizes]: in the forward
-        if _is_primal(node) or size or (in_forward and should_ban_recomputation(node)):
+        banned = (node in required_fw or is_random(node)) and should_ban_recomputation(node)
+        if node.op == "placeholder" or banned or (is_size(node) and node not in required_bw):
             flow.add_edge("source", node_in, capacity=math.inf)
         flow.add_edge(node_in, node_out, capacity=_weight(node))
         users = [f"{user.name}_in" for user in node.users if user.op != "output"]
@@ -295,13 +288,8 @@ def _flow_graph(
 # and so does every gradient. A finite cut between source and sink cuts only ``n_in -> n_out``
 # edges: saving those nodes lets the backward compute all it needs from them and the
 # tangents, recomputing the nodes on the sink's side. The minimum cut is the cheapest set.
-def solve_min_cut(
-    joint: fx.GraphModule, fwd_outputs: list[fx.Node], bwd_outputs: list[fx.Node]
-) -> list[fx.Node]:
+def solve_min_cut(joint: fx.GraphModule, required_fw: set, required_bw: set) -> list[fx.Node]:
     """The nodes to save, in graph order: the minimum cut of [Note: the flow graph]."""
-    tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
-    required_fw = _ancestors(fwd_outputs) | {n for n in joint.graph.nodes if _is_primal(n)}
-    required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
     flow = _flow_graph(joint, required_fw, required_bw)
     try:
         _, (source, sink) = nx.minimum_cut(flow, "source", "sink")
@@ -320,18 +308,19 @@ def min_cut_rematerialization_partition(
     joint: fx.GraphModule, *, num_fwd_outputs: int | None = None
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
     """``default_partition``, saving the cheapest values (by size) and recomputing the rest."""
-    if num_fwd_outputs is None:
-        num_fwd_outputs = joint.meta["num_fwd_outputs"]
+    n_fwd = joint.meta["num_fwd_outputs"] if num_fwd_outputs is None else num_fwd_outputs
     joint = fx.GraphModule(joint, fx_graph_cse(joint.graph))
     outputs = list(joint.graph.output_node().args[0])
-    fwd_outputs = outputs[:num_fwd_outputs]
-    bwd_outputs = [o for o in outputs[num_fwd_outputs:] if o is not None]
-    primals = [n for n in joint.graph.nodes if _is_primal(n)]
-    tangents = [n for n in joint.graph.nodes if _is_tangent(n)]
-    cut = set(solve_min_cut(joint, fwd_outputs, bwd_outputs))
+    fwd_outputs, bwd_outputs = outputs[:n_fwd], [o for o in outputs[n_fwd:] if o is not None]
+    primals = [n for n in joint.graph.find_nodes(op="placeholder") if not _is_tangent(n)]
+    tangents = [n for n in joint.graph.find_nodes(op="placeholder") if _is_tangent(n)]
+    required_fw = _ancestors(fwd_outputs) | set(primals)
+    required_bw = _tangent_closure(joint, tangents) | set(bwd_outputs)
+    cut = set(solve_min_cut(joint, required_fw, required_bw))
     reached = _ancestors(bwd_outputs, stop=cut)  # the backward: it recomputes what is not cut
     saved = [n for n in joint.graph.nodes if n in reached and n in cut]
-    saved = with_sizes(joint, saved, tangents)  # [Note: saving sizes]
+    if any(map(is_size, joint.graph.nodes)):  # dynamic shapes: [Note: saving sizes]
+        saved = with_sizes(joint, saved, tangents)
     fwd_nodes = _ancestors(fwd_outputs + saved) | set(primals)
     forward = extract_graph(joint, primals, fwd_outputs + saved, fwd_nodes)
     backward = extract_graph(joint, saved + tangents, bwd_outputs, (reached - cut) | set(tangents))

@@ -71,14 +71,10 @@ class OutputAliasInfo:
 def output_alias_info(outs: Sequence[torch.Tensor], inputs: Sequence) -> list[OutputAliasInfo]:
     """Which inputs / earlier outputs each of ``outs`` shares storage with (or is)."""
     in_keys, out_keys = [storage_key(x) for x in inputs], [storage_key(o) for o in outs]
-
-    infos = []
-    for i, (out, key) in enumerate(zip(outs, out_keys)):
-        shared_inputs = frozenset(j for j, k in enumerate(in_keys) if key and k == key)
-        shared_outputs = frozenset(j for j, k in enumerate(out_keys[:i]) if key and k == key)
-        is_input = next((j for j, x in enumerate(inputs) if x is out), None)
-        infos.append(OutputAliasInfo(shared_inputs, shared_outputs, is_input))
-    return infos
+    return [OutputAliasInfo(frozenset(j for j, k in enumerate(in_keys) if key and k == key),
+                            frozenset(j for j, k in enumerate(out_keys[:i]) if key and k == key),
+                            next((j for j, x in enumerate(inputs) if x is out), None))
+            for i, (out, key) in enumerate(zip(outs, out_keys))]  # fmt: skip
 
 
 def run_graph(gm: fx.GraphModule, example_inputs: list) -> Callable[[list], Sequence]:
@@ -91,14 +87,11 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, aot: AOTOutput, *args: torch.Tensor):  # type: ignore[override]
-        outs = list(aot.compiled_forward(list(args)))
-        fwd = aot.unalias_outputs(outs[: aot.num_fwd_outputs], args)
-        saved = outs[aot.num_fwd_outputs :]
+        fwd, saved = aot.run_forward(args)
         if aot.mutated_inputs:  # the epilogue will overwrite inputs the backward may read
             saved = aot.unshare_mutated(saved, args)
-        ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
         ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
-        ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]  # sizes
+        ctx.sizes = [s for s in saved if not isinstance(s, torch.Tensor)]  # (after the tensors)
         ctx.aot = aot
         if len(set(map(id, [*fwd, *args]))) < len(fwd) + len(args):  # an object given twice
             fwd = _distinct_outputs(fwd, args)
@@ -110,14 +103,11 @@ class CompiledFunction(torch.autograd.Function):
     @torch.compiler.disable  # [Note: the compiled callable is opaque to Dynamo] in pipeline.py
     def backward(ctx, *grad_outputs: torch.Tensor):  # type: ignore[override]
         aot: AOTOutput = ctx.aot
-        tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
-        saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
-        tangents = [_offset_free(grad_outputs[i].contiguous()) for i in aot.diff_outputs]
+        args = [*ctx.saved_tensors, *ctx.sizes]  # the backward's inputs: saved values, tangents
+        args += [_offset_free(grad_outputs[i].contiguous()) for i in aot.diff_outputs]
         if torch.is_grad_enabled():  # create_graph=True: see [Note: double backward]
-            grads = CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *saved, *tangents)
+            grads = CompiledFunctionBackward.apply(aot, _GRAPH_ANCHOR, *args)
         else:  # the backward may free each saved value once dead: hand over our references
-            args, saved, tangents = saved + tangents, [], []
-            del tensors  # (an iterator not run to its end still holds ctx.saved_tensors)
             clear_saved_tensors(ctx)  # (kept when retain_graph=True)
             grads = getattr(aot.compiled_backward, "call_boxed", aot.compiled_backward)(args)
         grads = dict(zip(aot.grad_inputs, grads))  # the input each gradient is for
@@ -190,20 +180,20 @@ class AOTOutput:
     offset_sensitive: list[int] = dataclasses.field(default_factory=list)  # as_strided(input)
     enables_grad: bool = False  # the graph turns grad mode on itself (``enable_grad`` inside)
     output_alias_info: list[OutputAliasInfo] = dataclasses.field(default_factory=list)
-    _layouts_seen: LayoutsSeen = dataclasses.field(default_factory=LayoutsSeen, compare=False)
+    inputs_seen: LayoutsSeen | None = None  # fast_guards: [Note: inputs checked once]
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        inputs = self._with_layouts(args)
+        inputs = self._with_layouts(args) if self.inputs_seen is None else self._seen(args)
         if self.offset_sensitive:  # as_strided reads an input: its storage offset must be 0
             self._check_offsets(args)
         if (torch.is_grad_enabled() or self.enables_grad) and any(map(_requires_grad, args)):
-            self._check_requires_grad(args)
+            if any(_requires_grad(a) and not self.requires_grad[i] for i, a in enumerate(args)):
+                raise self._new_grads_error(args)
             with torch.enable_grad():  # (outputs made under the graph's no_grad: not diff)
                 outs = CompiledFunction.apply(self, *inputs)
         else:
             with torch.no_grad():
-                outs = list(self.compiled_forward(inputs))[: self.num_fwd_outputs]
-                outs = self.unalias_outputs(outs, inputs)
+                outs = self.run_forward(inputs)[0]  # (no saved values needed)
         if self.mutated_inputs or any(i.is_input is not None for i in self.output_alias_info):
             return self._epilogue(args, outs)  # in-place ops on inputs
         return tuple(outs[: self.num_user_outputs])
@@ -254,10 +244,15 @@ class AOTOutput:
         return [s.clone() if isinstance(s, torch.Tensor) and storage_key(s) in keys else s
                 for s in saved]  # fmt: skip
 
-    def _check_requires_grad(self, args: Sequence[torch.Tensor]) -> None:
+    def _new_grads_error(self, args: Sequence[torch.Tensor]) -> RuntimeError:
+        """An input requires grad now but did not when traced (or all, if traced without
+        autograd)."""
+        if self.backward is None:
+            return RuntimeError("toycomp.aot: traced without autograd, but now an input requires "
+                                "grad; trace again with the same requires_grad")  # fmt: skip
         new = [i for i, a in enumerate(args) if _requires_grad(a) and not self.requires_grad[i]]
-        if new:  # (all that do if traced without autograd)
-            raise _new_grads_error(new, traced_without_autograd=self.backward is None)
+        return RuntimeError(f"toycomp.aot: inputs {new} require grad now but did not when "
+                            "traced; trace again")  # fmt: skip
 
     # [Note: outputs that eager made fresh]
     # Stages 3/4 may turn a copy into nothing: aten.clone(x), contiguous, _to_copy to the same
@@ -275,12 +270,14 @@ class AOTOutput:
     # left alone; saved values are not user outputs and are never copied. A compiler may
     # promise that some outputs are fresh (toycomp's CompiledGraph.fresh_outputs: buffers its
     # own kernels wrote, each returned once); when all user outputs are, nothing is checked.
-    def unalias_outputs(self, outs: Sequence, inputs: Sequence) -> list:
-        """``outs`` (user outputs first) with unexpected storage sharing copied away."""
+    def run_forward(self, inputs: Sequence) -> tuple[list, list]:
+        """The compiled forward's outputs (unexpected storage sharing copied away), saved values."""
+        outs = list(self.compiled_forward(list(inputs)))
+        fwd, saved = outs[: self.num_fwd_outputs], outs[self.num_fwd_outputs :]
         fresh = getattr(self.compiled_forward, "fresh_outputs", ())
-        if all(fresh[: self.num_user_outputs]) and len(fresh) >= self.num_user_outputs:
-            return list(outs)  # the compiler says: new buffers, none shared (no checks needed)
-        return self._copy_shared_outputs(list(outs), inputs)
+        if len(fresh) < self.num_user_outputs or not all(fresh[: self.num_user_outputs]):
+            fwd = self._copy_shared_outputs(fwd, inputs)  # (unless the compiler says: all new)
+        return fwd, saved
 
     def _copy_shared_outputs(self, outs: list, inputs: Sequence) -> list:
         """``outs`` with the outputs that share storage unlike eager's replaced by copies."""
@@ -303,11 +300,6 @@ class AOTOutput:
         values = [operator.attrgetter(target)(self.forward) for target in targets]
         return [storage_key(v) for v in values if isinstance(v, torch.Tensor)]
 
-    @functools.cached_property
-    def _placeholder_vals(self) -> list[torch.Tensor]:
-        """The traced (meta) value of each forward input, looked up once, not on every call."""
-        return [n.meta["val"] for n in self.forward.graph.find_nodes(op="placeholder")]
-
     # [Note: inputs with symbolic sizes] With dynamic shapes a forward input's traced value has
     # sizes such as (s0, 3), and sizes are inputs too (Dynamo's s0). On each call we read every
     # symbol's value from the first input that holds it (a size input, else a tensor's size),
@@ -315,29 +307,36 @@ class AOTOutput:
     # inputs: a mismatch raises instead of running kernels on the wrong sizes. Inputs seen
     # before are not checked again ([Note: inputs checked once] in inductor/runtime.py).
     @functools.cached_property
-    def _symbolic_inputs(self) -> SymbolicInputs | None:
-        return symbolic_inputs(self._placeholder_vals)
+    def _traced_inputs(self) -> tuple[list, list, SymbolicInputs | None]:
+        """The forward's inputs as traced: meta values, (shape, strides), symbols if dynamic."""
+        vals = [n.meta["val"] for n in self.forward.graph.find_nodes(op="placeholder")]
+        layouts = [(m.shape, m.stride()) if isinstance(m, torch.Tensor) else None for m in vals]
+        return vals, layouts, symbolic_inputs(vals)
 
     def _with_layouts(self, args: Sequence) -> list:
-        """``args`` with the layouts they were traced with ([Note: inputs checked once])."""
-        if self._layouts_seen.check(*args):
+        """``args`` with the layouts they were traced with (a copy where strides differ)."""
+        vals, layouts, symbolic = self._traced_inputs
+        if symbolic is not None:  # dynamic shapes: the layouts for this call's sizes
+            layouts = symbolic.layouts(args)
+        return [a if layout is None else _with_layout(a, *layout, m.dtype)
+                for a, m, layout in zip(args, vals, layouts)]  # fmt: skip
+
+    def _seen(self, args: Sequence) -> list:
+        """``_with_layouts``, skipped when one C++ call finds the inputs like the last ones that
+        passed (``fast_guards``: [Note: inputs checked once] in inductor/runtime.py)."""
+        if self.inputs_seen.check(*args):
             return list(args)
-        vals = self._placeholder_vals
-        if self._symbolic_inputs is None:  # (a size input: None, as it is)
-            layouts = [(m.shape, m.stride()) if isinstance(m, torch.Tensor) else None for m in vals]
-        else:
-            layouts = self._symbolic_inputs.layouts(args)
-        inputs = [a if layout is None else _with_layout(a, *layout, m.dtype)
-                  for a, m, layout in zip(args, vals, layouts)]  # fmt: skip
+        inputs = self._with_layouts(args)
         if all(isinstance(a, torch.Tensor) and a is b for a, b in zip(args, inputs)):
-            self._layouts_seen.remember(*args)
+            self.inputs_seen.remember(*args)
         return inputs
 
     def _concrete(self, meta: torch.Tensor, args: Sequence) -> tuple[tuple, tuple]:
         """(shape, strides) of a traced value in the call with inputs ``args``."""
-        if self._symbolic_inputs is None:
+        symbolic = self._traced_inputs[2]
+        if symbolic is None:
             return tuple(meta.shape), meta.stride()
-        return self._symbolic_inputs.evaluate(meta, args)
+        return symbolic.evaluate(meta, args)
 
     def __repr__(self) -> str:
         parts = [
@@ -368,19 +367,10 @@ def _with_layout(arg: torch.Tensor, shape: tuple, stride: tuple, dtype) -> torch
 
 
 def offset_sensitive_inputs(gm: fx.GraphModule, num_inputs: int) -> list[int]:
-    """The inputs ``gm`` reads with as_strided, whose offset must be 0 ([Note: as_strided reads
-    memory]): the first ``num_inputs`` placeholders are the inputs."""
+    """The inputs that ``gm`` reads with as_strided ([Note: as_strided reads memory])."""
     inputs = list(gm.graph.find_nodes(op="placeholder"))[:num_inputs]
-    tensors = [i for i, n in enumerate(inputs) if isinstance(n.meta.get("val"), torch.Tensor)]
-    return [i for i in tensors if aten.as_strided.default in {u.target for u in inputs[i].users}]
-
-
-def _new_grads_error(new_grads: list[int], traced_without_autograd: bool) -> RuntimeError:
-    if traced_without_autograd:
-        return RuntimeError("toycomp.aot: traced without autograd, but now an input requires "
-                            "grad; trace again with the same requires_grad")  # fmt: skip
-    return RuntimeError(f"toycomp.aot: inputs {new_grads} require grad now but did not when "
-                        "traced; trace again")  # fmt: skip
+    return [i for i, n in enumerate(inputs) if isinstance(n.meta.get("val"), torch.Tensor)
+            and aten.as_strided.default in {u.target for u in n.users}]  # fmt: skip
 
 
 def _offset_free(t: torch.Tensor) -> torch.Tensor:

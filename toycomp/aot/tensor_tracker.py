@@ -120,7 +120,7 @@ class TensorTracker:
         name = getattr(op, "overloadpacket", op).__name__
         node = self.graph.create_node("call_function", op, args, kwargs, name=name)
         node.meta["val"] = _plain_meta(val)
-        node.meta["device"] = _devices(val) if device is None else device
+        node.meta["device"] = device or tree_map(lambda v: getattr(v, "device", None), val)
         return node
 
     def emit_results(self, node: fx.Node, val: Any) -> list[fx.Node | None]:
@@ -139,7 +139,7 @@ class TensorTracker:
         devices = node.meta["device"]
         nodes: list[fx.Node | None] = []
         for i, item in enumerate(val):
-            device = devices[i] if isinstance(devices, tuple) else devices
+            device = devices[i] if isinstance(devices, (tuple, list)) else devices
             if isinstance(item, torch.Tensor):
                 nodes.append(self.emit(operator.getitem, (node, i), {}, item, device))
                 continue
@@ -208,7 +208,7 @@ class TensorTracker:
         """The node holding tensor ``t``'s current value, or computing the SymInt ``t``."""
         if not isinstance(t, torch.Tensor):
             return self.read_size(t)
-        entry = self.entry_for(t, op)
+        entry = self._tracked.get(id(t)) or self._unknown(t, op)  # (unknown: a constant)
         if entry.stale:
             raise _stale_read_error(op, entry)
         return entry.node
@@ -297,10 +297,3 @@ def _plain_meta(val: Any) -> Any:
     """``to_meta_value``, plain meta tensors also under a ``FakeTensorMode`` (for later stages)."""
     with no_fake_mode():
         return to_meta_value(val)
-
-
-def _devices(val: Any) -> Any:
-    """The device of a tensor, or a tuple of them for a tuple of results (None for None)."""
-    if isinstance(val, (tuple, list)):
-        return tuple(_devices(v) for v in val)
-    return val.device if isinstance(val, torch.Tensor) else None

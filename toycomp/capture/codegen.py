@@ -33,26 +33,22 @@ _LITERALS = (int, float, str, bool, type(None), bytes)
 
 
 def known_text(value: Any, env: dict[str, Any], scalars: tuple[type, ...]) -> str | None:
-    """``value`` as text without binding a new name, or None: a literal of exactly one of
-    ``scalars`` (not an IntEnum, never nan / inf), a dtype, or the name ``env`` binds it to."""
+    """A literal of exactly ``scalars`` (not nan/inf), a dtype, its name in ``env``, or None."""
     if type(value) in scalars and repr(value) not in ("nan", "inf", "-inf"):
         return repr(value)
     if isinstance(value, torch.dtype):
         return str(value)
-    for name, known in env.items():
-        if known is value:
-            return name
-    return None
+    return next((name for name, known in env.items() if known is value), None)
 
 
 class PyCodegen:
     """Collects statements (``lines``), globals for them (``env``) and the graph's outputs."""
 
     def __init__(self, symbols: dict | None = None) -> None:
-        self.symbols: dict = symbols or {}  # symbol -> where it is read (``x.size(0)``)
+        self.symbols: dict = symbols or {}  # symbol -> its Source (``L['x'].size(0)``)
         self.lines: list[str] = []
         self.env: dict[str, Any] = {"torch": torch}
-        self.outputs: list = []  # TensorVariables the graph must return, in order
+        self.outputs: dict = {}  # FX node -> the TensorVariable the graph returns, in order
         self.temps: dict[int, str] = {}
 
     def reconstruct(self, var) -> str:
@@ -96,14 +92,11 @@ class PyCodegen:
         missing = expr.free_symbols - set(self.symbols)
         if missing:
             raise Unsupported(f"a size ({expr}) whose symbols are not read from an input")
-        return f"({to_text(expr, self.symbols)})"
+        return f"({to_text(expr, {s: src.code() for s, src in self.symbols.items()})})"
 
     def graph_output(self, var) -> str:
-        for i, out in enumerate(self.outputs):
-            if out.proxy is var.proxy:
-                return f"__graph_out[{i}]"
-        self.outputs.append(var)
-        return f"__graph_out[{len(self.outputs) - 1}]"
+        self.outputs.setdefault(var.proxy, var)
+        return f"__graph_out[{list(self.outputs).index(var.proxy)}]"
 
     def new_object(self, var, expr: str) -> str:
         """A mutable object made by the traced code: built once, then named."""

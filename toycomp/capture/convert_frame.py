@@ -30,6 +30,7 @@ toycomp wraps the function instead of installing a frame hook.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
@@ -41,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 
+import toycomp.config as config
 from toycomp._logging import log, log_enabled
 from toycomp.capture.dynamic_shapes import DynamicShapes, FrameState, RestartWithSymbols
 from toycomp.capture.output_graph import AliasedInputs, EagerInputs, OutputGraph
@@ -97,10 +99,6 @@ class CompiledFrame:
         self.fn = fn
         self.context = context
         self.signature = inspect.signature(fn, follow_wrapped=False)  # its own *args, **kwargs
-        plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        params = self.signature.parameters.values()
-        # a call passing every parameter by position binds without inspect (3 us a call)
-        self.positional = [p.name for p in params] if all(p.kind in plain for p in params) else None
         self.entries: list[CacheEntry] = []
         self.skip_reason: str | None = None
         self.warned: set[str] = set()
@@ -109,26 +107,33 @@ class CompiledFrame:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and self.positional is not None and len(args) == len(self.positional):
-            L = dict(zip(self.positional, args))
-        else:
+        if config.fast_guards and not kwargs and len(args) == len(self.positional or ()):
+            L = dict(zip(self.positional, args))  # (3 us less than inspect's bind)
+        else:  # the arguments by name: what the guards call ``L``
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             L = bound.arguments
-        G = self.fn.__globals__
         for entry in self.entries:
-            if entry.check(L, G):
+            if entry.check(L, self.fn.__globals__):
                 return entry.transformed.fn(*args, **kwargs)
         # no entry matches: compile one, unless skipped or at the recompile limit (logged)
-        if self.skip_reason is None and (not self.entries or self.may_recompile(L, G)):
+        if self.skip_reason is None and (not self.entries or self.may_recompile(L)):
             entry = self.compile(dict(L))
             if entry is not None:
                 self.entries.append(entry)
                 return entry.transformed.fn(*args, **kwargs)
         return self.fn(*args, **kwargs)  # eagerly
 
-    def may_recompile(self, L, G) -> bool:
+    @functools.cached_property
+    def positional(self) -> list[str] | None:
+        """fast_guards: the parameters' names, if a call may pass each by position."""
+        params = self.signature.parameters.values()
+        plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return [p.name for p in params] if all(p.kind in plain for p in params) else None
+
+    def may_recompile(self, L) -> bool:
         """No guard held: recompile (logged), unless this frame hit the recompile limit."""
+        G = self.fn.__globals__
         if len(self.entries) >= self.context.recompile_limit:
             self.warn_recompile_limit(L, G)
             return False
@@ -148,9 +153,9 @@ class CompiledFrame:
                 "Running eagerly for inputs no cached entry matches.")
 
     def compile(self, L: dict) -> CacheEntry | None:
-        """Trace on fake tensors (restarting once at a graph break) and build an entry."""
+        """Trace on fake tensors (again at a graph break, or with symbols) and build an entry."""
         break_at = info = None
-        symbolic = False
+        symbolic = self.context.dynamic is True or self.frame_state.has_dynamic()
         while True:
             output = OutputGraph(self.fn, self.fn.__globals__, self.context.dynamic,
                                  self.frame_state, symbolic)
@@ -177,20 +182,18 @@ class CompiledFrame:
             return self.build_entry(tx, output)
 
     def build_entry(self, tx, output) -> CacheEntry | None:
-        index = sum(r.transformed.graph_module is not None for r in self.context.log)
+        """The transformed function and the guards (a graph break warns nothing, as in Dynamo)."""
         try:
-            transformed = build_transformed(self.fn, tx.plan, output, self.context.compile_graph,
-                                            self.context.frame_for, index)
+            transformed = build_transformed(self.fn, tx.plan, output, self.context)
         except Unsupported as e:
             return self.give_up(f"cannot rebuild the frame at a graph break: {e.reason}")
         except AliasedInputs as e:  # guarded: only inputs aliased this way run eagerly
             return self.eager_entry(output, e.reason)
-        # dynamic shapes: the shape guards, after stages 2-4 (which may assume things too)
+        # the shape guards come after stages 2-4, which may assume things about sizes too
         shapes = output.install_shape_guards() if output.shape_env is not None else None
         check = output.guards.compile()
-        self.context.log.append(CompileRecord(  # (no warning at a graph break, nor in Dynamo)
-            self.fn.__qualname__, transformed, check.source, getattr(tx.plan, "reason", None),
-            getattr(tx.plan, "location", None), shapes))  # (a Break has them, a Return not)
+        self.context.log.append(CompileRecord(self.fn.__qualname__, transformed, check.source,
+                                              tx.plan.reason, tx.plan.location, shapes))
         if any(map(log_enabled, ("graph_breaks", "guards", "graph_code"))):  # TOYCOMP_LOGS
             log_entry(self.context.log[-1])
         return CacheEntry(check, transformed)

@@ -7,12 +7,12 @@ ShapeEnv's symbols and the facts the trace relied on -> guard lines over the fra
 
     >>> import torch
     >>> from toycomp.capture.sources import LocalSource
-    >>> state, x = FrameState(), LocalSource("x")
-    >>> dim_kinds(torch.ones(8, 3), x, None, state)    # first compile: static
+    >>> sizes, x = SymbolicSizes(None, FrameState()), LocalSource("x")
+    >>> sizes.dim_kinds(torch.ones(8, 3), x)    # first compile: static
     ['static', 'static']
-    >>> dim_kinds(torch.ones(5, 3), x, None, state)    # the batch size changed: a symbol
+    >>> sizes.dim_kinds(torch.ones(5, 3), x)    # the batch size changed: a symbol
     ['dynamic', 'static']
-    >>> dim_kinds(torch.ones(9, 3), x, None, state)    # and stays one
+    >>> sizes.dim_kinds(torch.ones(9, 3), x)    # and stays one
     ['dynamic', 'static']
 
 [Note: automatic dynamic shapes] Like Dynamo's ``automatic_dynamic_shapes``, the first compile
@@ -50,7 +50,7 @@ from toycomp.capture.variables.base import SkipFrame
 from toycomp.symbolic_shapes import is_symbolic, sym_expr, to_text
 
 __all__ = [
-    "DynamicShapes", "FrameState", "RestartWithSymbols", "dim_kinds", "layout_guard_parts",
+    "DynamicShapes", "FrameState", "RestartWithSymbols", "SymbolicSizes", "layout_guard_parts",
     "mark_dynamic", "marked_dims", "new_symbols", "shape_guard_lines",
 ]  # fmt: skip
 
@@ -73,11 +73,11 @@ def marked_dims(t: torch.Tensor) -> set[int]:
     return set(getattr(t, _MARK, set())) | compat.dynamo_marked_dims(t)
 
 
+@dataclasses.dataclass
 class FrameState:
     """The sizes each input had in the frame's earlier compiles (None: a size seen changing)."""
 
-    def __init__(self) -> None:
-        self.sizes: dict[str, list[int | None]] = {}
+    sizes: dict[str, list[int | None]] = dataclasses.field(default_factory=dict)
 
     def update(self, name: str, shape: torch.Size) -> set[int]:
         """Record ``shape`` for the input ``name``; return its dimensions seen changing."""
@@ -98,21 +98,29 @@ class RestartWithSymbols(SkipFrame):
 
 def _is_static_source(t: torch.Tensor, source: Source) -> bool:
     """Parameters and tensors reached through attributes (module buffers...) stay static."""
-    while isinstance(source, ChainedSource):
-        if isinstance(source, AttrSource):
-            return True
+    while isinstance(source, ChainedSource) and not isinstance(source, AttrSource):
         source = source.base
-    return isinstance(t, torch.nn.Parameter)
+    return isinstance(source, AttrSource) or isinstance(t, torch.nn.Parameter)
 
 
-def dim_kinds(t: torch.Tensor, source: Source, dynamic: bool | None, state: FrameState) -> list:
-    """How each dimension of ``t``'s fake tensor is made ([Note: automatic dynamic shapes])."""
-    static = _is_static_source(t, source)
-    dynamic_dims = marked_dims(t)
-    if dynamic is None and not static:  # automatic: the dimensions seen changing
-        dynamic_dims |= state.update(source.name(), t.shape)
-    others = "duck" if dynamic is True and not static else "static"
-    return ["dynamic" if d in dynamic_dims else others for d in range(t.dim())]
+@dataclasses.dataclass
+class SymbolicSizes:
+    """One trace's sizes: which become symbols (``dim_kinds``), and the symbols made so far."""
+
+    dynamic: bool | None  # None: automatic, True: every size, False: only mark_dynamic's
+    frame_state: FrameState  # the sizes of the frame's earlier compiles
+    symbols: dict = dataclasses.field(default_factory=dict)  # symbol -> its source (x.size(0))
+    nodes: dict = dataclasses.field(default_factory=dict)  # size expression -> its graph node
+    dynamic_dims: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # input -> dims
+
+    def dim_kinds(self, t: torch.Tensor, source: Source) -> list[str]:
+        """How each dimension of ``t``'s fake tensor is made ([Note: automatic dynamic shapes])."""
+        static = _is_static_source(t, source)
+        dynamic_dims = marked_dims(t)
+        if self.dynamic is None and not static:  # automatic: the dimensions seen changing
+            dynamic_dims |= self.frame_state.update(source.name(), t.shape)
+        others = "duck" if self.dynamic is True and not static else "static"
+        return ["dynamic" if d in dynamic_dims else others for d in range(t.dim())]
 
 
 def _parts(fake: torch.Tensor) -> list[tuple[str, int | None, Any]]:

@@ -11,7 +11,7 @@ renders each as one line of Python and compiles them all into one function:
 >>> b = GuardBuilder()
 >>> b.tensor_match(LocalSource("x"), torch.zeros(2, 3))
 >>> b.constant_match(LocalSource("n"), 4)
->>> print("\\n".join(b.conditions[:4]))
+>>> print("\\n".join(list(b.conditions)[:4]))
 type(L['x']) is torch.Tensor
 L['x'].shape == (2, 3)
 L['x'].stride() == (3, 1)
@@ -45,7 +45,7 @@ import torch
 
 import toycomp.config as config
 from toycomp.capture.codegen import known_text
-from toycomp.capture.guard_check import TensorBatch, compile_check
+from toycomp.capture.guard_check import compile_check, compile_fast_check
 from toycomp.capture.sources import (
     AttrSource,
     ChainedSource,
@@ -61,46 +61,37 @@ _LITERAL_TYPES = (int, float, str, bool, type(None))
 class GuardBuilder:
     """Collects guard lines (deduplicated, in the order they were asked for)."""
 
-    def __init__(self) -> None:
-        self.conditions: list[str] = []
-        self.seen: set[str] = set()  # the conditions, for deduplication
-        self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS}
-        self.local_names: list[str] = []  # values read once and named: see tensor_match
-        self.named: dict[str, str] = {}  # t0 -> the source it names (for failing_guard)
+    def __init__(self, fn: Any = None) -> None:
+        self.conditions: dict[str, None] = {}  # each line once, in order (a dict as an ordered set)
+        self.env: dict[str, Any] = {"torch": torch, "B": _BUILTINS, "F": fn}  # F: fn's cells
+        self.named: dict[str, str] = {}  # values read once and named: t0 -> its path
         self.lookups: dict[Source, dict[str, str]] = {}  # a module's source -> module_lookups
         self.leans: dict[Source, Source] = {}  # a source -> as the guards read it (see lean)
-        self.paths: dict[Source, str] = {}  # a source -> the text of its lean source
         self.readable: dict[str, str] = {}  # that text -> the source's name(), where they differ
         self.batch: list[tuple[str, torch.Tensor, list[str]]] = []  # [Note: tensor guards ...]
 
     def add(self, condition: str) -> None:
-        if condition not in self.seen:
-            self.seen.add(condition)
-            self.conditions.append(condition)
+        self.conditions[condition] = None
 
     def constant(self, value: Any) -> str:
         """``value`` as text: a literal, a torch dtype, or a name bound in the guard's globals."""
         text = known_text(value, self.env, _LITERAL_TYPES)
         if text is not None:
             return text
-        if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-            return repr(tuple(value))  # a torch.Size too
-        if isinstance(value, torch.device):
-            name = f"device_{value.type}{'' if value.index is None else value.index}"
+        if isinstance(value, torch.device):  # t.device is a new object each time: one name
+            name = f"device_{value}".replace(":", "")
             if self.env.get(name) == value:
-                return name  # (t.device is a new object each time: one name for all)
+                return name
         else:
             name = "".join(c if c.isalnum() else "_" for c in getattr(value, "__name__", "E"))
-        # unique, never the check's own names
-        while name in self.env or name in ("L", "G", "F") or name in self.local_names:
+        while name in self.env or name in ("L", "G", "F") or name in self.named:  # a new name
             name += "_"
         self.env[name] = value
         return name
 
     def new_name(self, prefix: str, source: Source) -> str:
         """A name for the value at ``source``, read once in a line (``t0 := ...``)."""
-        name = f"{prefix}{len(self.local_names)}"
-        self.local_names.append(name)
+        name = f"{prefix}{len(self.named)}"
         self.named[name] = self.path(source)
         return name
 
@@ -113,11 +104,8 @@ class GuardBuilder:
         self.lookups[source] = module_lookups(module)
 
     def path(self, source: Source) -> str:
-        """``source`` as the guards read it: the text of ``lean(source)``."""
-        if source not in self.paths:
-            chained = isinstance(source, ChainedSource)  # m.weight: maybe m._parameters[...]
-            self.paths[source] = (self.lean(source) if chained else source).name()
-        return self.paths[source]
+        """``source`` as the guards read it: the text of ``lean(source)`` (for ``m.weight``)."""
+        return (self.lean(source) if isinstance(source, ChainedSource) else source).name()
 
     def lean(self, source: Source) -> Source:
         """``source``, but ``m._parameters['weight']`` for ``m.weight`` where that is the same
@@ -149,14 +137,12 @@ class GuardBuilder:
     # ----- one method per kind of guard (Dynamo: GuardBuilder.TENSOR_MATCH, ID_MATCH, ...) -----
 
     def tensor_match(self, source: Source, t: torch.Tensor, sizes=None, strides=None) -> None:
-        """Type, shape, strides, dtype, device and requires_grad of a tensor (with dynamic
-        shapes, ``sizes`` and ``strides`` say what to check of each dimension: symbolic_layout)."""
+        """Type, shape, strides, dtype, device, requires_grad (sizes: see symbolic_layout)."""
         v = self.path(source)
         cls = "torch.Tensor" if type(t) is torch.Tensor else self.constant(type(t))
         if "." in v or v.count("[") > 1:  # an attribute chain: batched, or read once and named
             return self.chained_tensor(source, t, v, cls, sizes, strides)
-        self.add(f"type({v}) is {cls}")
-        for line in self.layout_lines(v, t, sizes, strides):
+        for line in [f"type({v}) is {cls}", *self.layout_lines(v, t, sizes, strides)]:
             self.add(line)
 
     def chained_tensor(self, source: Source, t: torch.Tensor, v: str, cls: str, sizes,
@@ -206,7 +192,10 @@ class GuardBuilder:
         plain = type(value) in (int, float, str)
         cls = type(value).__name__ if plain else self.constant(type(value))
         self.add(f"type({v}) is {cls}")
-        self.add(f"{v} == {self.constant(value)}")
+        if isinstance(value, tuple) and all(isinstance(x, int) for x in value):  # torch.Size...
+            self.add(f"{v} == {tuple(value)!r}")
+        else:
+            self.add(f"{v} == {self.constant(value)}")
 
     # [Note: tuples of constants]
     # A conv's ``stride`` is ``(2, 2)``. Guarded item by item it takes six lines (``type(s) is
@@ -257,29 +246,17 @@ class GuardBuilder:
     def global_state(self) -> None:
         """Grad mode, autocast state and the default dtype, as they are now."""
         self.add(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}")
-        for device in ("cpu", "cuda"):
-            on = torch.is_autocast_enabled(device)
-            self.add(f"torch.is_autocast_enabled({device!r}) is {on}")
-            if on:
-                dtype = torch.get_autocast_dtype(device)
-                self.add(f"torch.get_autocast_dtype({device!r}) == {dtype}")
+        for d in ("cpu", "cuda"):
+            self.add(f"torch.is_autocast_enabled({d!r}) is {torch.is_autocast_enabled(d)}")
+            if torch.is_autocast_enabled(d):  # and its dtype
+                self.add(f"torch.get_autocast_dtype({d!r}) == {torch.get_autocast_dtype(d)}")
         self.add(f"torch.get_default_dtype() == {torch.get_default_dtype()}")
 
     def compile(self) -> Callable[[dict, dict], bool]:
         """All conditions as one function ``check(L, G)``; ``check.source`` is its text."""
-        conditions = list(self.conditions)
-        batch = self.batch_check(conditions) if self.batch else None  # fast_guards' one call
-        return compile_check(conditions, self.env, self.named, self.readable, batch)
-
-    def batch_check(self, conditions: list[str]) -> TensorBatch:
-        """The batched tensors' one check, bound in the guard's globals, as the last condition."""
-        name = "check_tensors"
-        while name in self.env:
-            name += "_"
-        batch = TensorBatch.of(name, self.batch)
-        self.env[name] = batch.check
-        conditions.append(batch.text)
-        return batch
+        if config.fast_guards:  # shared paths read once, tensors batched: guard_check.py
+            return compile_fast_check(self)
+        return compile_check(list(self.conditions), self.env, self.named, self.readable)
 
 
 def _batchable(t: torch.Tensor) -> bool:

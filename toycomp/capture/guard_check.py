@@ -1,10 +1,10 @@
 """Guard lines -> the compiled function ``check(L, G)``, and the name of the line that failed.
 
 ``GuardBuilder`` (guard_builder.py) collects the lines; ``compile_check`` joins them with
-``and`` into one function, after two rewrites that make it cheap to call on a model with
-hundreds of modules: paths shared by several lines are read once and named
-([Note: guards name shared prefixes]), and the metadata of every tensor read from an attribute
-(a model's parameters and buffers) is checked by one C++ call at the end
+``and`` into one function. With ``fast_guards``, ``compile_fast_check`` first makes two rewrites
+that make it cheap to call on a model with hundreds of modules: paths shared by several lines
+are read once and named ([Note: guards name shared prefixes]), and the metadata of every tensor
+read from an attribute (a model's parameters and buffers) is checked by one C++ call at the end
 ([Note: tensor guards in one call])::
 
     def check(L, G):
@@ -47,7 +47,6 @@ from typing import Any, Callable
 import torch
 
 import toycomp._torch_compat as compat
-import toycomp.config as config
 
 # [Note: guards name shared prefixes]
 # A module's guards repeat long paths: ``type(L['self'].encoder.layers._modules['encoder_layer_3'
@@ -160,24 +159,35 @@ _CHECK = """def check(L, G):
 """
 
 
-def compile_check(
-    conditions: list[str], env: dict[str, Any], named: dict[str, str] | None = None,
-    readable: dict[str, str] | None = None, batch: TensorBatch | None = None,
-) -> Callable[[dict, dict], bool]:
-    """One function ``check(L, G)`` of all ``conditions``; ``named``: the names the builder
-    gave to values (t0 -> its path), ``readable``: paths as read -> as the user writes them."""
-    named, shared = dict(named or {}), list(conditions)
-    if config.fast_guards:  # a speed-up only: [Note: guards name shared prefixes]
-        shared, prefixes = name_shared_prefixes(conditions, {*env, *named, "L", "G", "F", "B"})
-        named.update(prefixes)
-    source = _CHECK.format(body="\n            and ".join(shared) or "True")
+def compile_check(conditions: list[str], env: dict[str, Any], named: dict | None = None,
+                  readable: dict | None = None, texts: list | None = None,
+                  batch: TensorBatch | None = None) -> Callable[[dict, dict], bool]:
+    """``check(L, G)``: all ``conditions``; ``named``: t0 -> its path; ``readable``: paths as
+    read -> as written; ``texts``: the conditions as written (fast_guards rewrote them)."""
+    source = _CHECK.format(body="\n            and ".join(conditions) or "True")
     scope = dict(env)
     exec(compile(source, "<toycomp guards>", "exec"), scope)
     check = scope["check"]
-    check.source, check.conditions = source, list(conditions)
-    explain = Explainer(shared, env, named, readable or {}, conditions, batch)
+    check.source, check.conditions = source, list(texts or conditions)
+    explain = Explainer(conditions, env, named or {}, readable or {}, check.conditions, batch)
     check.failing_guard = explain.first_failing
     return check
+
+
+def compile_fast_check(builder) -> Callable[[dict, dict], bool]:
+    """fast_guards: the lines of ``builder`` (a GuardBuilder), its batched tensors checked in one
+    call at the end and the paths that start several lines read once (the two Notes above)."""
+    texts, env = list(builder.conditions), builder.env
+    batch = None
+    if builder.batch:  # the batched tensors' one check, bound in the guard's globals
+        name = "check_tensors"
+        while name in env:
+            name += "_"
+        batch = TensorBatch.of(name, builder.batch)
+        env[name] = batch.check
+        texts.append(batch.text)
+    shared, prefixes = name_shared_prefixes(texts, {*env, *builder.named, "L", "G", "F", "B"})
+    return compile_check(shared, env, builder.named | prefixes, builder.readable, texts, batch)
 
 
 @dataclass

@@ -93,9 +93,13 @@ def handles(*names):
     return register
 
 
+def unsupported_opcode(tx, inst):
+    """An opcode with no handler: a graph break that names it."""
+    raise Unsupported(f"opcode {inst.opname} is not supported by toycomp (Python {PY[0]}.{PY[1]})")
+
+
 def builtin(tx, fn, *args):
-    """``fn(*args)`` on trackers, through the builtin's rule (``operator.add`` on two tensors
-    adds a graph node; on two constants it folds)."""
+    """``fn(*args)`` on trackers, through its rule (``operator.add`` of two tensors: a node)."""
     return BuiltinVariable(fn).call_function(tx, list(args), {})
 
 

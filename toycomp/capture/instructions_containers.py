@@ -152,8 +152,7 @@ def unpack_ex(tx, inst):
 
 @handles("LOAD_ATTR")
 def load_attr(tx, inst):
-    obj = tx.pop()
-    attr = obj.var_getattr(tx, inst.argval)
+    attr = tx.pop().var_getattr(tx, inst.argval)
     if PY >= (3, 12) and inst.arg & 1:  # a method load: (NULL, bound) / 3.13 (bound, NULL)
         tx.stack += [attr, NULL] if PY >= (3, 13) else [NULL, attr]
     else:

@@ -13,6 +13,8 @@ NB: in PyTorch this lives in torch/_dynamo/symbolic_convert.py (``CALL``, ``FOR_
 
 from __future__ import annotations
 
+import inspect
+
 from toycomp.capture.instructions import HANDLERS, PY, handles
 from toycomp.capture.variables.base import NULL, ConstantVariable, Unsupported
 from toycomp.capture.variables.classes import UserContextManagerVariable
@@ -23,9 +25,12 @@ from toycomp.capture.variables.torch import WithExitFunctionVariable
 
 # ----- calls --------------------------------------------------------------------------------
 
+CALL_OPS = ("CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
+            "CALL_FUNCTION_EX")
+
+
 def pop_call_operands(tx, inst):
-    """Pop a call instruction's operands: ``(callable, args, kwargs)``, in every version's
-    stack layout. Also used by the graph break at a call (the call then runs in Python)."""
+    """A call's operands, ``(callable, args, kwargs)``, popped in this version's layout."""
     if inst.opname == "CALL_FUNCTION_EX":  # f(*args, **kwargs)
         return pop_call_ex_operands(tx, inst)
     names, tx.kw_names = tx.kw_names or (), None  # keywords' names: 3.11-3.12's KW_NAMES
@@ -59,8 +64,7 @@ def pop_call_ex_operands(tx, inst):
     return fn, list(args), dict(kwargs)
 
 
-@handles("CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
-         "CALL_FUNCTION_EX")
+@handles(*CALL_OPS)
 def call_op(tx, inst):
     fn, args, kwargs = pop_call_operands(tx, inst)
     tx.push(fn.call_function(tx, args, kwargs))
@@ -207,7 +211,7 @@ def return_generator(tx, inst):
 @handles("YIELD_VALUE")
 def yield_value(tx, inst):
     """Pause the generator's frame (see [Note: generators run lazily] in variables/lists.py)."""
-    if not tx.is_generator:
+    if not tx.code.co_flags & inspect.CO_GENERATOR:
         raise Unsupported("yield outside a generator")
     tx.yielded = tx.pop()
     tx.push(ConstantVariable(None))  # the value sent back in

@@ -37,7 +37,7 @@ from toycomp.capture.dynamic_shapes import (
     DynamicShapes,
     FrameState,
     RestartWithSymbols,
-    dim_kinds,
+    SymbolicSizes,
     layout_guard_parts,
     new_symbols,
     shape_guard_lines,
@@ -73,22 +73,16 @@ class OutputGraph:
         self.fn = fn
         self.root_globals = f_globals
         self.graph = torch.fx.Graph()
-        # A ShapeEnv only when some size will be a symbol ([Note: automatic dynamic shapes]).
-        self.dynamic, self.frame_state = dynamic, frame_state or FrameState()
-        symbolic = symbolic or dynamic is True or self.frame_state.has_dynamic()
+        self.graph_inputs: list[Source] = []  # where each placeholder is read from, in order
+        self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []  # while tracing only
         self.fake_mode = compat.symbolic_fake_tensor_mode() if symbolic else \
             compat.fake_tensor_mode()
-        self.shape_env = compat.fake_mode_shape_env(self.fake_mode)
-        self.symbols: dict = {}  # symbol -> its source (``L['x'].size(0)``)
-        self.sym_nodes: dict = {}  # size expression -> the node computing it
-        self.dynamic_dims: dict[str, list[int]] = {}  # input -> its dimensions traced as symbols
-        self.graph_inputs: list[Source] = []  # where each placeholder is read from, in order
-        self.guards = GuardBuilder()
-        self.guards.env["F"] = fn  # guards read the function's cells and defaults as ``F``
+        self.shape_env = compat.fake_mode_shape_env(self.fake_mode)  # None: no size is a symbol
+        self.shapes = SymbolicSizes(dynamic, frame_state or FrameState())  # dynamic_shapes.py
+        self.guards = GuardBuilder(fn)
         self.guards.global_state()
         self.side_effects = SideEffects(self.check_replayable)
         self.wrap = VariableBuilder(self)
-        self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []  # while tracing only
         self.global_overrides: dict[tuple[int, str], VariableTracker] = {}
         self.keep_alive: list = []  # objects whose id() the builder remembers
         self.entered: list = []  # autocast contexts entered for real while tracing
@@ -129,11 +123,9 @@ class OutputGraph:
     def placeholder(self, name: str, example: Any, source: Source) -> torch.fx.Node:
         """A new graph input, after the others, read from ``source`` on every call."""
         first = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
-        # before the first node that is not an input, else at the end (not inserting_before(None))
-        with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
-            node = self.graph.placeholder(name)
-        node.meta["example_value"] = example
-        node.meta["source"] = source.name()
+        with self.graph.inserting_before(first) if first else contextlib.nullcontext():
+            node = self.graph.placeholder(name)  # (inserting_before(None): at the start)
+        node.meta.update(example_value=example, source=source.name())
         self.graph_inputs.append(source)
         return node
 
@@ -141,7 +133,7 @@ class OutputGraph:
 
     def fake_tensor(self, value: torch.Tensor, source: Source) -> torch.Tensor:
         """``value``'s fake tensor (sizes as symbols where they are dynamic), and its guards."""
-        kinds = dim_kinds(value, source, self.dynamic, self.frame_state)
+        kinds = self.shapes.dim_kinds(value, source)
         if self.shape_env is not None:  # dynamic shapes: sizes as symbols
             return self.symbolic_fake_tensor(value, source, kinds)
         if any(k != "static" for k in kinds):
@@ -153,12 +145,12 @@ class OutputGraph:
         """Each new symbol becomes a graph input (``s0``, read from ``x.size(0)``), before the
         tensor's, as in Dynamo's graphs."""
         fake = compat.fake_with_symbols(self.fake_mode, value, kinds, source.name())
-        for symbol, size_source, size in new_symbols(fake, source, self.symbols):
-            self.sym_nodes[symbol] = self.placeholder(str(symbol), size, size_source)
+        for symbol, size_source, size in new_symbols(fake, source, self.shapes.symbols):
+            self.shapes.nodes[symbol] = self.placeholder(str(symbol), size, size_source)
         if any(k != "static" for k in kinds):
             dims = [d for d, n in enumerate(fake.shape) if is_symbolic(n)]
-            self.dynamic_dims[source.name()] = dims
-        sizes, strides = layout_guard_parts(fake, source, self.symbols)
+            self.shapes.dynamic_dims[source.name()] = dims
+        sizes, strides = layout_guard_parts(fake, source, self.shapes.symbols)
         self.guards.tensor_match(source, value, sizes, strides)
         return fake
 
@@ -170,10 +162,10 @@ class OutputGraph:
         what keeps a resume function that receives ``n = x.shape[0]`` (a size live across a
         graph break) from recompiling for every batch size. Unlike Dynamo, only values >= 2
         (guarded ``L['n'] >= 2``), the range of a size's symbol: others stay specialised."""
-        if not isinstance(source, LocalSource) or value < 2 or self.dynamic is False:
+        if not isinstance(source, LocalSource) or value < 2 or self.shapes.dynamic is False:
             return None
-        changed = self.frame_state.update(f"{source.name()} (int)", (value,))
-        if not changed and self.dynamic is not True:
+        changed = self.shapes.frame_state.update(f"{source.name()} (int)", (value,))
+        if not changed and self.shapes.dynamic is not True:
             return None
         if self.shape_env is None:
             raise RestartWithSymbols()
@@ -181,48 +173,40 @@ class OutputGraph:
         if not is_symbolic(size):
             return None
         self.guards.add(f"type({source.name()}) is int")
-        self.symbols[sym_expr(size)] = source
-        self.sym_nodes[sym_expr(size)] = self.placeholder(str(sym_expr(size)), size, source)
-        self.dynamic_dims[source.name()] = []  # (an int: no dimensions)
+        self.shapes.symbols[sym_expr(size)] = source
+        self.shapes.nodes[sym_expr(size)] = self.placeholder(str(sym_expr(size)), size, source)
+        self.shapes.dynamic_dims[source.name()] = []  # (an int: no dimensions)
         return size
 
     def size_node(self, value: Any) -> Any:
         """The node computing a SymInt (``s0 * 2``) from the symbols' inputs; a number for a
         constant one ([Note: sizes are rebuilt from their symbols], toycomp/symbolic_shapes.py)."""
         expr = sym_expr(value)
-        if expr not in self.sym_nodes:
-            node = to_fx(expr, self.graph, self.sym_nodes.__getitem__, "example_value")
+        if expr not in self.shapes.nodes:
+            node = to_fx(expr, self.graph, self.shapes.nodes.__getitem__, "example_value")
             if not isinstance(node, torch.fx.Node):
                 return node
-            self.sym_nodes[expr] = node
-        return self.sym_nodes[expr]
+            self.shapes.nodes[expr] = node
+        return self.shapes.nodes[expr]
 
     def install_shape_guards(self) -> DynamicShapes | None:
         """After stages 2-4 ran (they may assume things about sizes too): the shape guards."""
         if self.shape_env is None:
             return None
-        lines = shape_guard_lines(self.shape_env, self.symbols)
+        lines = shape_guard_lines(self.shape_env, self.shapes.symbols)
         for line in lines:
             self.guards.add(line)
-        symbols = {str(s): src.name() for s, src in self.symbols.items()}
-        return DynamicShapes(symbols, dict(self.dynamic_dims), lines)
-
-    def symbol_code(self) -> dict:
-        """Each symbol as the transformed function reads it (``x.size(0)``)."""
-        return {s: src.code() for s, src in self.symbols.items()}
+        symbols = {str(s): src.name() for s, src in self.shapes.symbols.items()}
+        return DynamicShapes(symbols, dict(self.shapes.dynamic_dims), lines)
 
     # ----- calls ----------------------------------------------------------------------------
 
-    def create_call(self, kind: str, target, args: list, kwargs: dict, opaque: bool = False):
+    def create_call(self, kind: str, target, args: list, kwargs: dict):
         """Add ``target(*args, **kwargs)`` to the graph; run it on fakes for the result."""
         node = self.graph.create_node(kind, target, tuple(self.as_node(a) for a in args),
                                       {k: self.as_node(v) for k, v in kwargs.items()})
-        if self.location is not None:
-            filename, lineno, function = self.location
-            node.meta["stack_trace"] = f'  File "{filename}", line {lineno}, in {function}\n'
-            node.meta["source_line"] = f"{filename}:{lineno}"
-        if opaque:
-            return OpaqueVariable(node)
+        if self.location is not None:  # the user's line, as in Dynamo's graphs
+            node.meta["stack_trace"] = '  File "{}", line {}, in {}\n'.format(*self.location)
         fake_args = [self.as_fake(a) for a in args]
         fake_kwargs = {k: self.as_fake(v) for k, v in kwargs.items()}
         try:
@@ -232,6 +216,10 @@ class OutputGraph:
         except Exception as e:
             raise self.failed_call(node, e) from e
         return self.wrap_result(node, result)
+
+    def opaque_call(self, target, args: list) -> OpaqueVariable:
+        """A node whose value is not a tensor (the autocast state): not run on fake tensors."""
+        return OpaqueVariable(self.graph.call_function(target, tuple(map(self.as_node, args))))
 
     def failed_call(self, node: torch.fx.Node, e: Exception) -> Unsupported:
         """The op raised on fake tensors: no node, and an error naming the op."""
@@ -308,7 +296,7 @@ class OutputGraph:
 
     def check_replayable(self, record) -> None:
         """Raise Unsupported now if ``record`` could not be written as Python later."""
-        record.codegen(PyCodegen(self.symbol_code()))
+        record.codegen(PyCodegen(self.shapes.symbols))
 
     def count_calls(self) -> int:
         return sum(n.op in ("call_function", "call_method") for n in self.graph.nodes)
@@ -317,14 +305,14 @@ class OutputGraph:
         """Close the graph: it returns ``outputs``' tensors, as a tuple."""
         self.graph.output(tuple(v.proxy for v in outputs))
         self.graph.lint()
-        updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
-        if updated:  # may share memory with another input: [Note: inputs that share memory]
-            self.guard_mutated_inputs(updated)
+        if len(self.inputs) > 1:  # a mutated input may share memory with another: see the Note
+            self.guard_mutated_inputs()
         return torch.fx.GraphModule(torch.nn.Module(), self.graph)
 
-    def guard_mutated_inputs(self, updated: list) -> None:
+    def guard_mutated_inputs(self) -> None:
         """Guard whether each mutated input shares memory with another input; raise
-        ``AliasedInputs`` if one does now (only a graph that mutates one can read another stale)."""
+        ``AliasedInputs`` if one does now ([Note: inputs that share memory])."""
+        updated = [(s, v) for s, v, var in self.inputs if mutated(var)]
         shared, done = [], set()
         for ms, mv in updated:
             for s, v, _ in self.inputs:

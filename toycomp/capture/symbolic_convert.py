@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from toycomp.capture.instructions import COMPARE_OPS
-from toycomp.capture.instructions_flow import pop_call_operands
+from toycomp.capture.instructions_flow import CALL_OPS, pop_call_operands
 from toycomp.capture.resume_execution import discarded_argument, is_resume_function
 from toycomp.capture.sources import FunctionSource, LocalSource
 from toycomp.capture.translator_base import InstructionTranslatorBase, decode
@@ -87,6 +87,7 @@ class BreakRequest(Exception):
 @dataclass
 class Return:
     value: VariableTracker
+    reason = location = None  # (a Break's fields: a return is no graph break)
 
 
 @dataclass
@@ -118,8 +119,6 @@ STACK_OPS = {  # opname -> (number of operands, (inst, operands) -> (function, a
     "STORE_ATTR": (2, lambda inst, ops: (setattr, [ops[1], ConstantVariable(inst.argval),
                                                   ops[0]]), False),
 }
-CALL_OPS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_KW",
-            "CALL_FUNCTION_EX"}
 
 
 def is_resumable(inst) -> bool:
@@ -151,15 +150,11 @@ class InstructionTranslator(InstructionTranslatorBase):
         self.break_at = break_at
         self.break_info = break_info or ("", (), None)  # (reason, location, kind)
         self.plan: Return | Break | None = None
-        # (step, instruction, in a 3.10 try block) where the stack was empty: see last_checkpoint
-        self.resumable: list[tuple] = []
+        self.resumable: list[tuple] = []  # (step, inst, in a 3.10 try) at an empty stack
         self.grad_mode_at_start = torch.is_grad_enabled()
 
     def run(self) -> None:
-        while self.plan is None:
-            if self.steps == self.break_at:
-                self.plan = self.make_break()
-                break
+        while self.plan is None and self.steps != self.break_at:
             inst, stack = self.instructions[self.ip], list(self.stack)  # (a failed step pops)
             if not stack and self.output.count_calls() > 1:  # a point the rest may resume at
                 self.resumable.append((self.steps, inst, "try" in self.blocks))
@@ -170,6 +165,8 @@ class InstructionTranslator(InstructionTranslatorBase):
                 raise
             except Exception as e:  # Unsupported, or a bug in toycomp: a break, not a crash
                 raise self.break_request(inst, self.in_try(inst, stack), e) from e
+        if self.plan is None:  # stopped before step ``break_at``
+            self.plan = self.make_break()
         if torch.is_grad_enabled() != self.grad_mode_at_start:  # torch.set_grad_enabled(False)
             self.output.side_effects.record_grad_mode(torch.is_grad_enabled())
 

@@ -38,7 +38,7 @@ from toycomp.capture.codegen import PyCodegen
 from toycomp.capture.resume_execution import ReenterWith, make_resume_function
 from toycomp.capture.sources import ChainedSource, Source
 from toycomp.capture.symbolic_convert import Break, Return
-from toycomp.capture.variables.base import NULL, Unsupported
+from toycomp.capture.variables.base import NULL
 from toycomp.capture.variables.functions import UserFunctionVariable, UserMethodVariable
 from toycomp.capture.variables.objects import NNModuleVariable
 from toycomp.capture.variables.torch import WithExitFunctionVariable
@@ -63,42 +63,38 @@ def signature_text(code: types.CodeType) -> str:
 
 # [Note: build_transformed's arguments]
 # ``fn`` is a function or resume function; ``plan`` the translator's ``Return`` or ``Break``,
-# ``output`` its OutputGraph, ``compile_graph`` the backend, ``(gm, example_fake_inputs) ->
-# callable``; ``frame_compiler`` compiles resume functions; ``graph_index`` is
-# ``__compiled_fn_<k>``'s k.
-def build_transformed(fn, plan, output, compile_graph, frame_compiler, graph_index: int):
-    """The transformed function for one trace of ``fn``, from the translator's ``plan`` and
-    ``output`` (see [Note: build_transformed's arguments])."""
-    cg = PyCodegen(output.symbol_code())  # cg.lines: the body, in order
-    tail, resume = rebuild_frame(fn, plan, cg, frame_compiler)
+# ``output`` its OutputGraph; ``context`` the CompileContext (convert_frame.py) whose
+# ``compile_graph`` is the backend, ``(gm, example_fake_inputs) -> callable``, whose
+# ``frame_for`` compiles resume functions, and whose ``log`` numbers the graphs
+# (``__compiled_fn_<k>``: k graphs were compiled before).
+def build_transformed(fn, plan, output, context) -> TransformedCode:
+    """The transformed function for one trace of ``fn`` (see the Note above)."""
+    cg = PyCodegen(output.shapes.symbols)  # cg.lines: the body, in order
+    tail, resume = rebuild_frame(fn, plan, cg, context.frame_for)
     for record in output.side_effects.records:  # Python side effects, replayed after the graph
         cg.lines.append(record.codegen(cg))
-    head, gm, examples = call_graph(output, cg, compile_graph, graph_index)
+    head, gm, examples = call_graph(output, cg, context)
     name = "__transformed_" + re.sub(r"\W", "_", fn.__code__.co_name)  # <lambda>: _lambda_
-    lines = [f"def {name}({signature_text(fn.__code__)}):"]
-    lines += ["    " + line for line in head + cg.lines + tail]
-    source = "\n".join(lines) + "\n"
+    body = "".join(f"    {line}\n" for line in head + cg.lines + tail)
+    source = f"def {name}({signature_text(fn.__code__)}):\n{body}"
     env = cg.env | resume | {"G": fn.__globals__, "B": vars(builtins), "F": fn,
-                                     "__compile_frame": frame_compiler}
+                             "__compile_frame": context.frame_for}
     exec(compile(source, f"<toycomp transformed {fn.__code__.co_name}>", "exec"), env)
     new_fn = env[name]
     new_fn.__defaults__, new_fn.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
     return TransformedCode(new_fn, source, gm, examples, resume)
 
 
-def call_graph(output, cg, compile_graph, graph_index: int) -> tuple[list[str], Any, list]:
-    """The lines that call the compiled graph (none when no torch op was traced), the
-    GraphModule and its example inputs; called last, when ``cg.outputs`` are all known."""
+def call_graph(output, cg, context) -> tuple[list[str], Any, list]:
+    """The lines calling the compiled graph, the GraphModule, its inputs (``cg.outputs`` known)."""
     if not output.count_calls():
-        if cg.outputs:
-            raise Unsupported("graph outputs without graph operations")
         return [], None, []
-    gm = output.graph_module(cg.outputs)
+    gm = output.graph_module(list(cg.outputs.values()))
     sources = gm.meta["input_sources"] = list(output.graph_inputs)  # each placeholder's source
     examples = output.example_inputs()
-    name = f"__compiled_fn_{graph_index}"
-    cg.env[name] = compile_graph(gm, examples)
-    call = f"{'__graph_out = ' if cg.outputs else ''}{name}"
+    index = sum(r.transformed.graph_module is not None for r in context.log)  # graphs before
+    cg.env[f"__compiled_fn_{index}"] = context.compile_graph(gm, examples)
+    call = f"{'__graph_out = ' if cg.outputs else ''}__compiled_fn_{index}"
     if any(isinstance(s, ChainedSource) for s in sources):  # attributes, items: read_inputs
         paths, inputs = read_inputs(sources, output.guards.lean)
         return paths + call_lines(call, inputs), gm, examples

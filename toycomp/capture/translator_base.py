@@ -36,10 +36,9 @@ import builtins
 import dis
 import functools
 import inspect
-import sys
 
 from toycomp.capture import instructions_containers, instructions_flow  # noqa: F401 (HANDLERS)
-from toycomp.capture.instructions import HANDLERS
+from toycomp.capture.instructions import HANDLERS, unsupported_opcode
 from toycomp.capture.sources import (
     AttrSource,
     BuiltinSource,
@@ -60,8 +59,7 @@ MAX_INLINE_DEPTH = 32
 
 @functools.lru_cache(maxsize=4096)
 def decode(code) -> tuple[list, dict[int, int]]:
-    """A code object's instructions (without ``EXTENDED_ARG``) and its jump targets, decoded
-    once per code object: a model inlines the same few functions hundreds of times."""
+    """A code object's instructions (no ``EXTENDED_ARG``) and offset -> index, decoded once."""
     every = list(dis.get_instructions(code))
     instructions = [i for i in every if i.opname != "EXTENDED_ARG"]
     index_of = {inst.offset: i for i, inst in enumerate(instructions)}  # offset -> index
@@ -90,13 +88,11 @@ class InstructionTranslatorBase:
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or (
                 parent is None and code.co_flags & inspect.CO_GENERATOR):
             raise Unsupported(f"{code.co_name} is a generator or coroutine")
-        self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
         self.code = code
         self.f_globals = f_globals
         self.symbolic_locals = dict(symbolic_locals)
         self.output = output
         self.fn_source = fn_source
-        self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
         self.instructions, self.index_of = decode(code)
         self.stack: list[VariableTracker] = []
@@ -104,7 +100,6 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.blocks: list[str] = []  # 3.10 block stack: "with" / "try" (SETUP_WITH, SETUP_FINALLY)
         self.returned: VariableTracker | None = None
-        # closures: cells of this frame's inner functions, or of its own
         self.cells = self.make_cells(closure) if code.co_cellvars or code.co_freevars else {}
 
     def make_cells(self, closure) -> dict[str, CellVariable]:
@@ -124,7 +119,6 @@ class InstructionTranslatorBase:
     # ----- the stack ------------------------------------------------------------------------
 
     def push(self, var: VariableTracker) -> None:
-        assert isinstance(var, VariableTracker), var
         self.stack.append(var)
 
     def pop(self) -> VariableTracker:
@@ -144,18 +138,12 @@ class InstructionTranslatorBase:
         inst = self.instructions[self.ip]
         self.ip += 1
         self.output.location = (self.code.co_filename, self.lineno(inst), self.code.co_name)
-        handler = HANDLERS.get(inst.opname)
-        if handler is None:
-            raise Unsupported(f"opcode {inst.opname} is not supported by toycomp "
-                              f"(Python {sys.version_info[0]}.{sys.version_info[1]})")
-        handler(self, inst)
+        HANDLERS.get(inst.opname, unsupported_opcode)(self, inst)  # (instructions.py)
 
     def lineno(self, inst) -> int:
         """The source line of ``inst`` (3.11+: its positions; 3.10: the last line start)."""
-        positions = getattr(inst, "positions", None)
-        if positions is not None and positions.lineno:
-            return positions.lineno
-        return self.last_line_start(inst)
+        lineno = getattr(getattr(inst, "positions", None), "lineno", None)
+        return lineno or self.last_line_start(inst)
 
     def last_line_start(self, inst) -> int:
         for earlier in reversed(self.instructions[: self.index_of[inst.offset] + 1]):
@@ -187,13 +175,16 @@ class InstructionTranslatorBase:
 
     def load_global(self, name: str) -> VariableTracker:
         key = (id(self.f_globals), name)
-        if key in self.output.global_overrides:
+        if key in self.output.global_overrides:  # stored while tracing (STORE_GLOBAL)
             return self.output.global_overrides[key]
-        if name in self.f_globals:
-            return self.output.wrap(self.f_globals[name], self.global_source(name))
-        if hasattr(builtins, name):
-            return self.output.wrap(getattr(builtins, name), BuiltinSource(name), guard=False)
-        raise Unsupported(f"global name {name!r} is not defined")
+        if name not in self.f_globals:  # len, range...
+            return self.load_builtin(name)
+        return self.output.wrap(self.f_globals[name], self.global_source(name))
+
+    def load_builtin(self, name: str) -> VariableTracker:
+        if not hasattr(builtins, name):
+            raise Unsupported(f"global name {name!r} is not defined")
+        return self.output.wrap(getattr(builtins, name), BuiltinSource(name), guard=False)
 
     def store_global(self, name: str, value: VariableTracker) -> None:
         if self.f_globals is self.output.root_globals:
@@ -228,7 +219,7 @@ class InstructionTranslatorBase:
             raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls ({name})")
         child = InstructionTranslatorBase(code, f_globals, bound, closure, self.output,
                                           fn_source, parent=self)
-        if child.is_generator:  # nothing runs until an item is taken
+        if code.co_flags & inspect.CO_GENERATOR:  # nothing runs until an item is taken
             return LazyIterator(child.resume, f"the generator {name}")
         child.run()
         return child.returned

@@ -31,6 +31,8 @@ torch/utils/_sympy/value_ranges.py (``bound_sympy``).
 
 from __future__ import annotations
 
+import math
+
 import sympy
 
 
@@ -90,9 +92,7 @@ def is_size_symbol(symbol: sympy.Basic) -> bool:
 
 
 def size_symbol_named(name: str) -> sympy.Symbol | None:
-    if name[:1] != "s" or not name[1:].isdigit():
-        return None
-    return size_symbol(int(name[1:]))
+    return size_symbol(int(name[1:])) if name[:1] == "s" and name[1:].isdigit() else None
 
 
 def scalar_symbol(k: int) -> sympy.Symbol:
@@ -125,9 +125,7 @@ def is_static(value) -> bool:
 def known_nonnegative(expr) -> bool:
     """True when ``expr >= 0`` for all values of its variables (see [Note: size symbols])."""
     expr = sympy.sympify(expr)
-    if expr.is_number:
-        return bool(expr >= 0)
-    return _symbolic_nonnegative(expr)
+    return bool(expr >= 0) if expr.is_number else _symbolic_nonnegative(expr)
 
 
 def _symbolic_nonnegative(expr: sympy.Expr) -> bool:
@@ -179,45 +177,32 @@ def known_less(a, b) -> bool:
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for n in reversed(size):
-        strides.append(running)
-        running *= n
-    return tuple(reversed(strides))
+    """Row-major strides: dim k steps over the sizes after it (multiplied innermost first)."""
+    return tuple(math.prod(reversed(size[k + 1 :])) for k in range(len(size)))
 
 
-def linear_index(
-    idx: tuple[sympy.Expr, ...], stride: tuple[int, ...], offset: int = 0
-) -> sympy.Expr:
+def linear_index(idx: tuple, stride: tuple, offset: int = 0) -> sympy.Expr:
     """``offset + sum(i * s)``: the memory position of element ``idx`` of a strided tensor."""
     return sympy.sympify(offset) + sympy.Add(*(i * s for i, s in zip(idx, stride)))
 
 
 def unflatten_index(flat: sympy.Expr, size: tuple[int, ...]) -> tuple[sympy.Expr, ...]:
     """The per-dimension indices of row-major position ``flat`` in a tensor of ``size``."""
-    idx, inner = [], 1
-    outer = next((dim for dim, n in enumerate(size) if n != 1), None)
-    for dim, n in reversed(list(enumerate(size))):
-        if n == 1:
-            idx.append(sympy.Integer(0))
-        elif dim == outer:  # the outermost index needs no modulo: flat < numel already bounds it
-            idx.append(FloorDiv(flat, inner))
-        else:
-            idx.append(modular(FloorDiv(flat, inner), n))
-        inner *= n
-    return tuple(reversed(idx))
+    quotients = [FloorDiv(flat, stride) for stride in contiguous_strides(size)]  # % 1 is 0
+    outer = next((d for d, n in enumerate(size) if n != 1), None)  # no %: flat < numel bounds it
+    return tuple(q if d == outer else modular(q, size[d]) for d, q in enumerate(quotients))
 
 
 def numel(size: tuple[int, ...]) -> int:
     """The product of ``size``: an int, or an expanded sympy expression (``4*s0``)."""
-    total = 1
-    for n in size:
-        total *= n
+    total = math.prod(size)
     return total if is_static(total) else sympy.expand(total)
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """Expand ``expr``, dropping ``//`` terms its ranges make trivial (``(1000*i0+i1)//1000``)."""
+    if not expr.has(FloorDiv):  # nothing more to simplify
+        return sympy.expand(expr)
     return sympy.expand(_simplify_floordiv(sympy.expand(expr), ranges))
 
 
@@ -225,20 +210,23 @@ def _simplify_floordiv(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sym
     if not expr.args:
         return expr
     args = [_simplify_floordiv(a, ranges) for a in expr.args]
-    if not isinstance(expr, FloorDiv) or not _known_positive(args[1]):
-        return expr.func(*args)
-    divisor = args[1]
+    if isinstance(expr, FloorDiv) and _known_positive(args[1]):
+        return _split_floordiv(*args, ranges)  # a // d with d > 0: split off the part d divides
+    return expr.func(*args)
+
+
+def _split_floordiv(base: sympy.Expr, divisor: sympy.Expr, ranges) -> sympy.Expr:
+    """``(a*d + b) // d`` is ``a + b // d``, and ``b // d`` is 0 when ``0 <= b < d``. Only for
+    ``b >= 0``: C++ and Triton print // as a division that truncates toward zero."""
     whole, rest = sympy.Integer(0), sympy.Integer(0)
-    for term in sympy.Add.make_args(sympy.expand(args[0])):
+    for term in sympy.Add.make_args(sympy.expand(base)):
         if _divides(divisor, term):
             whole += term
         else:
             rest += term
-    # (a*d + b) // d == a + b // d, and b // d == 0 if 0 <= b < d. Only for b >= 0: C++ and
-    # Triton print // as a division that truncates toward zero, wrong for a negative b.
     bounds = index_bounds(rest, ranges)
     if bounds is None or not known_nonnegative(bounds[0]):
-        return FloorDiv(*args)
+        return FloorDiv(base, divisor)
     if known_less(bounds[1], divisor):
         return sympy.expand(whole / divisor)
     return sympy.expand(whole / divisor) + FloorDiv(rest, divisor)

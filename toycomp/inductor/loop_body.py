@@ -29,7 +29,7 @@ recorded as an FX graph of ``ops.*`` calls) and torch/_inductor/ops_handler.py (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Union
 
 import sympy
@@ -164,31 +164,27 @@ Expr = Union[Load, Constant, IndexValue, Op, Local]
 # built expressions are simply visited twice, and the kernel's CSE still computes them once.)
 def walk(*exprs: Expr) -> Iterator[Expr]:
     """Every distinct sub-expression of ``exprs``, once, parents before children (pre-order)."""
-    seen: set[int] = set()
-    stack = list(reversed(exprs))
-    while stack:
-        expr = stack.pop()
-        if id(expr) in seen:
-            continue
-        seen.add(id(expr))
-        yield expr
-        stack.extend(reversed(children(expr)))
+    return (expr for expr, args_done in _depth_first(exprs) if not args_done)
 
 
 def post_order(*exprs: Expr) -> list[Expr]:
     """Every distinct sub-expression of ``exprs``, once, each after its arguments."""
-    order: list[Expr] = []
+    return [expr for expr, args_done in _depth_first(exprs) if args_done]
+
+
+def _depth_first(exprs: tuple[Expr, ...]) -> Iterator[tuple[Expr, bool]]:
+    """Each distinct node as ``(node, False)`` before its arguments, ``(node, True)`` after."""
     seen: set[int] = set()
     stack = [(e, False) for e in reversed(exprs)]
     while stack:
         expr, args_done = stack.pop()
         if args_done:
-            order.append(expr)
+            yield expr, True
         elif id(expr) not in seen:
             seen.add(id(expr))
+            yield expr, False
             stack.append((expr, True))
             stack.extend((a, False) for a in reversed(children(expr)))
-    return order
 
 
 def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
@@ -196,22 +192,12 @@ def map_expr(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     new: dict[int, Expr] = {}  # id(original node) -> its rebuilt version
     for node in post_order(expr):
         rebuilt = node
-        if isinstance(node, Op):
-            args = tuple(new[id(a)] for a in node.args)
-            if any(a is not b for a, b in zip(args, node.args)):
-                rebuilt = Op(node.name, args, node.dtype)
-        elif isinstance(node, Load) and node.indirect:  # its index values rebuilt too
-            rebuilt = _rebuilt_load(node, new)
-        replaced = fn(rebuilt)
-        new[id(node)] = rebuilt if replaced is None else replaced
+        args = tuple(new[id(a)] for a in children(node))
+        if any(a is not b for a, b in zip(args, children(node))):  # an argument was rebuilt
+            field = "args" if isinstance(node, Op) else "indirect"  # (a Load's index values)
+            rebuilt = replace(node, **{field: args})
+        new[id(node)] = fn(rebuilt) or rebuilt
     return new[id(expr)]
-
-
-def _rebuilt_load(node: Load, new: dict[int, Expr]) -> Load:
-    values = tuple(new[id(a)] for a in node.indirect)
-    if any(a is not b for a, b in zip(values, node.indirect)):
-        return Load(node.buffer, node.index, node.dtype, values)
-    return node
 
 
 def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:

@@ -47,7 +47,6 @@ from toycomp._torch_compat import OpOverload
 from toycomp.inductor import indexing, ir, lowering_indexing, lowering_rules  # noqa: F401 (rules)
 from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPORTED_DTYPES)
     SUPPORTED_DTYPES,
-    _check_matches_meta,
     _dtypes_supported,
     _graph_device,
     _map_nodes,
@@ -105,6 +104,7 @@ class GraphLowering:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         self.gm = gm
         self.example_inputs = list(example_inputs)
+        self.args_iter = iter(self.example_inputs)  # one per placeholder, as in fx.Interpreter
         self.env: dict[Node, Any] = {}
         self.meta: dict[Node, Any] = {}  # node -> meta tensor (size, dtype, stride) or value
         self.inputs: list[ir.InputBuffer] = []
@@ -121,30 +121,20 @@ class GraphLowering:
         n_placeholders = sum(node.op == "placeholder" for node in self.gm.graph.nodes)
         if n_placeholders != len(self.example_inputs):
             raise LoweringError(f"{n_placeholders} placeholders, {len(self.example_inputs)} inputs")
-        placeholders = iter(self.example_inputs)
         for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
-                self.placeholder(node, next(placeholders))
-            elif node.op == "get_attr":
-                self.get_attr(node)
-            elif node.op == "call_function":
-                self.meta[node] = _meta_value(node, self.meta)
-                self.call_function(node)
-            elif node.op == "output":
-                self.output(node)
-            else:
+            if node.op not in ("placeholder", "get_attr", "call_function", "output"):
                 raise LoweringError(f"toycomp cannot lower {node.op} node {node.name!r}")
+            getattr(self, node.op)(node)  # self.placeholder(node), ...
         scalars = tuple(ir.SizeScalar(f, e) for e, f in self.sizevars.scalars.items())
         return ir.LoweredGraph(
             tuple(self.inputs), tuple(self.nodes), self.outputs, self.device,
             tuple(self.constants), self.output_strides, scalars,
         )  # fmt: skip
 
-    def placeholder(self, node: Node, tensor: torch.Tensor) -> None:
-        if isinstance(tensor, (int, float, torch.SymInt, torch.SymFloat)):  # a size: s0
+    def placeholder(self, node: Node) -> None:
+        tensor = next(self.args_iter)
+        if not isinstance(tensor, torch.Tensor):  # a size (s0) or a float
             return self.size_input(node, tensor)
-        if not isinstance(tensor, torch.Tensor):
-            raise LoweringError(f"input {node.name!r} is a {type(tensor).__name__}, not a tensor")
         size, stride = self.sizevars.shape(tensor), self.sizevars.stride(tensor)
         buffer = ir.InputBuffer(node.name, size, stride, tensor.dtype)
         if tensor.device != self.device or tensor.dim() == 0:  # maybe an extern's seed
@@ -154,6 +144,8 @@ class GraphLowering:
         self.env[node] = strided_load(node.name, size, stride, tensor.dtype)
 
     def size_input(self, node: Node, size: int | float | torch.SymInt | torch.SymFloat) -> None:
+        if not isinstance(size, (int, float, torch.SymInt, torch.SymFloat)):
+            raise LoweringError(f"input {node.name!r} is a {type(size).__name__}, not a tensor")
         self.env[node] = self.meta[node] = self.sizevars.expr(size)  # s0 (or a float f0)
         self.inputs.append(ir.SizeInput(node.name, self.env[node]))
 
@@ -181,6 +173,13 @@ class GraphLowering:
         self.env[node] = strided_load(node.name, size, stride, value.dtype)
 
     def call_function(self, node: Node) -> None:
+        self.meta[node] = _meta_value(node, self.meta)
+        if prims.is_prim(node.target) and isinstance(self.meta[node], torch.Tensor):
+            self.prim(node)
+        else:  # sizes, ATen ops run by eager PyTorch, getitem of their tuple results
+            self.call_size_or_extern(node)
+
+    def call_size_or_extern(self, node: Node) -> None:
         if is_symbolic(self.meta[node]) or isinstance(self.meta[node], int):
             self.env[node] = self.sizevars.expr(self.meta[node])  # sym_size(x, 0) * 4: 4*s0
         elif node.target is operator.getitem:  # one tensor of an extern call's tuple result
@@ -188,8 +187,8 @@ class GraphLowering:
         elif isinstance(node.target, OpOverload):
             fallback = node.target not in EXTERN_OPS
             self.extern(node, _kernel_name(node), fallback)
-        elif prims.is_prim(node.target):
-            self.prim(node)
+        elif prims.is_prim(node.target):  # a prim with no tensor result: run eagerly
+            self.extern(node, _kernel_name(node), fallback=True)
         else:
             raise LoweringError(f"toycomp cannot lower {node.name!r}: unknown target {node.target}")
 
@@ -203,17 +202,19 @@ class GraphLowering:
         rule = LOWERINGS.get(node.target)
         if rule is None or not _dtypes_supported(node, self.meta):
             return self.extern(node, _kernel_name(node), fallback=True)
+        out = TensorMeta(self.sizevars.shape(self.meta[node]), self.meta[node].dtype)
         args, kwargs = _map_nodes((node.args, node.kwargs), self.env.__getitem__)
         self.current_origin = node.name  # where a buffer's work comes from
         try:
-            value = rule(self, self.tensor_meta(self.meta[node]), *args, **kwargs)
+            value = rule(self, out, *args, **kwargs)
         except NotImplementedError:  # a rule may decline a case: run the prim eagerly instead
             return self.extern(node, _kernel_name(node), fallback=True)
         except Exception as e:
             raise LoweringError(f"lowering {node.name!r} ({_kernel_name(node)}) failed: {e}") from e
-        _check_matches_meta(node, value, self.tensor_meta(self.meta[node]), self.sizevars)
-        origins = [o for a in _values(args) for o in a.origins] + [self.current_origin]
-        self.env[node] = replace(value, origins=tuple(dict.fromkeys(origins)))
+        if not self.sizevars.same_sizes(value.size, out.shape) or value.dtype != out.dtype:
+            raise _meta_mismatch(node, value, out)  # a wrong rule: an error, not a wrong result
+        origins = [o for n in node.all_input_nodes for o in getattr(self.env[n], "origins", ())]
+        self.env[node] = replace(value, origins=tuple(dict.fromkeys([*origins, node.name])))
         if prims.PRIM_INFO[node.target].kind is prims.PrimKind.VIEW:  # see realize_base_of_view
             self.view_base[node] = node.args[0]
         if len(node.users) >= 2 and _costly_to_inline(value):
@@ -268,12 +269,9 @@ class GraphLowering:
 
     def output(self, node: Node) -> None:
         results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
-        for r in results:
-            if r is not None and not isinstance(r, (Node, int)):
-                raise LoweringError(f"graph output {r!r} is not a tensor")
-        self.outputs = tuple(  # an int: a static size that AOT saves for the backward
-            r if r is None or isinstance(r, int) else self.extern_arg(r) for r in results
-        )
+        if not all(r is None or isinstance(r, (Node, int)) for r in results):
+            raise LoweringError(f"graph outputs {results} are not all tensors (or sizes)")
+        self.outputs = _map_nodes(results, self.extern_arg)  # an int: a size saved by AOT
         vals = node.meta.get("val")
         vals = vals if isinstance(vals, (tuple, list)) else (vals,)
         if len(vals) == len(self.outputs):
@@ -291,9 +289,6 @@ class GraphLowering:
             return self.extern_arg
         return lambda node: eager_layout_arg(self, node, self.extern_arg(node))
 
-    def tensor_meta(self, t: torch.Tensor) -> TensorMeta:
-        return TensorMeta(self.sizevars.shape(t), t.dtype)
-
     def eager_stride(self, arg: Any, val: Any) -> tuple | None:
         """``val``'s (eager's) strides if ``arg``'s differ, else None: AOT expects eager's."""
         if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
@@ -307,11 +302,9 @@ class GraphLowering:
 
     def realize(self, node: Node, through_views: bool = True) -> ir.TensorArg:
         """Make ``node``'s value exist in memory and return how to read it (see the Notes)."""
+        if through_views and node in self.view_base:  # a view: maybe realize its base first
+            self.realize_base_of_view(node)
         value = self.env[node]
-        if not isinstance(value, TensorValue):
-            raise LoweringError(f"{node.name!r} is not a tensor")
-        if through_views and node in self.view_base and self.realize_base_of_view(node):
-            value = self.env[node]
         view = as_strided_view(value)
         if view is not None:
             return view
@@ -321,20 +314,19 @@ class GraphLowering:
         self.env[node] = strided_load(name, value.size, stride, value.dtype)
         return ir.TensorArg(name, value.size, stride)
 
-    def realize_base_of_view(self, node: Node) -> bool:
+    def realize_base_of_view(self, node: Node) -> None:
         """Realize the nearest shared node that ``node`` views, then lower the views on it again."""
         if as_strided_view(self.env[node]) is not None:  # already in memory (or a view of it)
-            return False
+            return
         chain = [node]
         while chain[-1] in self.view_base and (chain[-1] is node or len(chain[-1].users) < 2):
             chain.append(self.view_base[chain[-1]])
         base = chain[-1]
         if base is node or len(base.users) < 2 or as_strided_view(self.env[base]) is not None:
-            return False
+            return
         self.realize(base, through_views=False)
         for view in reversed(chain[:-1]):
             self.prim(view)
-        return True
 
     def make_reduction(self, size, reduction_size, reduction_type, dtype, body, origins):
         name = self.new_name()
@@ -365,12 +357,11 @@ def _extern_seed(buffer: ir.InputBuffer, node: Node, tensor, device) -> ir.Input
     return replace(buffer, device=elsewhere, any_device=any_device)
 
 
-def _values(args: Any) -> list[TensorValue]:
-    if isinstance(args, TensorValue):
-        return [args]
-    if isinstance(args, (tuple, list)):
-        return [v for a in args for v in _values(a)]
-    return []
+def _meta_mismatch(node: Node, value: TensorValue, out: TensorMeta) -> LoweringError:
+    return LoweringError(
+        f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
+        f"eager gives {list(out.shape)} {out.dtype}"
+    )
 
 
 def _kernel_name(node: Node) -> str:

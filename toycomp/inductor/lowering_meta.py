@@ -4,11 +4,10 @@
 the meta device (``_meta_value``: shape, dtype and the strides eager would give; from
 ``node.meta["val"]``, or by running the prim's eager reference on meta tensors) and whether
 the loop IR supports its dtypes (``SUPPORTED_DTYPES``; else the node runs eagerly, a visible
-fallback); after the rule, it checks that the lowered value has the meta value's sizes and dtype
-(``_check_matches_meta``). Also here: the graph's device and ``_map_nodes``, which replaces the
-FX nodes in nested arguments, and ``eager_layout_arg``, which gives an ATen fallback its inputs
-with eager's strides ([Note: fallbacks see eager's strides]). Every name is re-exported by
-lowering.py::
+fallback); after the rule, it checks that the lowered value has the meta value's sizes and
+dtype. Also here: the graph's device and ``_map_nodes``, which replaces the FX nodes in nested
+arguments, and ``eager_layout_arg``, which gives an ATen fallback its inputs with eager's
+strides ([Note: fallbacks see eager's strides]). Every name is re-exported by lowering.py::
 
     >>> import torch
     >>> from toycomp.prims.decompositions import decompose
@@ -41,17 +40,17 @@ from torch.fx.node import Node
 import toycomp.prims as prims
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.lowering_table import LoweringError
-from toycomp.inductor.sizevars import SizeVars, is_symbolic
-from toycomp.inductor.tensor_value import TensorMeta, TensorValue, reindex
+from toycomp.inductor.sizevars import is_symbolic
+from toycomp.inductor.tensor_value import reindex
 from toycomp.tensor_utils import to_meta, to_meta_value
 
 
 def _graph_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
     """The inputs' device; for a graph without inputs, the device its creation prims name."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    for t in sorted(tensors, key=lambda t: t.dim() == 0):  # scalars may live elsewhere
-        return t.device
-    return _creation_device(gm)  # a graph without tensor inputs
+    if not tensors:
+        return _creation_device(gm)
+    return min(tensors, key=lambda t: t.dim() == 0).device  # scalars may live elsewhere
 
 
 def _creation_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -62,8 +61,7 @@ def _creation_device(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def _meta_value(node: Node, meta: dict[Node, Any]) -> Any:
-    """The node's result on the meta device (shape, dtype, stride), from meta["val"] or by
-    running the op (the prim's eager reference) on meta tensors."""
+    """The node's result on meta (shape, dtype, stride): its meta["val"], or its op run on meta."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return to_meta(val)
@@ -115,20 +113,8 @@ SUPPORTED_DTYPES = {
 
 
 def _dtypes_supported(node: Node, meta: dict[Node, Any]) -> bool:
-    tensors = [meta[n] for n in node.all_input_nodes] + [meta[node]]
-    return all(
-        t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor)
-    ) and isinstance(meta[node], torch.Tensor)
-
-
-def _check_matches_meta(
-    node: Node, value: TensorValue, out: TensorMeta, sizevars: SizeVars
-) -> None:
-    if not sizevars.same_sizes(value.size, tuple(out.shape)) or value.dtype != out.dtype:
-        raise LoweringError(
-            f"lowering {node.name!r} gave {list(value.size)} {value.dtype}, "
-            f"eager gives {list(out.shape)} {out.dtype}"
-        )
+    tensors = [meta[n] for n in (*node.all_input_nodes, node)]
+    return all(t.dtype in SUPPORTED_DTYPES for t in tensors if isinstance(t, torch.Tensor))
 
 
 # [Note: fallbacks see eager's strides]

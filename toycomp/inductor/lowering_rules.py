@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 
 # --- pointwise --------------------------------------------------------------------------------
 def _constant(value: prims.Number, dtype: torch.dtype) -> ir.Constant | ir.IndexValue:
-    """A Python number in a loop body, as the eager reference sees it: converted to ``dtype``.
-    A size (``mean`` divides by ``s0``) is the value of that expression, computed in ``dtype``."""
+    """A number in a loop body, converted to ``dtype`` as eager does (a size ``s0``: its value)."""
     if not indexing.is_static(value):
         return ir.IndexValue(value, dtype)
     return ir.Constant(ir.convert_number(value, dtype), dtype)
@@ -58,8 +57,7 @@ def _pointwise_rule(name: str) -> Rule:
         operands = args[1:] if name == "where" else args
         like = next(a for a in operands if isinstance(a, TensorValue))
         bodies = tuple(
-            a.body if isinstance(a, TensorValue) else _constant(a, like.dtype)
-            for a in args
+            a.body if isinstance(a, TensorValue) else _constant(a, like.dtype) for a in args
         )
         return TensorValue(tuple(out.shape), out.dtype, ir.Op(name, bodies, out.dtype))
 

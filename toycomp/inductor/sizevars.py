@@ -29,6 +29,7 @@ torch/fx/experimental/symbolic_shapes.py (``ShapeEnv``, the symbols and their gu
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import sympy
@@ -61,17 +62,20 @@ class SizeVars:
     def __init__(self, values: list | None = None) -> None:
         self.renames: dict[sympy.Symbol, sympy.Symbol] = {}  # ShapeEnv symbol -> s<k>
         self.scalars: dict[sympy.Expr, sympy.Symbol] = {}  # a SymFloat's expression -> f<k>
-        self.shape_env = None
-        for v in values or ():
+        self.values = values or []
+
+    @functools.cached_property
+    def shape_env(self) -> Any:
+        """The first ShapeEnv that a SymInt among ``values``' sizes and strides names, or None."""
+        for v in self.values:
             for s in (*v.shape, *v.stride()) if isinstance(v, torch.Tensor) else (v,):
-                if self.shape_env is None and is_symbolic(s):
-                    self.shape_env = shape_env_of(s)
+                if is_symbolic(s) and shape_env_of(s) is not None:
+                    return shape_env_of(s)
+        return None
 
     def expr(self, value: Any) -> Size:
         """An int or SymInt -> an int or an expression over toycomp's size symbols."""
-        if not is_symbolic(value):
-            return value
-        return self._symbolic_expr(value)  # dynamic shapes
+        return self._symbolic_expr(value) if is_symbolic(value) else value  # dynamic shapes
 
     def _symbolic_expr(self, value: torch.SymInt | torch.SymFloat) -> Size:
         expr = sym_expr(value)

@@ -65,19 +65,18 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
     if not isinstance(value.body, ir.Load):
         return None
     index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
-    strides = [sympy.diff(index, v) for v in ivars]
-    offset = index.subs({v: 0 for v in ivars})
+    strides = [_as_size(sympy.diff(index, v)) for v in ivars]
+    offset = _as_size(index.subs({v: 0 for v in ivars}))
     if not all(_size_like(s) and indexing.known_nonnegative(s) for s in strides + [offset]):
         return None
     if sympy.expand(index - indexing.linear_index(ivars, strides, offset)) != 0:
         return None
-    strides, offset = tuple(map(_as_size, strides)), _as_size(offset)
-    return ir.TensorArg(value.body.buffer, value.size, strides, offset)
+    return ir.TensorArg(value.body.buffer, value.size, tuple(strides), offset)
 
 
-def _size_like(e: sympy.Expr) -> bool:
-    """An integer, or an expression in the size symbols only (a symbolic stride: ``s1``)."""
-    return e.is_Integer or all(indexing.is_size_symbol(v) for v in e.free_symbols)
+def _size_like(e: int | sympy.Expr) -> bool:
+    """An int, or an expression in the size symbols only (a symbolic stride: ``s1``)."""
+    return indexing.is_static(e) or all(indexing.is_size_symbol(v) for v in e.free_symbols)
 
 
 def _as_size(e: sympy.Expr):

@@ -1,5 +1,5 @@
 """Stage 3b, the table (what functionalization and autograd leave behind in real models):
-``as_strided_scatter``, ``as_strided``, ``fill.Tensor`` and
+``as_strided_scatter``, ``as_strided``, ``empty_strided``, ``fill.Tensor`` and
 ``convolution_backward``.
 
 Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls).
@@ -25,9 +25,11 @@ extern kernel (torch/_inductor/lowering.py).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import torch
+from torch import fx
 
 import toycomp.prims as prims
 from toycomp.prims.decomp_table import Unsupported, register
@@ -41,24 +43,60 @@ def _extern(op: Any, *args: Any) -> Any:
     return tracer.emit(op, args, {}) if tracer is not None else op(*args)
 
 
-def _concrete(*sizes: Any) -> None:
+def _concrete(*sizes: Any, op: str = "as_strided") -> None:
     if any(is_symbolic(s) for group in sizes for s in group):
-        raise Unsupported("as_strided_scatter with symbolic sizes")
+        raise Unsupported(f"{op} with symbolic sizes")
 
 
-# --- as_strided_scatter -------------------------------------------------------------------------
-def _storage_order(a: Any) -> list[int]:
-    """The dims of ``a`` from outermost to innermost in memory, as ``a.clone()`` lays them out:
-    ``a``'s own order when it is dense (a permutation of a contiguous tensor), else row-major."""
-    val = getattr(a, "val", a)  # a Proxy's meta value, or a real tensor
-    sizes, strides = list(val.shape), list(val.stride())
-    order = sorted(range(val.ndim), key=lambda d: -strides[d])  # stable: ties keep dim order
+# --- as_strided_scatter and as_strided ----------------------------------------------------------
+# [Note: as_strided reads the ATen layout]
+# as_strided reads memory, and a prim value has none: the rules read ``a`` in the order eager
+# lays it out in memory, given by the strides of the ATen node's meta value (AOT makes them the
+# real ones: [Note: as_strided reads memory]), not by those the prims happen to give (a mean's
+# decomposition ends in a view; an empty_strided is a contiguous full). The offset counts from
+# a's first element where a is a fresh tensor (a new result of an ATen op: offset 0, as in
+# eager). A graph input or a view may start anywhere in a storage the graph cannot see: an
+# explicit offset into one is refused.
+def _aten_layout(a: Any) -> tuple[Any, bool]:
+    """``a`` laid out as eager lays it out (a meta value, or ``a`` itself when the prims run
+    eagerly) and whether an offset counts from its first element (see the Note above)."""
+    if isinstance(a, torch.Tensor):
+        return a, True
+    node = getattr(prims.current_tracer(), "aten_node", None)
+    if node is not None and node.target in _READ_MEMORY and isinstance(node.args[0], fx.Node):
+        val = node.args[0].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val, _is_fresh(node.args[0])
+    return a.val, _owns_storage(a)  # decomposed outside the ATen graph: the prims' layout
+
+
+def _is_fresh(node: fx.Node) -> bool:
+    """``node`` (ATen) is a new tensor: an op's result that is not a view of an argument."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:  # one result of a multi-output op
+        return isinstance(node.args[0], fx.Node) and _is_fresh(node.args[0])
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
+
+
+def _dense_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int] | None:
+    """The dims from outermost to innermost in memory when these strides are dense (a
+    permutation of a contiguous tensor's), else None."""
+    order = sorted(range(len(sizes)), key=lambda d: -strides[d])  # stable: ties keep dim order
     expected = 1
     for d in reversed(order):
         if sizes[d] != 1 and strides[d] != expected:
-            return list(range(val.ndim))  # not dense: clone makes it contiguous
+            return None
         expected *= sizes[d]
     return order
+
+
+def _storage_order(val: Any) -> list[int]:
+    """The dims of ``val`` from outermost to innermost in memory, as ``clone`` lays them out:
+    its own order when it is dense, else row-major (clone makes it contiguous)."""
+    order = _dense_order(list(val.shape), list(val.stride()))
+    return list(range(val.ndim)) if order is None else order
 
 
 def _positions(size: Sequence[int], stride: Sequence[int], offset: int, device: Any) -> Any:
@@ -93,25 +131,22 @@ def _in_storage(a: Any, order: list[int], size: Sequence[int], stride: Sequence[
 def _owns_storage(a: Any) -> bool:
     """``a`` is computed in the graph by an op that returns a new tensor (not a view)."""
     node = getattr(a, "node", None)
-    if node is None:  # a real tensor (the prims run eagerly): its offset is known
-        return True
-    if node.op != "call_function":
+    if node is None or node.op != "call_function":
         return False
     if prims.is_prim(node.target):
         return prims.prim_kind(node.target) is not prims.PrimKind.VIEW
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and all(r.alias_info is None for r in schema.returns)
+    return _is_fresh(node)
 
 
 @register(aten.as_strided.default)
 def as_strided(a: Any, size: Sequence[int], stride: Sequence[int],
                storage_offset: int | None = None) -> Any:  # fmt: skip
     _concrete(a.shape, size, stride, [storage_offset or 0])
-    val = getattr(a, "val", a)
-    order = _storage_order(a)
+    val, fresh = _aten_layout(a)
+    order = _storage_order(val)
     if order == list(range(a.ndim)) and not val.is_contiguous():
         raise Unsupported("as_strided of a tensor that is not dense in memory")
-    if storage_offset is not None and not _owns_storage(a):
+    if storage_offset is not None and not fresh:
         # a graph input's (or a view's) place in its storage is not in its meta value (make_fx
         # and AOT record offset 0): an absolute offset cannot be read back to an element of a
         raise Unsupported("as_strided with a storage offset into a graph input or a view")
@@ -129,11 +164,11 @@ def as_strided_scatter(a: Any, src: Any, size: Sequence[int], stride: Sequence[i
                        storage_offset: int | None = None) -> Any:  # fmt: skip
     # eager: ``out = a.clone(); out.as_strided(size, stride, offset).copy_(src)``; the clone
     # starts its storage at 0 and keeps a's memory order (if dense)
-    _concrete(a.shape, size, stride, [storage_offset or 0])
+    _concrete(a.shape, size, stride, [storage_offset or 0], op="as_strided_scatter")
     count = _numel(size)
     if count == 0 or a.numel() == 0:
         return a
-    order = _storage_order(a)
+    order = _storage_order(_aten_layout(a)[0])
     flat, stored_shape = _in_storage(a, order, size, stride, storage_offset or 0)
     rows = _positions(size, stride, storage_offset or 0, a.device)
     values = reshape(convert(src, a.dtype), [count])
@@ -141,6 +176,29 @@ def as_strided_scatter(a: Any, src: Any, size: Sequence[int], stride: Sequence[i
     if order == list(range(a.ndim)):
         return out
     return prims.permute(out, [order.index(d) for d in range(a.ndim)])
+
+
+_READ_MEMORY = (aten.as_strided.default, aten.as_strided_scatter.default)
+
+
+@register(aten.empty_strided.default)
+def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype=None, layout=None,
+                  device=None, pin_memory=None) -> Any:  # fmt: skip
+    # Its values are unspecified (zeros are as good as any), its strides are not: the as_strided
+    # rules read them from the ATen graph ([Note: as_strided reads the ATen layout]), and an
+    # ATen op left to eager (an as_strided with symbolic sizes) reads the memory the prims give.
+    # So a full laid out in storage order, permuted back to ``size``: the same strides.
+    _concrete(size, stride, op="empty_strided")
+    dtype, device = dtype or torch.get_default_dtype(), device or "cpu"
+    order = _dense_order(list(size), list(stride))
+    if _numel(size) == 0:
+        return prims.full(list(size), 0, dtype, device)
+    if order is None:
+        raise Unsupported("empty_strided with strides that are not dense")
+    stored = prims.full([size[d] for d in order], 0, dtype, device)
+    if order == list(range(len(size))):
+        return stored
+    return prims.permute(stored, [order.index(d) for d in range(len(size))])
 
 
 @register(aten.fill.Tensor)

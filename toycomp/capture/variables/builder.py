@@ -11,7 +11,7 @@ tracker, so a list appended to through two names stays one list.
 >>> out = OutputGraph(lambda: None, {})
 >>> out.wrap(3, LocalSource("n"))
 ConstantVariable(3)
->>> out.guards.conditions[-1]
+>>> list(out.guards.conditions)[-1]
 "L['n'] == 3"
 
 NB: in PyTorch this lives in torch/_dynamo/variables/builder.py (VariableBuilder, which calls
@@ -82,6 +82,11 @@ SKIP_MODULES = ("numpy", "random", "scipy", "pandas", "time", "os", "sys", "logg
 BUILTIN_MODULES = (builtins, math, operator)
 
 
+# [Note: which torch callables the graph holds]
+# Tensor methods, and what the torch package (not nn.Module's code, nor Dynamo's) defines. A
+# method bound to a Python object that is not a tensor or a module is traced instead
+# (``GradScaler.scale``: its side effects are replayed, not stored fakes), and so is a lambda or
+# a local function (OpInfo's ops): FX could not print an import path for it.
 def is_torch_function(value: Any) -> bool:
     """Functions put in the graph as opaque calls: torch.*, F.*, torch.Tensor methods."""
     if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -90,9 +95,7 @@ def is_torch_function(value: Any) -> bool:
     if module.split(".")[0] != "torch" or module.startswith(("torch.nn.modules", "torch._dynamo")):
         return False
     if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
-        # not GradScaler.scale: traced, its side effects replayed (not stored fakes)
         return isinstance(value.__self__, (torch.Tensor, torch.nn.Module))
-    # not a lambda or local function (OpInfo's ops): no import path for FX; inlined
     return not (isinstance(value, types.FunctionType) and "<" in value.__qualname__)
 
 
@@ -167,11 +170,13 @@ class VariableBuilder:
         if type(value) in ITERATOR_TYPES:
             return self.wrap_iterator(value, source)
         if isinstance(value, torch.nn.Module):
-            g and g.type_match(source, value)
-            g and g.note_module(source, value)  # guards may read its dicts: sources.py
-            return NNModuleVariable(value, source)
+            return self.wrap_module(value, source, g)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
+        if not isinstance(value, (type, functools._lru_cache_wrapper)) and (  # see wrap_callable
+                is_torch_function(value) or any(value is f for f in TRACING_STATE)):
+            g and guard and g.id_match(source, value)  # torch.sin, F.relu, Tensor methods
+            return TorchVariable(value, source)
         return self.wrap_callable(value, source, g if guard else None)
 
     def wrap_container(self, value, source, g, guard) -> VariableTracker:
@@ -197,6 +202,12 @@ class VariableBuilder:
         g and g.dict_keys_match(source, list(value))
         return DictVariable({k: self(v, source and GetItemSource(source, k))
                              for k, v in value.items()}, source, type(value))
+
+    def wrap_module(self, value, source, g) -> NNModuleVariable:
+        """An nn.Module, guarded by its type; guards may read its dicts (sources.py)."""
+        g and g.type_match(source, value)
+        g and g.note_module(source, value)
+        return NNModuleVariable(value, source)
 
     def wrap_numpy(self, value, source, g) -> NumpyArrayVariable:
         g.type_match(source, value)  # (before the tensor's guards, which convert it)
@@ -236,6 +247,8 @@ class VariableBuilder:
                                      for i in range(position, len(seq))])
 
     def wrap_callable(self, value, source, g) -> VariableTracker:
+        """What is not a torch function: builtins, functools' wrappers (of torch functions too),
+        copy, skipped modules (numpy...), classes (torch's too), Python functions, objects."""
         if value is os.environ:
             return EnvironVariable(value, source)
         if is_hashable(value) and value in RULES:  # a builtin with a rule (itertools...)
@@ -251,9 +264,6 @@ class VariableBuilder:
             return SkipFunctionVariable(value, source)
         if isinstance(value, type):
             return self.wrap_class(value, source, g)
-        if is_torch_function(value) or any(value is f for f in TRACING_STATE):
-            g and g.id_match(source, value)
-            return TorchVariable(value, source)
         return self.wrap_python_callable(value, source, g)  # builtins, user functions, objects
 
     def wrap_python_callable(self, value, source, g) -> VariableTracker:

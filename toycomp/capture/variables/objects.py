@@ -23,8 +23,10 @@ import types
 import torch
 
 from toycomp.capture.sources import AttrSource, GetItemSource
+from toycomp.capture.variables import nn_module_iter
 from toycomp.capture.variables.base import (
     ConstantVariable,
+    MethodVariable,
     Unsupported,
     ValueVariable,
     VariableTracker,
@@ -188,6 +190,11 @@ class NNModuleVariable(UserDefinedObjectVariable):
             raise Unsupported(f"{type(m).__name__} has hooks")
         return self.var_getattr(tx, "forward").call_function(tx, args, kwargs)
 
+    def class_attr(self, tx, name):
+        if nn_module_iter.is_module_iterator(self.python_type(), name):  # (not inlined)
+            return MethodVariable(self, name)
+        return super().class_attr(tx, name)
+
     def submodules(self, tx):
         """The children of a ModuleList / Sequential / ModuleDict, as trackers."""
         base = self.source and AttrSource(self.source, "_modules")
@@ -197,6 +204,8 @@ class NNModuleVariable(UserDefinedObjectVariable):
     def call_method(self, tx, name, args, kwargs):
         m = self.value
         keys = list(m._modules)
+        if nn_module_iter.is_module_iterator(type(m), name):
+            return nn_module_iter.iterate(tx, self, name, args, kwargs)
         if name == "__len__":
             return ConstantVariable(len(m._modules))
         if name == "__iter__":
@@ -210,7 +219,7 @@ class NNModuleVariable(UserDefinedObjectVariable):
             if isinstance(index, slice):  # (a new ModuleList in eager: its items, here)
                 return TupleVariable(subs[index])
             return subs[keys.index(index) if isinstance(m, torch.nn.ModuleDict) else index]
-        if name in ("children", "values") and isinstance(
+        if name == "values" and isinstance(
                 m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
             return TupleVariable(self.submodules(tx))
         if name in ("keys", "items") and isinstance(m, torch.nn.ModuleDict):

@@ -112,10 +112,8 @@ class TensorVariable(VariableTracker):
             for i in range(self.example.shape[0])
         ]
 
-    def reconstruct(self, codegen):
-        if self.source is not None:
-            return codegen.source(self.source)
-        return codegen.graph_output(self)
+    def reconstruct(self, codegen):  # read again from outside, or an output of the graph
+        return codegen.graph_output(self) if self.source is None else codegen.source(self.source)
 
     def __repr__(self):
         return f"TensorVariable({self.proxy.name}, {tuple(self.example.shape)})"

@@ -57,8 +57,10 @@ SPECIAL_FUNCTIONS = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.jit
 
 
 def is_special(fn) -> bool:
-    """Tracing state, constants, grad mode, autocast, classes...: see call_special."""
-    return (any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
+    """Custom ops, refused calls, tracing state, constants, grad mode, autocast, classes."""
+    return (isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload)
+            or fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo")
+            or any(fn is f for f in TRACING_STATE) or fn in SPECIAL_FUNCTIONS
             or fn in CONSTANT_FUNCTIONS or fn in AUTOCAST or isinstance(fn, type))
 
 
@@ -69,19 +71,19 @@ class TorchVariable(ValueVariable):
         return tx.output.wrap(getattr(self.value, name), None, guard=False)
 
     def call_function(self, tx, args, kwargs):
-        fn = self.value
-        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
-            fn = fn._opoverload  # the graph calls its operator (metadata: its fake impl), as Dynamo
-        if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
-            raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
-        if is_special(fn):
+        if is_special(self.value):  # not a plain graph call
             return self.call_special(tx, args, kwargs)
-        if fn in ARGUMENT_RULES:  # torch.arange's dtype, F.one_hot's number of classes
-            args, kwargs = ARGUMENT_RULES[fn](tx, args, kwargs)
-        return tx.output.create_call("call_function", fn, args, kwargs)
+        if self.value in ARGUMENT_RULES:  # torch.arange's dtype, F.one_hot's number of classes
+            args, kwargs = ARGUMENT_RULES[self.value](tx, args, kwargs)
+        return tx.output.create_call("call_function", self.value, args, kwargs)
 
     def call_special(self, tx, args, kwargs):
         fn = self.value
+        if isinstance(getattr(fn, "_opoverload", None), torch._ops.OpOverload):  # a custom_op:
+            # the graph calls its operator (metadata: its fake impl), as Dynamo does
+            return tx.output.create_call("call_function", fn._opoverload, args, kwargs)
+        if fn in UNSUPPORTED or getattr(fn, "__module__", "").startswith("torch._dynamo"):
+            raise Unsupported(f"call to {getattr(fn, '__qualname__', fn)}")
         if any(fn is f for f in TRACING_STATE):
             return ConstantVariable(TRACING_STATE[fn])
         if fn in (torch.from_numpy, torch.as_tensor, torch.asarray) and not kwargs and \
@@ -190,8 +192,7 @@ class AutocastVariable(ContextManagerVariable):
         real = torch.autocast(*self.args, **self.kwargs)
         params = [real.device, real.fast_dtype, real._enabled, real._cache_enabled]
         enter = torch.amp.autocast_mode._enter_autocast
-        self.node = tx.output.create_call(
-            "call_function", enter, [ConstantVariable(p) for p in params], {}, opaque=True)
+        self.node = tx.output.opaque_call(enter, [ConstantVariable(p) for p in params])
         self.real = real
         real.__enter__()
         tx.output.entered.append(real)  # left for real when the trace ends, whatever happens
@@ -199,7 +200,7 @@ class AutocastVariable(ContextManagerVariable):
 
     def exit(self, tx):
         exit_fn = torch.amp.autocast_mode._exit_autocast
-        tx.output.create_call("call_function", exit_fn, [self.node], {}, opaque=True)
+        tx.output.opaque_call(exit_fn, [self.node])
         self.real.__exit__(None, None, None)
         tx.output.entered.remove(self.real)
         return ConstantVariable(None)
