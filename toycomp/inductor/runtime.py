@@ -122,11 +122,9 @@ def check_input(
     t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype,
     device: torch.device | None, name: str
 ) -> None:
-    """Kernels index inputs with the strides they were compiled for: anything else is an error
-    (a size-0/1 dim's stride is never used, so it may differ). ``device`` None: any device
-    (see [Note: extern seeds] in lowering.py)."""
-    # the common case first, cheaply: a training step checks a few hundred inputs per call
-    if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:
+    """Raise unless ``t`` has the layout its kernels were compiled for (a size-0/1 dim's stride
+    may differ; ``device`` None: any, see [Note: extern seeds] in lowering.py)."""
+    if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:  # the usual
         if t.shape == size and t.device == device:
             return
     _check_input_fully(t, size, stride, dtype, device, name)
