@@ -96,6 +96,11 @@ class _Entry:
         return self.value
 
 
+# [Note: pending stores]
+# The store of a reduction's result waits until a statement other than a Reduce comes, so that
+# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
+# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
+# (see [Note: fusion]).
 @dataclass
 class _Group:
     """A kernel being built: the buffers fused over one iteration space (numel, rnumel)."""
@@ -110,6 +115,22 @@ class _Group:
 
     def reads(self) -> set[str]:
         return {b for e in self.entries for b in e.reads}
+
+    def step(self, name: str, stored: set[str]) -> ir.Kernel:
+        """The kernel: the statements in Loops ([Note: pending stores]), ``stored`` stored."""
+        statements, pending = [], []  # (over_r, statement); the reductions' Stores, waiting
+        for e in self.entries:
+            if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
+                _add_reduction(e, self, stored, statements, pending)
+            elif e.node.name in stored:
+                statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
+                pending.clear()
+        loops = _split_loops(statements + pending)
+        origins = tuple(dict.fromkeys(o for e in self.entries for o in e.node.origins))
+        dtypes = _buffer_dtypes(loops, self)
+        return ir.Kernel(
+            name, self.numel, self.rnumel, loops, dtypes, origins, self.rows_per_program
+        )
 
 
 @dataclass
@@ -129,7 +150,7 @@ class _OwnStep(_Group):
         # the scatter writes into its init's copy, which must therefore be stored (see the Note)
         return {self.node.name, *_loads(*self.node.indirect, self.node.value)}
 
-    def step(self, name: str) -> ir.Kernel | ExternKernel:
+    def step(self, name: str, stored: set[str]) -> ir.Kernel | ExternKernel:
         """The extern call, or the scatter's kernel (named ``name``)."""
         if isinstance(self.node, ExternKernel):
             return self.node
@@ -178,16 +199,12 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
     """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion])."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
-        if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
-            _add_own_step(node, groups)
-        else:
-            _place(node, groups)
+        _place(node, groups)
     stored = _stored_buffers(groups, lowered.outputs)
     steps: list[ir.Kernel | ExternKernel] = []
     for group in groups:  # kernels are numbered in order; extern calls run between them
         name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
-        own_step = isinstance(group, _OwnStep)
-        steps.append(group.step(name) if own_step else _make_kernel(name, group, stored))
+        steps.append(group.step(name, stored))
     allocations = [_allocation(e.node) for g in groups for e in g.entries if e.node.name in stored]
     return ir.ScheduledGraph(
         lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
@@ -196,6 +213,7 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
 
 
 def _add_own_step(node: ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
+    """A step fused with nothing; a scatter's copy first, placed as any other buffer."""
     if isinstance(node, ir.Scatter):  # its copy first ([Note: a scatter is a buffer written twice])
         _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
     groups.append(_OwnStep(0, 0, node=node))
@@ -216,8 +234,10 @@ def _own_step_reads(node: ExternKernel | ir.Scatter) -> list[str]:
 
 
 # --- grouping ------------------------------------------------------------------------------------
-def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
+def _place(node: Pointwise | Reduction | ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
     """Add ``node`` to the most related kernel that can take it, or to a new one."""
+    if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
+        return _add_own_step(node, groups)
     owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
     reads = buffer_reads(node)
     first = max((owner[b] for b in reads if b in owner), default=0)  # the latest producer
@@ -231,8 +251,7 @@ def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
         if _fuse_into(groups, k, node):
             return
     group = _Group(*_node_group(node))  # a kernel of its own
-    group.entries.append(_make_entry(node, group, {}))
-    groups.append(group)
+    groups.append(dataclasses.replace(group, entries=[_make_entry(node, group, {})]))
 
 
 def _node_group(node: Pointwise | Reduction) -> tuple[int, int]:
@@ -282,15 +301,14 @@ def _is_column_partial(node, numel, rnumel) -> bool:
 
 
 def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
-    """``node`` over the kernel's (x, r), loads of ``fused`` buffers replaced by their values;
-    None if it does not fit ``group`` ([Note: fusion])."""
+    """``node`` over (x, r), loads of ``fused`` buffers replaced; None if it does not fit."""
     ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
+    ivars = indexing.index_vars("i", len(node.size))
     try:
-        mapping, over_r = _index_mapping(node, group.numel, group.rnumel)
+        mapping, over_r = _index_mapping(node, ivars, group.numel, group.rnumel)
         value = ir.map_expr(node.body, lambda e: _rewrite(e, mapping, ranges, fused, group))
     except _NotFusable:
         return None
-    ivars = indexing.index_vars("i", len(node.size))
     own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
     position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
     return _Entry(node, over_r, value, position, tuple(buffer_reads(node)))
@@ -319,9 +337,8 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
     return producer.result
 
 
-def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool]:
+def _index_mapping(node, ivars: tuple, numel: int, rnumel: int) -> tuple[dict, bool]:
     """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
-    ivars = indexing.index_vars("i", len(node.size))
     if isinstance(node, Reduction):  # (split_reduction.py's mix-order partials too)
         return _reduction_mapping(node, ivars, numel, rnumel)
     if indexing.known_equal(indexing.numel(node.size), numel):  # per row
@@ -396,29 +413,7 @@ def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
     return ir.AllocatedBuffer(node.name, node.size, stride, node.dtype)
 
 
-# --- kernels -------------------------------------------------------------------------------------
-# [Note: pending stores]
-# The store of a reduction's result waits until a statement other than a Reduce comes, so that
-# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
-# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
-# (see [Note: fusion]).
-def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
-    """The kernel of ``group``: its statements in Loops ([Note: pending stores])."""
-    statements, pending = [], []  # (over_r, statement); the reductions' Stores, waiting
-    for e in group.entries:
-        if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
-            _add_reduction(e, group, stored, statements, pending)
-        elif e.node.name in stored:
-            statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
-            pending.clear()
-    loops = _split_loops(statements + pending)
-    origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
-    dtypes = _buffer_dtypes(loops, group)
-    return ir.Kernel(
-        name, group.numel, group.rnumel, loops, dtypes, origins, group.rows_per_program
-    )
-
-
+# --- kernels (``_Group.step`` writes the statements, in the order [Note: pending stores] gives) --
 def _add_reduction(e: _Entry, group: _Group, stored: set[str], statements, pending) -> None:
     """A Reduce (or a mix-order ColumnReduce); its Store waits ([Note: pending stores])."""
     if _is_column_partial(e.node, group.numel, group.rnumel):

@@ -145,8 +145,7 @@ class CompiledGraph:
 def compile_graph(
     scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
-    """Generate the kernels and the wrapper of ``scheduled``, load the kernels and ``exec`` the
-    wrapper (``backend``: "cpp" or "triton"; ``memory_planning``: [Note: planning modes])."""
+    """Generate, load and ``exec`` the kernels and wrapper of ``scheduled`` (see the Notes)."""
     device = _check_backend(backend, torch.device(scheduled.device))
     kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
     if backend == "cpp":
@@ -192,9 +191,12 @@ def _check_backend(backend: str, device: torch.device) -> torch.device:
         raise ValueError(f"unknown backend {backend!r}; expected one of {tuple(BACKENDS)}")
     if device.type not in BACKENDS[backend]:
         raise RuntimeError(f"{_RUNS_ON[backend]}, not {device}")
-    if device.type == "cuda" and device.index is None:  # the device the wrapper enters
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+    return _cuda_device(device) if device.type == "cuda" else device
+
+
+def _cuda_device(device: torch.device) -> torch.device:
+    """The CUDA device the wrapper enters: ``device``, or the current one if it has no index."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
 
 
 def _load_kernels(kernels: list[GeneratedKernel], backend: str, device: torch.device) -> dict:
@@ -221,8 +223,7 @@ class WrapperCodegen:
         buffers = [*self.tensor_inputs, *graph.constants, *graph.allocations]
         buffers += [b for step in externs for b in (step, *step.outputs)]
         self.layouts = {b.name: (tuple(b.size), tuple(b.stride)) for b in buffers}
-        taken = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}  # + CUDA's
-        taken |= {*self.calls, *(v for k in kernels for v in k.variants)}
+        taken = {*_TAKEN, *self.calls, *(v for k in kernels for v in k.variants)}
         for name in [*self.layouts, *(b.name for b in graph.inputs)]:  # + the sizes' inputs
             if not name.isidentifier() or name in taken or indexing.size_symbol_named(name):
                 raise ValueError(f"buffer name {name!r} cannot be a wrapper variable")
@@ -230,9 +231,8 @@ class WrapperCodegen:
 
     def generate(self) -> str:
         code, steps = IndentedBuffer(), len(self.graph.steps)
-        steps_text = f"{steps} step{'s' * (steps != 1)}"
-        code.writeline(f"# toycomp wrapper ({steps_text} on {self.graph.device})")
-        code.writeline("def call(args):")
+        header = f"# toycomp wrapper ({steps} step{'s' * (steps != 1)} on {self.graph.device})"
+        code.writelines([header, "def call(args):"])
         with code.indent():
             names = [b.name for b in self.graph.inputs]
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
@@ -436,9 +436,13 @@ _WRAPPER_GLOBALS = {
 
 def _namespace(device: torch.device) -> dict[str, Any]:
     namespace = {**_WRAPPER_GLOBALS, "device": device, "inputs_seen": LayoutsSeen()}
-    if device.type == "cuda":  # inside the wrapper's device guard; new names go in `taken` too
+    if device.type == "cuda":  # inside the wrapper's device guard; new names go in _TAKEN too
         namespace.update(_cuda_namespace())
     return namespace
+
+
+# The names no buffer may take (CUDA's too; its check functions have names no buffer has).
+_TAKEN = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}
 
 
 def _cuda_namespace() -> dict[str, Any]:
