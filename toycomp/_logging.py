@@ -31,18 +31,19 @@ ARTIFACTS = ("graph_breaks", "recompiles", "guards", "graph_code", "aot_graphs",
 OFF = logging.CRITICAL + 1  # an artifact logger's level while it is not asked for
 
 root = logging.getLogger("toycomp")
+_LOGGERS = {name: logging.getLogger(f"toycomp.{name}") for name in ARTIFACTS}
 
 
 def getArtifactLogger(name: str) -> logging.Logger:  # noqa: N802 (torch._logging's name)
     """The logger of one artifact (``toycomp.graph_breaks``...)."""
     if name not in ARTIFACTS:
         raise ValueError(f"toycomp: unknown log {name!r}; choose among {', '.join(ARTIFACTS)}")
-    return logging.getLogger(f"toycomp.{name}")
+    return _LOGGERS[name]
 
 
 def log_enabled(name: str) -> bool:
     """Is ``name`` on? (Cheap: callers test it before building a message.)"""
-    return getArtifactLogger(name).isEnabledFor(logging.DEBUG)
+    return _LOGGERS[name].isEnabledFor(logging.DEBUG)
 
 
 def log(name: str, message: str, *args) -> None:

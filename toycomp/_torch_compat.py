@@ -2,7 +2,11 @@
 
 Everything imported here may change between PyTorch releases (toycomp runs on torch 2.13 in CI
 and torch 2.11 on the GPU machine). Stages import these names from here, never from
-``torch._*`` / ``torch.utils._*`` directly, so a PyTorch upgrade is fixed in one file.
+``torch._*`` / ``torch.utils._*`` directly, so a PyTorch upgrade is fixed in one file::
+
+    >>> schema = schema_of(torch.ops.aten.add_.Tensor)
+    >>> schema.name, schema.is_mutable, [(a.name, a.is_write) for a in schema.arguments]
+    ('aten::add_', True, [('self', True), ('other', False), ('alpha', False)])
 """
 
 import contextlib
@@ -15,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (funct
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: F401
 from torch._C import _set_grad_enabled  # noqa: F401  (capture.py records grad-mode changes)
 from torch._ops import OpOverload  # noqa: F401  (decompositions.py: is this target an ATen op?)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 
 # Ops that update their running stats in place although their schema does not say so.
@@ -48,8 +53,7 @@ def tensor_version(t):  # capture/side_effects.py: a tensor's in-place version c
 # also reset TF32 and determinism settings.
 @contextlib.contextmanager
 def cudnn_and_mkldnn_disabled() -> Iterator[None]:
-    """Turn cudnn and mkldnn (oneDNN) off for a while (aot.py records native ATen ops), through
-    torch._C: see [Note: cudnn and mkldnn flags]."""
+    """Turn cudnn and mkldnn (oneDNN) off while AOT records ATen ops (see the Note above)."""
     was = torch._C._get_cudnn_enabled(), torch._C._get_mkldnn_enabled()
     torch._C._set_cudnn_enabled(False)
     torch._C._set_mkldnn_enabled(False)
@@ -81,12 +85,7 @@ class OpSchema(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def schema_of(op: OpOverload) -> OpSchema:  # functional_utils.py, partitioners.py
-    """``op._schema`` as an ``OpSchema`` (read once per op: the recorder asks on every op).
-
-    >>> schema = schema_of(torch.ops.aten.add_.Tensor)
-    >>> schema.name, schema.is_mutable, [(a.name, a.is_write) for a in schema.arguments]
-    ('aten::add_', True, [('self', True), ('other', False), ('alpha', False)])
-    """
+    """``op._schema`` as an ``OpSchema`` (read once per op: the recorder asks on every op)."""
     schema = op._schema
     arguments = tuple(
         SchemaArgument(a.name, str(a.type), a.alias_info is not None and a.alias_info.is_write,
@@ -116,41 +115,30 @@ def returns_alias(op: OpOverload) -> bool:  # prims/decompositions.py: views and
 
 def fake_tensor_mode():  # capture/output_graph.py: compile on metadata, never on the user's data
     """A fresh ``FakeTensorMode`` (static shapes): tensors with shapes, strides and dtypes only."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     return FakeTensorMode()
 
 
 def fake_mode_of(tensors):  # aot/aot_autograd.py: trace on the capture's fake tensors
     """The ``FakeTensorMode`` of the first fake tensor among ``tensors`` (None if none is)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
 
 
 def is_fake(t) -> bool:  # aot/functional_utils.py, tests: a tensor with metadata only
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(t, FakeTensor)
 
 
 def no_fake_mode():  # aot/tensor_tracker.py: plain meta tensors for meta["val"] while tracing
     """A context in which factory functions make ordinary tensors even inside a fake mode."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     return unset_fake_temporarily()
 
 
 def storage_identity(storage) -> int:  # aot/functional_utils.py: aliasing among fake tensors
-    """Equal for the same storage: the address of its C++ ``StorageImpl`` (a meta or fake
-    tensor's ``data_ptr()`` is 0 for every storage, so it cannot tell them apart)."""
+    """The address of its C++ ``StorageImpl`` (a fake tensor's ``data_ptr()`` is always 0)."""
     return storage._cdata
 
 
 def fake_on_device(t, device):  # pipeline.py: toycomp.explain on meta inputs compiles for CPU
     """A fake tensor like the fake ``t`` (shape, strides, dtype, requires_grad), on ``device``."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     with no_fake_mode():
         meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         fake = FakeTensor(t.fake_mode, meta, device)
@@ -207,8 +195,6 @@ def _shape_env():
 
 def symbolic_fake_tensor_mode():  # capture/output_graph.py: compile with dynamic shapes
     """A fresh ``FakeTensorMode`` with a ``ShapeEnv``: fake tensors may have symbolic sizes."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     return FakeTensorMode(shape_env=_shape_env())
 
 
@@ -290,8 +276,7 @@ def assert_async(condition, message: str) -> None:  # prims/decomp_table.py: a c
 
 
 def clear_saved_tensors(ctx) -> None:  # aot/runtime_wrappers.py: free saved values in backward
-    """Drop an autograd.Function node's saved tensors once its backward has read them, unless
-    the graph is retained (AOTAutograd's ``ctx.maybe_clear_saved_tensors()``)."""
+    """Free saved tensors after the backward read them (``ctx.maybe_clear_saved_tensors()``)."""
     ctx.maybe_clear_saved_tensors()
 
 
@@ -328,12 +313,14 @@ def _never(*tensors) -> bool:
     return False
 
 
+# [Note: input layouts in one call]
+# ``LayoutsSeen.check(*ts)``: do tensors ``ts`` have exactly the Python types, dtypes, devices,
+# requires_grad, sizes and strides of the tensors last given to ``remember``? One C++ call for
+# all of them (Dynamo's ``TensorGuards``, which checks its TENSOR_MATCH guards): about 0.07 us a
+# tensor on the 2-core CPU, where a Python ``check_input`` costs 1.5 us. It keeps no reference to
+# the tensors, and is False until something is remembered.
 class LayoutsSeen:  # inductor/wrapper.py, aot/runtime_wrappers.py: inputs checked once
-    """``seen.check(*ts)``: do tensors ``ts`` have exactly the Python types, dtypes, devices,
-    requires_grad, sizes and strides of the tensors last given to ``seen.remember``? One C++
-    call for all of them (Dynamo's ``TensorGuards``, which checks its TENSOR_MATCH guards):
-    about 0.07 us a tensor on the 2-core CPU, where a Python ``check_input`` costs 1.5 us. It
-    keeps no reference to the tensors, and is False until something is remembered."""
+    """Inputs checked against the layouts last remembered ([Note: input layouts in one call])."""
 
     __slots__ = ("check",)
 
@@ -341,25 +328,26 @@ class LayoutsSeen:  # inductor/wrapper.py, aot/runtime_wrappers.py: inputs check
         self.check = _never
 
     def remember(self, *tensors: torch.Tensor) -> None:
-        first: dict[int, int] = {}  # id -> the first position of that tensor
-        for i, t in enumerate(tensors):
-            first.setdefault(id(t), i)
-        unique = sorted(first.values())
-        check = torch._C._dynamo.guards.TensorGuards(
-            *[tensors[i] for i in unique],
-            dynamic_dims_sizes=[list(tensors[i].shape) for i in unique],
-            dynamic_dims_strides=[list(tensors[i].stride()) for i in unique],
-        ).check
         n = len(tensors)
-        if len(unique) < n:  # a tensor given twice
-            self.check = _with_repeats(check, tensors, first, unique)
-        else:  # (TensorGuards raises on another number of tensors)
-            self.check = lambda *ts: len(ts) == n and check(*ts)
+        if len({id(t) for t in tensors}) < n:  # a tensor given twice
+            self.check = _with_repeats(tensors)
+            return
+        check = torch._C._dynamo.guards.TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        ).check
+        self.check = lambda *ts: len(ts) == n and check(*ts)  # (TensorGuards raises otherwise)
 
 
-def _with_repeats(check, tensors, first: dict[int, int], unique: list[int]) -> Callable:
+def _with_repeats(tensors: tuple) -> Callable:
     """TensorGuards is False for a tensor given twice (Dynamo passes each once): check the
     others, and that the repeated positions hold the same tensor again."""
+    first: dict[int, int] = {}  # id -> the first position of that tensor
+    for i, t in enumerate(tensors):
+        first.setdefault(id(t), i)
+    unique = sorted(first.values())
+    check, _ = tensor_guards([tensors[i] for i in unique])
     n = len(tensors)
     repeats = [(i, first[id(t)]) for i, t in enumerate(tensors) if first[id(t)] != i]
     return lambda *ts: (

@@ -28,7 +28,7 @@ torch/_dynamo/config.py for capture.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any
 
 # --- the flags (their defaults are the fast preset) ---------------------------------------------
 # A long reduction with few outputs becomes a partial reduction over chunks plus a small
@@ -97,12 +97,10 @@ _NAMESPACES = {"cpp": cpp, "triton": triton}
 
 def _owner(name: str) -> tuple[Any, str]:
     """The object holding flag ``name`` (``"cpp.simdlen"`` -> ``cpp``) and its attribute."""
-    namespace, _, attr = name.rpartition(".")
-    owner = _NAMESPACES.get(namespace) if namespace else _module
-    if owner is None or attr.startswith("_") or not hasattr(owner, attr) or (
-        not namespace and attr not in _FLAT):
+    if name not in DEFAULTS:
         raise AttributeError(f"toycomp.config has no flag {name!r}; flags: {sorted(DEFAULTS)}")
-    return owner, attr
+    namespace, _, attr = name.rpartition(".")
+    return _NAMESPACES.get(namespace, _module), attr
 
 
 def get(name: str) -> Any:
@@ -116,57 +114,30 @@ def snapshot() -> dict[str, Any]:
     return {name: get(name) for name in DEFAULTS}
 
 
-@contextlib.contextmanager
-def _patched(changes: dict[str, Any]) -> Iterator[None]:
-    owners = {name: _owner(name) for name in changes}  # unknown names raise before any change
-    saved = {name: getattr(*owners[name]) for name in changes}
-    try:
-        for name, value in changes.items():
-            setattr(*owners[name], value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(*owners[name], value)
-
-
 class patch(contextlib.ContextDecorator):
     """Set flags inside a ``with`` block or a decorated function, as
     ``torch._inductor.config.patch`` does: ``patch(split_reductions=False)``,
     ``patch({"cpp.simdlen": 0})`` or ``patch(**toycomp.config.teach)``. Unknown names raise."""
 
     def __init__(self, changes: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.changes = {**(changes or {}), **kwargs}
-        for name in self.changes:
-            _owner(name)
-        self._stack: list[contextlib.AbstractContextManager] = []
+        self.changes = check_options({**(changes or {}), **kwargs})
+        self._saved: list[dict[str, Any]] = []  # the values each (nested) entry replaced
 
     def __enter__(self) -> None:
-        cm = _patched(self.changes)
-        cm.__enter__()
-        self._stack.append(cm)
+        self._saved.append({name: getattr(*_owner(name)) for name in self.changes})
+        for name, value in self.changes.items():
+            setattr(*_owner(name), value)
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.pop().__exit__(*exc)
+        for name, value in self._saved.pop().items():
+            setattr(*_owner(name), value)
 
 
 def check_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """``toycomp.compile(fn, options=...)``: a dict of flags, checked now (unknown names raise)."""
-    options = dict(options or {})
-    for name in options:
+    for name in options or {}:
         _owner(name)
-    return options
-
-
-def with_options(options: dict[str, Any], fn: Callable) -> Callable:
-    """``fn`` run with ``options`` patched in (nothing to patch: ``fn`` itself)."""
-    if not options:
-        return fn
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with patch(options):
-            return fn(*args, **kwargs)
-
-    return run
+    return dict(options or {})
 
 
 import sys as _sys  # noqa: E402  (the module itself, for the flat flags)

@@ -59,12 +59,14 @@ from toycomp.symbolic_shapes import is_symbolic
 PARTITIONS = {"default": default_partition, "min_cut": min_cut_rematerialization_partition}
 
 
-def resolve_backend(
-    backend: str | None, example_inputs: Sequence[Any], device: torch.device | None = None
-) -> str:
-    """``None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md): the inputs'
-    device, or ``device``, the one the lowered graph computes on (a graph of Python numbers that
-    makes a CUDA tensor: GradScaler's lazily made ``torch.full((), 65536.0, device="cuda")``)."""
+# [Note: the backend follows the device]
+# ``backend=None`` picks Triton for CUDA tensors and C++ for CPU tensors (DESIGN.md), judging by
+# the inputs' device or by ``device``, the one the lowered graph computes on: a graph of Python
+# numbers may make a CUDA tensor (GradScaler's lazily made ``torch.full((), 65536.0,
+# device="cuda")``).
+def resolve_backend(backend: str | None, example_inputs: Sequence[Any],
+                    device: torch.device | None = None) -> str:
+    """The code generator: ``backend``, or for ``None`` the device's (see the Note above)."""
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"toycomp: unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -88,9 +90,7 @@ class GraphArtefacts:
 
 def inductor_compiler(backend: str | None, name: str, record: list[GraphArtefacts],
                       cudagraphs: CUDAGraphMode | None = None, opaque: bool = False) -> Callable:
-    """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4;
-    ``cudagraphs``: replay a CUDA graph; ``opaque``: hidden from Dynamo ([Note: the compiled
-    callable is opaque to Dynamo])."""
+    """An AOT compiler (``compiler(gm, example_inputs) -> callable``) running stages 3 and 4."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> CompiledGraph:
         prims_gm = decompose(gm, example_inputs)
@@ -171,25 +171,22 @@ class GraphCompiler:
     warning, and is kept in ``eager``.
     """
 
-    def __init__(self, backend: str | None, partition: str, name: str = "fn",
-                 mode: str | None = None) -> None:
+    def __init__(self, backend: str | None, partition: str, name: str = "fn") -> None:
         self.backend, self.partition, self.name = backend, partition, name
         self.cudagraphs: CUDAGraphMode | None = None  # made where config.triton.cudagraphs is on
-        self.autotune = mode == "max-autotune"  # [Note: autotuning is asked for]
         self.entries: list[CompiledEntry] = []  # compiled by stages 2-4
         self.eager: list[CompiledEntry] = []  # refused by AOT: they run as captured
         self.log: list[CompiledEntry] = []  # both, in compile order
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta"
-                      for t in example_inputs)  # fmt: skip
-        if on_meta:  # toycomp.explain on meta inputs: compile as for CPU tensors, run nothing
-            example_inputs = on_cpu(example_inputs)
+        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        if any(t.device.type == "meta" for t in tensors):  # toycomp.explain on meta inputs
+            return self.compile_for_meta(gm, example_inputs)
+        if any(t.layout != torch.strided for t in tensors):  # sparse inputs: run as captured
+            return self.run_eagerly(gm, _layout_error(tensors))
         try:
-            _check_layouts(example_inputs)
             cudagraphs = self.cudagraph_mode() if config.triton.cudagraphs else None
-            tuned = self.autotune or config.max_autotune  # inductor/opt/autotune.py
-            with autotune.requested(True) if tuned else contextlib.nullcontext():
+            with autotune.requested(True) if config.max_autotune else contextlib.nullcontext():
                 aot, graphs = compile_stages_2_to_4(gm, example_inputs, self.backend,
                                                     self.partition, cudagraphs)
         except NotImplementedError as e:  # an unsupported construct: the graph runs eagerly
@@ -199,9 +196,13 @@ class GraphCompiler:
         ops = sorted({op for g in graphs for op in g.fallbacks})
         if ops:  # visible: these ops run as calls to eager PyTorch (explain lists them too)
             self.warn_fallbacks(ops)
-        if on_meta:
-            return gm.forward  # (generated kernels cannot run on meta tensors)
         return aot
+
+    def compile_for_meta(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """Meta inputs (``toycomp.explain``): compiled as for CPU tensors, run as captured
+        (generated kernels cannot run on meta tensors)."""
+        self(gm, on_cpu(example_inputs))
+        return gm.forward
 
     def cudagraph_mode(self) -> CUDAGraphMode:
         """One CUDAGraphMode for this function, made where config.triton.cudagraphs is on."""
@@ -230,13 +231,12 @@ def on_cpu(example_inputs: list) -> list:
             for t in example_inputs]  # fmt: skip
 
 
-def _check_layouts(example_inputs: list) -> None:
+def _layout_error(tensors: list[torch.Tensor]) -> NotImplementedError:
     """Stages 2-4 index dense memory through strides: a sparse (or other non-strided) tensor
     input makes the graph run as captured instead, with the warning that names its layout."""
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
-            raise NotImplementedError(f"an input of layout {t.layout} (toycomp compiles strided "
-                                      "tensors only)")  # fmt: skip
+    layout = next(t.layout for t in tensors if t.layout != torch.strided)
+    return NotImplementedError(f"an input of layout {layout} (toycomp compiles strided tensors "
+                               "only)")  # fmt: skip
 
 
 def frame_target(fn: Callable) -> Callable:
@@ -263,20 +263,14 @@ class OptimizedFunction:
     """
 
     def __init__(self, fn: Callable, backend: str | None, partition: str = "min_cut",
-                 dynamic: bool | None = None, mode: str | None = None,
-                 options: dict[str, Any] | None = None) -> None:
+                 dynamic: bool | None = None, options: dict[str, Any] | None = None) -> None:
         self.fn = fn
-        self.backend = backend
-        self.partition = partition
+        self.options = options or {}  # flags of toycomp.config for this function's calls
         name = getattr(fn, "__qualname__", type(fn).__name__)
-        self.compiler = GraphCompiler(backend, partition, name, mode)
+        self.compiler = GraphCompiler(backend, partition, name)
         self.entries = self.compiler.entries
         self.context = CompileContext(self.compiler, RECOMPILE_LIMIT, dynamic)
-        # Flags are read while compiling: each call runs with options= patched in.
-        if mode == "reduce-overhead":
-            options = {"triton.cudagraphs": True, **(options or {})}
-        self.options = config.check_options(options)
-        self.frame = config.with_options(self.options, self.context.frame_for(frame_target(fn)))
+        self.frame = self.context.frame_for(frame_target(fn))
 
     @property
     def compile_count(self) -> int:
@@ -292,7 +286,10 @@ class OptimizedFunction:
         return "; ".join(reasons) or None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.frame(*args, **kwargs)
+        if not self.options:
+            return self.frame(*args, **kwargs)
+        with config.patch(self.options):  # flags are read while compiling: patched in each call
+            return self.frame(*args, **kwargs)
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
@@ -301,43 +298,56 @@ class OptimizedFunction:
         return f"<toycomp.compile of {name} ({state})>"
 
 
+# [Note: compile's arguments]
+# ``fn``'s bytecode is interpreted on fake tensors at its first call (graph breaks give partial
+# graphs and resume functions; Python side effects are replayed on every call); inputs that
+# break a guard recompile; a construct capture cannot handle is a graph break (or runs the
+# frame eagerly), reported by ``toycomp.explain``. ``backend=None`` picks Triton for CUDA
+# tensors, C++ for CPU ones (Triton on CPU tensors runs through Triton's interpreter).
+# ``partition="min_cut"`` saves little for the backward and recomputes cheap pointwise ops;
+# ``"default"`` saves every forward value the backward reads. ``dynamic`` is
+# ``torch.compile``'s: ``None`` makes a size a symbol after a recompile caused by its change;
+# ``True``: every size (but 0 and 1) from the start; ``False``: none but
+# ``toycomp.mark_dynamic(x, dim)``'s. ``options`` are flags of ``toycomp.config`` for this
+# function only, as ``torch.compile``'s ``options=`` (``toycomp.config.teach`` turns every
+# optimisation off), applied while it runs, since flags are read while compiling.
+#
 # [Note: compile modes]
 # ``mode="reduce-overhead"`` replays each compiled graph on CUDA as a CUDA graph after a warm-up
 # call (toycomp/inductor/opt/cudagraphs.py: static shapes only; a graph it cannot apply to runs
 # as compiled, with a warning); ``"max-autotune"`` times a few launch configs of each Triton
 # kernel on CUDA at its first call and keeps the fastest (toycomp/inductor/opt/autotune.py).
+# Each mode is the flag it sets, under the function's ``options`` (which may override it).
+MODE_OPTIONS = {
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True},
+}
+
+
 def compile(fn: Callable, backend: str | None = None, partition: str = "min_cut",  # noqa: A001
             dynamic: bool | None = None, mode: str | None = None,
             options: dict[str, Any] | None = None) -> OptimizedFunction:
     """Compile ``fn`` (a function or ``nn.Module``) with toycomp's whole pipeline.
 
     Args:
-        fn: what to compile; its bytecode is interpreted on fake tensors at the first call
-            (graph breaks give partial graphs and resume functions; Python side effects are
-            replayed on every call).
-        backend: ``"cpp"``, ``"triton"`` or ``None`` (Triton for CUDA tensors, C++ for CPU ones;
-            Triton on CPU tensors runs through Triton's interpreter).
-        partition: ``"min_cut"`` (save little for the backward, recompute cheap pointwise ops)
-            or ``"default"`` (save every forward value the backward reads).
-        dynamic: as in ``torch.compile``: ``None`` makes a size a symbol after a recompile
-            caused by its change; ``True``: every size (but 0 and 1) from the start; ``False``:
-            none but ``toycomp.mark_dynamic(x, dim)``'s.
-        mode: ``None``, ``"default"``, ``"reduce-overhead"`` (CUDA graphs) or ``"max-autotune"``
-            (Triton launch configs timed): see [Note: compile modes].
-        options: flags of ``toycomp.config`` for this function only, as ``torch.compile``'s
-            ``options=``: ``options=toycomp.config.teach`` turns every optimisation off.
+        fn: what to compile (at its first call).
+        backend: ``"cpp"``, ``"triton"`` or ``None`` (the inputs' device decides).
+        partition: ``"min_cut"`` or ``"default"``: what the backward recomputes or reads.
+        dynamic: ``None``, ``True`` or ``False``: which sizes are symbols, as ``torch.compile``.
+        mode: ``None``, ``"default"``, ``"reduce-overhead"`` or ``"max-autotune"``.
+        options: flags of ``toycomp.config`` for this function only.
 
     Returns:
-        A callable with the same results, gradients and Python side effects as ``fn``; inputs
-        that break a guard recompile; a construct capture cannot handle is a graph break (or
-        runs the frame eagerly), reported by ``toycomp.explain``.
+        A callable with the same results, gradients and Python side effects as ``fn`` (see
+        [Note: compile's arguments] and [Note: compile modes]).
     """
     check_choices(backend, partition)
     if mode is not None:
         check_mode(mode)
     if dynamic not in (None, True, False):
         raise ValueError(f"toycomp: dynamic must be None, True or False, not {dynamic!r}")
-    return OptimizedFunction(fn, backend, partition, dynamic, mode, options)
+    options = {**MODE_OPTIONS.get(mode, {}), **config.check_options(options)}
+    return OptimizedFunction(fn, backend, partition, dynamic, options)
 
 
 def toycomp_backend(

@@ -56,11 +56,10 @@ def hint(x: Any) -> Any:
 def free_symbols(value: Any) -> set[sympy.Symbol]:
     """The symbols in a SymInt, or in a tensor's sizes, strides and storage offset (or a
     tuple of those); a plain number or static tensor has none."""
+    if isinstance(value, torch.Tensor):
+        value = (*value.shape, *value.stride(), value.storage_offset())
     if isinstance(value, (tuple, list)):
         return set().union(*[free_symbols(v) for v in value])
-    if isinstance(value, torch.Tensor):
-        parts = (*value.shape, *value.stride(), value.storage_offset())
-        return set().union(*[free_symbols(p) for p in parts])
     return set(sym_expr(value).free_symbols) if is_symbolic(value) else set()
 
 

@@ -27,11 +27,9 @@ def to_meta(t: torch.Tensor) -> torch.Tensor:
 
 def to_meta_value(value: Any) -> Any:
     """``to_meta`` on a tensor or on each tensor of a tuple/list; other values unchanged."""
-    if isinstance(value, torch.Tensor):
-        return to_meta(value)
     if isinstance(value, (tuple, list)):
         return tuple(to_meta_value(v) for v in value)
-    return value
+    return to_meta(value) if isinstance(value, torch.Tensor) else value
 
 
 def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
@@ -51,8 +49,7 @@ def same_strides(expected: torch.Tensor | tuple, t: torch.Tensor) -> bool:
 
 
 def python_number_dtype(x: bool | int | float | complex) -> torch.dtype:
-    """The dtype PyTorch gives a Python number, ``torch.tensor(x).dtype`` (a float: the default
-    dtype, float32 unless ``torch.set_default_dtype`` changed it)."""
+    """``torch.tensor(x).dtype`` (floats: the default dtype, float32 unless set otherwise)."""
     if isinstance(x, bool):
         return torch.bool
     if isinstance(x, int):

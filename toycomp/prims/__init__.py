@@ -173,7 +173,7 @@ logical_not = _unary("logical_not", torch.logical_not)
 # --- pointwise, two inputs (14): tensors of one shape and dtype, or a Python number ---------
 def _binary(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     def ref(a: torch.Tensor | Number, b: torch.Tensor | Number) -> torch.Tensor:
-        like = _first_tensor(a, b)
+        like = a if isinstance(a, torch.Tensor) else b
         return torch_fn(_as_tensor(a, like), _as_tensor(b, like))
 
     ref.__name__ = ref.__qualname__ = name

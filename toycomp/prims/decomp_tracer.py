@@ -77,13 +77,13 @@ class Proxy:
         return f"Proxy({self.node.name}: {self.dtype} {list(self.shape)})"
 
 
-def _node_of(value: Any, sym_node: Any = None) -> Any:
+def _node_of(value: Any, sym_node: Any) -> Any:
     """Proxies -> their FX nodes; SymInts -> ``sym_node(value)`` (the node computing them)."""
 
     def to_node(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             raise TypeError("a decomposition captured a real tensor; use prims.full for constants")
-        if is_symbolic(v) and sym_node is not None:
+        if is_symbolic(v):
             return sym_node(v)
         return v.node if isinstance(v, Proxy) else v
 
@@ -105,18 +105,16 @@ class DecompTracer:
         self.sizes = SymbolicSizes(graph)  # SymInt arguments -> the nodes that compute them
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Proxy:
-        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result (``val``:
-        the meta value of an ATen op that cannot run on meta tensors)."""
+        """Add ``target(*args, **kwargs)`` to the graph; return a proxy for its result."""
         if prims.is_prim(target):
             _check_contract(target, args)
-            val, device = _eval_prim_on_meta(target, args, kwargs)
-        elif val is not None:
-            device = _first_device((args, kwargs))
-        else:
+            val, device = _eval_prim(target, args, kwargs)
+        elif val is None:
             val, device = _eval_op_on_meta(target, args, kwargs)
+        else:  # ``val`` given: the meta value of an ATen op that cannot run on meta tensors
+            device = _first_device((args, kwargs))
         name = target.__name__ if prims.is_prim(target) else _op_name(target)
-        node_args = _node_of(tuple(args), self.sizes.node)
-        node_kwargs = _node_of(dict(kwargs), self.sizes.node)
+        node_args, node_kwargs = _node_of((tuple(args), dict(kwargs)), self.sizes.node)
         node = self.graph.create_node("call_function", target, node_args, node_kwargs, name)
         node.meta["val"] = val
         node.meta["aten_origin"] = self.origin
@@ -149,22 +147,18 @@ def meta_like(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def _eval_prim_on_meta(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
-    with _META_MODE.get(contextlib.nullcontext()):
-        return _eval_prim(prim, args, kwargs)
-
-
 def _eval_prim(prim: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    """The prim's reference run on meta values: its result, and the device it will have."""
     bound = inspect.signature(prims.PRIM_INFO[prim].ref).bind(*args, **kwargs)
     device = _first_device(bound.arguments)
     if "device" in bound.arguments:  # creation prims: evaluate on meta, remember the real device
         device = torch.device(bound.arguments["device"])
         bound.arguments["device"] = "meta"
     args, kwargs = _meta_of(bound.args), _meta_of(bound.kwargs)
-    if prims.prim_kind(prim) is prims.PrimKind.POINTWISE:
-        args = numbers_as_fake(prim, args)
-    val = prims.PRIM_INFO[prim].ref(*args, **kwargs)
-    return val, device
+    with _META_MODE.get(contextlib.nullcontext()) as fake_mode:  # (a fake mode: dynamic shapes)
+        if fake_mode is not None and prims.prim_kind(prim) is prims.PrimKind.POINTWISE:
+            args = numbers_as_fake(prim, args)
+        return prims.PRIM_INFO[prim].ref(*args, **kwargs), device
 
 
 def _eval_op_on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:

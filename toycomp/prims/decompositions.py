@@ -106,10 +106,7 @@ def _decompose(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> fx.Gra
         elif node.op == "call_function":
             env[node] = _decompose_node(tracer, node, env)
         elif node.op == "output":
-            outputs = fx.node.map_arg(node.args[0], env.__getitem__)
-            out = graph.output(_node_of(outputs, tracer.sizes.node))
-            out.meta["aten_origin"] = node.name
-            out.meta["val"] = _output_vals(node, env)
+            _copy_output(graph, node, env, tracer.sizes)
         else:
             raise NotImplementedError(f"toycomp.decompositions: {node.op} node {node.name}")
     graph.eliminate_dead_code()
@@ -132,40 +129,33 @@ def _hoist_checks(graph: fx.Graph) -> None:
             after.append(node)  # (moving it earlier keeps the others' relative order)
 
 
-def _output_vals(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
-    """What the graph returns, laid out as the ATen graph's values are (the strides eager gives,
-    which the backward's example inputs have too); the prims' meta values where unknown."""
+def _copy_output(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, Any], sizes: Any) -> None:
+    """The output node; its values laid out as the ATen graph's are (the strides eager gives,
+    which the backward's example inputs have too), the prims' meta values where unknown."""
 
     def val(n: fx.Node) -> Any:
         aten_val = n.meta.get("val")
         return _to_meta(aten_val) if isinstance(aten_val, torch.Tensor) else _meta_of(env[n])
 
-    return fx.node.map_arg(node.args[0], val)
+    out = graph.output(_node_of(fx.node.map_arg(node.args[0], env.__getitem__), sizes.node))
+    out.meta["aten_origin"] = node.name
+    out.meta["val"] = fx.node.map_arg(node.args[0], val)
 
 
 def _copy_input(
     gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, inputs: Any, sizes: "SymbolicSizes"
 ) -> Any:
-    if node.op == "placeholder":
-        value = next(inputs, None)
-        new = graph.placeholder(node.name)
-    else:
-        value = getattr(gm, node.target)
-        new = graph.get_attr(node.target)
-    if node.op == "placeholder" and isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
-        return _number_input(new, node, value, sizes)  # a size (Dynamo's s0) or a number
-    if not isinstance(value, torch.Tensor):
+    """A placeholder (a tensor, or a number: a size such as Dynamo's s0) or a get_attr tensor."""
+    placeholder = node.op == "placeholder"
+    value = next(inputs, None) if placeholder else getattr(gm, node.target)
+    new = graph.placeholder(node.name) if placeholder else graph.get_attr(node.target)
+    number = placeholder and isinstance(value, (int, float, torch.SymInt, torch.SymFloat))
+    if not number and not isinstance(value, torch.Tensor):
         raise TypeError(f"toycomp.decompositions: input {node.name} is not a tensor: {value!r}")
-    new.meta["val"], new.meta["aten_origin"] = _to_meta(value), node.name
-    if node.op == "placeholder":
+    new.meta["val"], new.meta["aten_origin"] = (value if number else _to_meta(value)), node.name
+    if placeholder:
         sizes.add_input(new, new.meta["val"])
-    return Proxy(new, new.meta["val"], value.device)
-
-
-def _number_input(new: fx.Node, node: fx.Node, value: Any, sizes: "SymbolicSizes") -> Any:
-    new.meta["val"], new.meta["aten_origin"] = value, node.name
-    sizes.add_input(new, value)
-    return value
+    return value if number else Proxy(new, new.meta["val"], value.device)
 
 
 def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
@@ -174,9 +164,8 @@ def _decompose_node(tracer: DecompTracer, node: fx.Node, env: dict[fx.Node, Any]
     target = node.target
     if is_size_computation(node):  # sym_size(x, 0) * 4: computed now, a node again where used
         return target(*_meta_of(args), **_meta_of(kwargs))
-    if target is operator.getitem:
-        src = args[0]
-        return src[args[1]] if isinstance(src, (list, tuple)) else tracer.emit(target, args, {})
+    if target is operator.getitem and isinstance(args[0], (list, tuple)):  # a rule's results
+        return args[0][args[1]]
     mutable = isinstance(target, OpOverload) and schema_of(target).is_mutable
     if mutable and target not in DECOMPOSITIONS:  # else the rule decides: [Note: batch norm]
         return _decompose_inplace(tracer, node, env, args, kwargs)
@@ -203,32 +192,36 @@ def _wrap_numbers(node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
-    if target in EXTERN_OPS:
+    if target in EXTERN_OPS or target is operator.getitem:  # (getitem: of an extern op's results)
         return tracer.emit(target, args, kwargs)
-    reason = "no decomposition"
-    if target in DECOMPOSITIONS:
-        mark = len(tracer.emitted)
-        try:
-            with prims.tracing(tracer):
-                if args and isinstance(args[0], (bool, int, float)):  # aten.add.Tensor(4, 3.3)
-                    args = _wrap_numbers(node, target, args, kwargs)
-                out = DECOMPOSITIONS[target](*args, **kwargs)
-            _check_result(node, target, args, kwargs, out)
-            return out
-        except Unsupported as e:
-            reason = str(e)
-            for n in reversed(tracer.emitted[mark:]):  # roll back the half-built decomposition
-                tracer.graph.erase_node(n)
-            del tracer.emitted[mark:]
-    out = _fallback(tracer, node, target, args, kwargs)  # the ATen op itself, visibly
-    out.node.meta["fallback_reason"] = reason
+    if target not in DECOMPOSITIONS:
+        return _fallback(tracer, node, target, args, kwargs, "no decomposition")
+    mark = len(tracer.emitted)
+    try:
+        with prims.tracing(tracer):
+            if args and isinstance(args[0], (bool, int, float)):  # aten.add.Tensor(4, 3.3)
+                args = _wrap_numbers(node, target, args, kwargs)
+            out = DECOMPOSITIONS[target](*args, **kwargs)
+    except Unsupported as e:  # the rule refuses these arguments: the ATen op itself, visibly
+        _roll_back(tracer, mark)
+        return _fallback(tracer, node, target, args, kwargs, str(e))
+    _check_result(node, target, args, kwargs, out)
     return out
 
 
-def _fallback(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
+def _roll_back(tracer: DecompTracer, mark: int) -> None:
+    """Erase the nodes a decomposition emitted before it refused (``Unsupported``)."""
+    for n in reversed(tracer.emitted[mark:]):
+        tracer.graph.erase_node(n)
+    del tracer.emitted[mark:]
+
+
+def _fallback(
+    tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwargs: Any, reason: str
+) -> Any:
     """Emit the ATen op ``target`` as it is (an extern call to eager PyTorch at run time)."""
     try:
-        return tracer.emit(target, args, kwargs)
+        out = tracer.emit(target, args, kwargs)
     except RuntimeError:  # no meta kernel: trust the value recorded when the graph was traced
         val = node.meta.get("val")
         several = isinstance(val, (tuple, list))  # _histogramdd_bin_edges: a tuple of tensors
@@ -238,7 +231,9 @@ def _fallback(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, kwarg
         if node.target is not target:
             raise
         meta = [_to_meta(v) for v in vals]
-        return tracer.emit(target, args, kwargs, val=meta if several else meta[0])
+        out = tracer.emit(target, args, kwargs, val=meta if several else meta[0])
+    out.node.meta["fallback_reason"] = reason
+    return out
 
 
 def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -248,8 +243,8 @@ def _check_result(node: fx.Node, target: Any, args: Any, kwargs: Any, out: Any) 
     expected = node.meta.get("val") if node.target is target else None  # in-place: see below
     if expected is None:
         expected = _eval_op_on_meta(target, args, kwargs)[0]
-    got = [out] if not isinstance(out, (list, tuple)) else list(out)
-    want = [expected] if not isinstance(expected, (list, tuple)) else list(expected)
+    got = list(out) if isinstance(out, (list, tuple)) else [out]
+    want = list(expected) if isinstance(expected, (list, tuple)) else [expected]
     for g, w in zip(got, want, strict=True):
         if g is None:  # an output its output_mask leaves undefined (a backward's grad_input)
             continue
@@ -314,14 +309,12 @@ def _alias_group(self_node: fx.Node, alias_root: dict[fx.Node, fx.Node]) -> list
 
 def fallbacks(gm: fx.GraphModule) -> list[str]:
     """Names of the ATen ops kept as fallbacks in a decomposed graph, in graph order, no repeats."""
-    names: list[str] = []
+    names: dict[str, None] = {}
     for node in gm.graph.nodes:
         t = node.target
         if node.op != "call_function" or prims.is_prim(t) or t in EXTERN_OPS:
             continue
-        if is_size_computation(node):  # sym_size(x, 0) * 4: arithmetic on sizes, not an op
-            continue
-        if t is not operator.getitem and str(t) not in names:
-            names.append(str(t))
-    return names
+        if t is not operator.getitem and not is_size_computation(node):  # (sizes: not an op)
+            names[str(t)] = None
+    return list(names)
 

@@ -22,6 +22,7 @@ NB: in PyTorch this lives in torch/_prims_common/__init__.py (``elementwise_dtyp
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from typing import Any, Callable, Sequence
 
@@ -29,6 +30,7 @@ import torch
 
 import toycomp.prims as prims
 from toycomp.prims.decomp_table import Unsupported
+from toycomp.symbolic_shapes import is_symbolic  # noqa: F401 (the rules import it from here)
 from toycomp.tensor_utils import python_number_dtype
 
 
@@ -43,11 +45,6 @@ class ELEMENTWISE_TYPE_PROMOTION_KIND(Enum):  # noqa: N801 (PyTorch's name)
 
 
 KIND = ELEMENTWISE_TYPE_PROMOTION_KIND
-
-
-def is_symbolic(x: Any) -> bool:
-    """A SymInt / SymFloat / SymBool: a number known as an expression in the sizes (``s0``)."""
-    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def is_number(x: Any) -> bool:
@@ -76,24 +73,16 @@ def _category(dtype: torch.dtype) -> int:
 # ``int32[3] + 2`` stays int32, ``f16[3] + 2.5`` stays float16, ``int64[3] + 2.5`` is float32.
 def result_type(*args: Any) -> torch.dtype:
     """``torch.result_type`` for any number of tensors/proxies and Python numbers."""
-    tiers: list[list[torch.dtype]] = [[], [], []]
+    tiers: list[list[torch.dtype]] = [[], [], []]  # tensors with dims, 0-d tensors, numbers
     for a in args:
         if is_number(a):
             tiers[2].append(number_dtype(a))
         else:
             tiers[1 if a.ndim == 0 else 0].append(a.dtype)
-    result: torch.dtype | None = None
-    for dtypes in tiers:
-        if not dtypes:
-            continue
-        tier_dtype = dtypes[0]
-        for d in dtypes[1:]:
-            tier_dtype = torch.promote_types(tier_dtype, d)
-        if result is None or _category(tier_dtype) > _category(result):
-            result = tier_dtype
-    if result is None:
+    promoted = [functools.reduce(torch.promote_types, dtypes) for dtypes in tiers if dtypes]
+    if not promoted:
         raise TypeError("result_type needs at least one operand")
-    return result
+    return max(promoted, key=_category)  # (of one category, the highest tier: max keeps the first)
 
 
 # [Note: low precision computes in float32]
@@ -191,9 +180,7 @@ def elementwise(
     computation, result = elementwise_dtypes(*args, kind=kind)
     shape = broadcast_shapes(*(a.shape for a in args if not is_number(a)))
     promoted = result_type(*args)
-    operands = [
-        round_number(a, promoted) if round_numbers and is_number(a) else a for a in args
-    ]
+    operands = [round_number(a, promoted) if round_numbers and is_number(a) else a for a in args]
     operands = [broadcast_to(convert(a, computation), shape) for a in operands]
     return convert(fn(*operands), result)
 

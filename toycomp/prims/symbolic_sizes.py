@@ -34,7 +34,7 @@ from torch import fx
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload, fake_mode_of, is_fake
 from toycomp._torch_compat import sym_expr as symbolic_expr
-from toycomp.symbolic_shapes import to_fx
+from toycomp.symbolic_shapes import free_symbols, to_fx
 
 aten = torch.ops.aten
 
@@ -57,13 +57,8 @@ _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # broadcasting) is recorded in that ShapeEnv as a guard. A static graph runs as before.
 def symbolic_fake_mode(example_inputs: list) -> Any:
     """The fake mode of ``example_inputs`` if some size among them is symbolic, else a no-op."""
-    symbolic = any(
-        isinstance(v, _SYMBOLIC)
-        or isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape)
-        for v in example_inputs
-    )
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
-    mode = fake_mode_of(tensors) if symbolic else None
+    mode = fake_mode_of(tensors) if free_symbols(list(example_inputs)) else None
     return mode if mode is not None else contextlib.nullcontext()
 
 
