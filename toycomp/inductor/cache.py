@@ -43,6 +43,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Sequence
 
+import toycomp.config as config
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no build lock, so concurrent misses may compile twice (safely)
@@ -68,12 +70,8 @@ CXXFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contrac
 # AVX2-only CPU. Other values of the variable (`default`, `avx512`) leave the flags as they are.
 def isa_flags() -> tuple[str, ...]:
     """The flags that narrow ``-march=native`` to the vector width asked for (x86 only)."""
-    from toycomp import config  # (a leaf module: no cycle)
-
     wanted = config.cpp.simdlen or {"avx2": 256}.get(os.environ.get("ATEN_CPU_CAPABILITY", ""))
-    if wanted == 256 and platform.machine() in ("x86_64", "AMD64"):
-        return ("-mno-avx512f",)
-    return ()
+    return ("-mno-avx512f",) if wanted == 256 and platform.machine() in ("x86_64", "AMD64") else ()
 
 # [Note: cache security]
 # Loading a cached library runs its code in the user's process: whoever can write the cache can
@@ -225,17 +223,18 @@ def _build_lock(path: Path) -> Iterator[None]:
 
 
 # --- the compiler --------------------------------------------------------------------------------
+_NO_COMPILER = (
+    "toycomp's C++ backend needs a C++ compiler with OpenMP: none of $CXX, g++, c++, clang++ "
+    "was found (install g++, e.g. `apt-get install g++`, or use backend='triton')"
+)
+
+
 def find_cxx() -> str:
     """The C++ compiler: ``$CXX``, else ``g++``, ``c++`` or ``clang++`` on the PATH."""
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    for name in ("g++", "c++", "clang++"):
-        if shutil.which(name):
-            return name
-    raise CppCompileError(
-        "toycomp's C++ backend needs a C++ compiler with OpenMP: none of $CXX, g++, c++, clang++ "
-        "was found (install g++, e.g. `apt-get install g++`, or use backend='triton')"
-    )
+    cxx = os.environ.get("CXX") or next(filter(shutil.which, ("g++", "c++", "clang++")), None)
+    if cxx is None:
+        raise CppCompileError(_NO_COMPILER)
+    return cxx
 
 
 @functools.lru_cache(maxsize=None)
@@ -272,15 +271,12 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 
 # --- C++ libraries -------------------------------------------------------------------------------
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """Compile ``source`` (with ``extra_flags``) to a shared library and return its path, or
-    raise ``CppCompileError`` (see the module docstring for where the library goes)."""
-    from toycomp import config  # (a leaf module: no cycle)
-
+    """Compile ``source`` with ``extra_flags`` into a shared library; return its path."""
     extra_flags = (*isa_flags(), *extra_flags)
     if config.kernel_cache:  # the content-hash cache: [Note: cache security]
         return _compile_cached(source, extra_flags)
-    if (source, extra_flags) not in _COMPILED:  # (compiled once per process)
-        folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700
+    if (source, extra_flags) not in _COMPILED:  # (once per process, in a private folder)
+        folder = Path(tempfile.mkdtemp(prefix="toycomp-"))  # mode 0700, removed at exit
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         (folder / "kernel.cpp").write_text(source)
         _run_cxx(find_cxx(), folder / "kernel.cpp", folder / "kernel.so", extra_flags)
@@ -293,10 +289,14 @@ def _run_cxx(cxx: str, src: Path, out: Path | str, extra_flags: Sequence[str]) -
     cmd = [cxx, *CXXFLAGS, str(src), "-o", str(out), *extra_flags]
     result = _run_compiler(cmd)
     if result.returncode != 0:
-        raise CppCompileError(
-            f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
-            f"{result.stderr.strip()}\n(source: {src})"
-        )
+        raise _compile_failure(cmd, result, src)
+
+
+def _compile_failure(cmd: list[str], result: subprocess.CompletedProcess, src: Path) -> Exception:
+    return CppCompileError(
+        f"C++ compilation failed (exit {result.returncode}): {' '.join(cmd)}\n"
+        f"{result.stderr.strip()}\n(source: {src})"
+    )
 
 
 def _compile_cached(source: str, extra_flags: Sequence[str]) -> Path:

@@ -122,11 +122,8 @@ def check_input(
     t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype,
     device: torch.device | None, name: str
 ) -> None:
-    """Kernels index inputs with the strides they were compiled for: anything else is an error
-    (a size-0/1 dim's stride is never used, so it may differ). ``device`` None: any device
-    (see [Note: extern seeds] in lowering.py)."""
-    # the common case first, cheaply: a training step checks a few hundred inputs per call
-    if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:
+    """Raise unless ``t`` has the layout its kernels were compiled for (``_check_input_fully``)."""
+    if isinstance(t, torch.Tensor) and t.dtype is dtype and t.stride() == stride:  # the usual
         if t.shape == size and t.device == device:
             return
     _check_input_fully(t, size, stride, dtype, device, name)
@@ -137,7 +134,8 @@ def _check_input_fully(
     device: torch.device | None, name: str
 ) -> None:
     """``check_input`` for an input unlike the layout it was compiled for: raise unless only
-    what kernels never read (a size-0/1 dim's stride, a device index left open) differs."""
+    what kernels never read (a size-0/1 dim's stride, a device index left open) differs.
+    ``device`` None: any device (see [Note: extern seeds] in lowering.py)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"input {name}: expected a tensor, got {type(t).__name__}")
     same_device = device is None or (

@@ -96,29 +96,65 @@ class _Entry:
         return self.value
 
 
+# [Note: pending stores]
+# The store of a reduction's result waits until a statement other than a Reduce comes, so that
+# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
+# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
+# (see [Note: fusion]).
 @dataclass
 class _Group:
+    """A kernel being built: the buffers fused over one iteration space (numel, rnumel)."""
+
     numel: int
     rnumel: int
     entries: list[_Entry] = field(default_factory=list)
-    extern: ExternKernel | None = None
     rows_per_program: int = 0  # [Note: mix-order reductions] in split_reduction.py
-    scatter: ir.Scatter | None = None  # a scatter's second kernel, alone: see the Note
 
     def writes(self) -> set[str]:
-        if self.extern is not None or self.scatter is not None:  # a step of its own
-            return self.own_step_writes()
         return {e.node.name for e in self.entries}
 
-    def own_step_writes(self) -> set[str]:
-        if self.extern is not None:
-            return {self.extern.name, *self.extern.buffers()}
-        return {self.scatter.name}
+    def reads(self) -> set[str]:
+        return {b for e in self.entries for b in e.reads}
+
+    def step(self, name: str, stored: set[str]) -> ir.Kernel:
+        """The kernel: the statements in Loops ([Note: pending stores]), ``stored`` stored."""
+        statements, pending = [], []  # (over_r, statement); the reductions' Stores, waiting
+        for e in self.entries:
+            if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
+                _add_reduction(e, self, stored, statements, pending)
+            elif e.node.name in stored:
+                statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
+                pending.clear()
+        loops = _split_loops(statements + pending)
+        origins = tuple(dict.fromkeys(o for e in self.entries for o in e.node.origins))
+        dtypes = _buffer_dtypes(loops, self)
+        return ir.Kernel(
+            name, self.numel, self.rnumel, loops, dtypes, origins, self.rows_per_program
+        )
+
+
+@dataclass
+class _OwnStep(_Group):
+    """An extern call, or a scatter's second kernel: a step of its own, fused with nothing."""
+
+    node: ExternKernel | ir.Scatter | None = None
+
+    def writes(self) -> set[str]:
+        if isinstance(self.node, ExternKernel):
+            return {self.node.name, *self.node.buffers()}
+        return {self.node.name}
 
     def reads(self) -> set[str]:
-        if self.scatter is not None:
-            return set(_loads(*self.scatter.indirect, self.scatter.value))
-        return {b for e in self.entries for b in e.reads}
+        if isinstance(self.node, ExternKernel):
+            return set(buffer_reads(self.node))
+        # the scatter writes into its init's copy, which must therefore be stored (see the Note)
+        return {self.node.name, *_loads(*self.node.indirect, self.node.value)}
+
+    def step(self, name: str, stored: set[str]) -> ir.Kernel | ExternKernel:
+        """The extern call, or the scatter's kernel (named ``name``)."""
+        if isinstance(self.node, ExternKernel):
+            return self.node
+        return _scatter_kernel(name, self.node)
 
 
 # [Note: a scatter is a buffer written twice]
@@ -163,46 +199,31 @@ def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
     """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion])."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
-        if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
-            _add_own_group(node, groups)
-        else:
-            _place(node, groups)
+        _place(node, groups)
     stored = _stored_buffers(groups, lowered.outputs)
     steps: list[ir.Kernel | ExternKernel] = []
-    allocations = []
-    for group in groups:
+    for group in groups:  # kernels are numbered in order; extern calls run between them
         name = f"kernel_{sum(isinstance(s, ir.Kernel) for s in steps)}"
-        if group.extern is not None or group.scatter is not None:  # a step of its own
-            steps.append(_own_step(name, group))
-            continue
-        allocations += [_allocation(e.node) for e in group.entries if e.node.name in stored]
-        steps.append(_make_kernel(name, group, stored))
+        steps.append(group.step(name, stored))
+    allocations = [_allocation(e.node) for g in groups for e in g.entries if e.node.name in stored]
     return ir.ScheduledGraph(
         lowered.inputs, tuple(allocations), tuple(steps), lowered.outputs, lowered.device,
         lowered.constants, lowered.output_strides, lowered.scalars,
     )  # fmt: skip
 
 
-def _add_own_group(node: ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
-    if isinstance(node, ExternKernel):
-        groups.append(_Group(0, 0, extern=node))
-    else:  # [Note: a scatter is a buffer written twice]
+def _add_own_step(node: ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
+    """A step fused with nothing; a scatter's copy first, placed as any other buffer."""
+    if isinstance(node, ir.Scatter):  # its copy first ([Note: a scatter is a buffer written twice])
         _place(Pointwise(node.name, node.size, node.dtype, node.init, node.origins), groups)
-        groups.append(_Group(0, 0, scatter=node))
-
-
-def _own_step(name: str, group: _Group) -> ir.Kernel | ExternKernel:
-    """An extern call, or a scatter's second kernel (named ``name``): fused with nothing."""
-    if group.extern is not None:
-        return group.extern
-    return _scatter_kernel(name, group.scatter)
+    groups.append(_OwnStep(0, 0, node=node))
 
 
 def buffer_reads(node: Pointwise | Reduction | ExternKernel) -> list[str]:
     """The buffers a lowered node reads, in first-use order."""
     if isinstance(node, (ExternKernel, ir.Scatter)):  # arguments, or a scatter's two bodies
         return _own_step_reads(node)
-    return _loads(node.body)
+    return list(dict.fromkeys(e.buffer for e in ir.walk(node.body) if isinstance(e, ir.Load)))
 
 
 def _own_step_reads(node: ExternKernel | ir.Scatter) -> list[str]:
@@ -213,38 +234,34 @@ def _own_step_reads(node: ExternKernel | ir.Scatter) -> list[str]:
 
 
 # --- grouping ------------------------------------------------------------------------------------
-def _place(node: Pointwise | Reduction, groups: list[_Group]) -> None:
-    """Add ``node`` to the best kernel that can take it, or to a new one."""
+def _place(node: Pointwise | Reduction | ExternKernel | ir.Scatter, groups: list[_Group]) -> None:
+    """Add ``node`` to the most related kernel that can take it, or to a new one."""
+    if isinstance(node, (ExternKernel, ir.Scatter)):  # a step of its own
+        return _add_own_step(node, groups)
     owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
     reads = buffer_reads(node)
     first = max((owner[b] for b in reads if b in owner), default=0)  # the latest producer
-    candidates = []
+    candidates = []  # (reads of what the kernel computes, reads in common, k): best last
     for k in range(first, len(groups)):
-        group = groups[k]
         deps = sum(owner.get(b) == k for b in reads)
-        shared = len(group.reads() & set(reads))
-        if group.extern is None and group.scatter is None and deps + shared > 0:
-            candidates.append(((deps, shared, k), k))
-    for _, k in sorted(candidates, reverse=True):
-        fused = _try_fuse(groups[k], node)
-        if fused is not None:
-            groups[k] = fused
+        shared = len(groups[k].reads() & set(reads))
+        if not isinstance(groups[k], _OwnStep) and deps + shared > 0:
+            candidates.append((deps, shared, k))
+    for _, _, k in sorted(candidates, reverse=True):
+        if _fuse_into(groups, k, node):
             return
     group = _Group(*_node_group(node))  # a kernel of its own
-    entry = _make_entry(node, group, {})
-    assert entry is not None, f"{node.name} does not fit its own kernel"
-    group.entries.append(entry)
-    groups.append(group)
+    groups.append(dataclasses.replace(group, entries=[_make_entry(node, group, {})]))
 
 
 def _node_group(node: Pointwise | Reduction) -> tuple[int, int]:
-    if isinstance(node, Reduction):
-        return indexing.numel(node.size), indexing.numel(node.reduction_size)
-    return indexing.numel(node.size), 1
+    rnumel = indexing.numel(node.reduction_size) if isinstance(node, Reduction) else 1
+    return indexing.numel(node.size), rnumel
 
 
-def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
-    """``group`` with ``node`` added, or None if the fusion rules forbid it."""
+def _fuse_into(groups: list[_Group], k: int, node: Pointwise | Reduction) -> bool:
+    """Add ``node`` to ``groups[k]`` (a new group in its place), if the fusion rules allow."""
+    group = groups[k]
     numel, rnumel = _node_group(node)
     if isinstance(node, Pointwise) or _same_group((numel, rnumel), (group.numel, group.rnumel)):
         nodes, new = [node], dataclasses.replace(group, entries=list(group.entries))
@@ -254,13 +271,14 @@ def _try_fuse(group: _Group, node: Pointwise | Reduction) -> _Group | None:
         new = dataclasses.replace(group, entries=list(group.entries))
         nodes, new.rows_per_program = [node], node.mix_order_rows
     else:
-        return None
+        return False
     for n in nodes:
         entry = _make_entry(n, new, {e.node.name: e for e in new.entries})
         if entry is None:
-            return None
+            return False
         new.entries.append(entry)
-    return new
+    groups[k] = new
+    return True
 
 
 def _mixes_into(group: _Group, node: Reduction) -> bool:
@@ -283,33 +301,31 @@ def _is_column_partial(node, numel, rnumel) -> bool:
 
 
 def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
-    """``node`` rewritten over the kernel variables, reads of ``fused`` buffers replaced."""
-    placed = _index_mapping(node, group.numel, group.rnumel)
-    if placed is None:
-        return None
-    mapping, over_r = placed
+    """``node`` over (x, r), loads of ``fused`` buffers replaced; None if it does not fit."""
     ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
     ivars = indexing.index_vars("i", len(node.size))
-    own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
-    position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
-
-    def rewrite(e: ir.Expr) -> ir.Expr | None:
-        if not isinstance(e, (ir.Load, ir.IndexValue)):
-            return None
-        e = dataclasses.replace(e, index=_subs(e.index, mapping, ranges))
-        if isinstance(e, ir.Load) and e.buffer in fused:  # computed in this kernel
-            return _fused_read(fused[e.buffer], e.index, group)
-        return e
-
     try:
-        value = ir.map_expr(node.body, rewrite)
-        return _Entry(node, over_r, value, position, tuple(buffer_reads(node)))
+        mapping, over_r = _index_mapping(node, ivars, group.numel, group.rnumel)
+        value = ir.map_expr(node.body, lambda e: _rewrite(e, mapping, ranges, fused, group))
     except _NotFusable:
         return None
+    own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
+    position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
+    return _Entry(node, over_r, value, position, tuple(buffer_reads(node)))
 
 
 class _NotFusable(Exception):
     pass
+
+
+def _rewrite(e: ir.Expr, mapping: dict, ranges: dict, fused: dict, group: _Group) -> ir.Expr | None:
+    """A load or index moved to the kernel's (x, r); a load of a ``fused`` buffer replaced."""
+    if not isinstance(e, (ir.Load, ir.IndexValue)):
+        return None
+    e = dataclasses.replace(e, index=_subs(e.index, mapping, ranges))
+    if isinstance(e, ir.Load) and e.buffer in fused:  # computed in this kernel
+        return _fused_read(fused[e.buffer], e.index, group)
+    return e
 
 
 def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
@@ -321,9 +337,8 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
     return producer.result
 
 
-def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
+def _index_mapping(node, ivars: tuple, numel: int, rnumel: int) -> tuple[dict, bool]:
     """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
-    ivars = indexing.index_vars("i", len(node.size))
     if isinstance(node, Reduction):  # (split_reduction.py's mix-order partials too)
         return _reduction_mapping(node, ivars, numel, rnumel)
     if indexing.known_equal(indexing.numel(node.size), numel):  # per row
@@ -331,19 +346,19 @@ def _index_mapping(node, numel: int, rnumel: int) -> tuple[dict, bool] | None:
     return _full_mapping(node, ivars, numel, rnumel)
 
 
-def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
+def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool]:
     """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
     if node.mix_order_rows and _is_column_partial(node, numel, rnumel):
         return _column_partial_mapping(node, ivars), True
     if not _same_group(_node_group(node), (numel, rnumel)):
-        return None
+        raise _NotFusable
     rvars = indexing.index_vars("r", len(node.reduction_size))
     index = unflatten_index(indexing.x, node.size)
     index += unflatten_index(indexing.r, node.reduction_size)
     return dict(zip(ivars + rvars, index)), True
 
 
-def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, bool] | None:
+def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, bool]:
     """A Pointwise run once per (x, r): its outer dims follow x, its inner ones r."""
     for k in range(len(node.size) + 1):
         outer, inner = node.size[:k], node.size[k:]
@@ -351,7 +366,7 @@ def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, b
         if indexing.known_less(1, rnumel) and _same_group(split, (numel, rnumel)):
             index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
             return dict(zip(ivars, index)), True
-    return None
+    raise _NotFusable
 
 
 def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
@@ -387,11 +402,9 @@ def _live_nodes(lowered: ir.LoweredGraph) -> list:
 def _stored_buffers(groups: list[_Group], outputs) -> set[str]:
     """Buffers that must be in memory: graph outputs and buffers read by another step."""
     stored = {o.buffer for o in outputs if isinstance(o, ir.TensorArg)}
-    stored.update(g.scatter.name for g in groups if g.scatter is not None)
-    owner = {buf: k for k, g in enumerate(groups) for buf in g.writes()}
+    computed_in = {e.node.name: k for k, g in enumerate(groups) for e in g.entries}
     for k, group in enumerate(groups):
-        reads = buffer_reads(group.extern) if group.extern else group.reads()
-        stored.update(b for b in reads if owner.get(b, k) != k)
+        stored.update(b for b in group.reads() if computed_in.get(b, k) != k)
     return stored
 
 
@@ -400,30 +413,7 @@ def _allocation(node: Pointwise | Reduction) -> ir.AllocatedBuffer:
     return ir.AllocatedBuffer(node.name, node.size, stride, node.dtype)
 
 
-# --- kernels -------------------------------------------------------------------------------------
-# [Note: pending stores]
-# The store of a reduction's result waits until a statement other than a Reduce comes, so that
-# consecutive reductions share one pass over r (LayerNorm's weight and bias gradients read the
-# incoming gradient once); safe, since no statement of a kernel loads a buffer the kernel writes
-# (see [Note: fusion]).
-def _make_kernel(name: str, group: _Group, stored: set[str]) -> ir.Kernel:
-    """The kernel of ``group``: its statements in Loops ([Note: pending stores])."""
-    statements: list[tuple[bool, ir.Store | ir.Reduce]] = []
-    pending: list[tuple[bool, ir.Store]] = []
-    for e in group.entries:
-        if isinstance(e.node, Reduction):  # a Reduce now, its Store pending
-            _add_reduction(e, group, stored, statements, pending)
-        elif e.node.name in stored:
-            statements += pending + [(e.over_r, ir.Store(e.node.name, e.position, e.value))]
-            pending.clear()
-    loops = _split_loops(statements + pending)
-    origins = tuple(dict.fromkeys(o for e in group.entries for o in e.node.origins))
-    return ir.Kernel(
-        name, group.numel, group.rnumel, loops, _buffer_dtypes(loops, group), origins,
-        group.rows_per_program,
-    )
-
-
+# --- kernels (``_Group.step`` writes the statements, in the order [Note: pending stores] gives) --
 def _add_reduction(e: _Entry, group: _Group, stored: set[str], statements, pending) -> None:
     """A Reduce (or a mix-order ColumnReduce); its Store waits ([Note: pending stores])."""
     if _is_column_partial(e.node, group.numel, group.rnumel):
@@ -443,24 +433,18 @@ def _column_reduce(e: _Entry) -> ir.ColumnReduce:
 def _split_loops(statements) -> tuple[ir.Loop, ...]:
     """Statements share a Loop unless over_r changes or one reads a Reduce of that Loop."""
     loops: list[ir.Loop] = []
-    body: list = []
-    over_r, reduced = False, set()
-    for stmt_over_r, stmt in statements:
-        if body and (stmt_over_r != over_r or reduced and _reads_local(stmt.value, reduced)):
-            loops.append(ir.Loop(over_r, tuple(body)))
-            body, reduced = [], set()
-        over_r = stmt_over_r
-        body.append(stmt)
-        if isinstance(stmt, ir.Reduce):
-            reduced.add(stmt.name)
-    if body:
-        loops.append(ir.Loop(over_r, tuple(body)))
+    for over_r, stmt in statements:
+        if loops and loops[-1].over_r == over_r and not _reads_reduce(stmt.value, loops[-1]):
+            loops[-1] = ir.Loop(over_r, (*loops[-1].body, stmt))
+        else:
+            loops.append(ir.Loop(over_r, (stmt,)))
     return tuple(loops)
 
 
-def _reads_local(value: ir.Expr, names: set[str]) -> bool:
-    """Does ``value`` read one of the ``Local``s ``names`` (a Reduce's result)?"""
-    return any(isinstance(e, ir.Local) and e.name in names for e in ir.walk(value))
+def _reads_reduce(value: ir.Expr, loop: ir.Loop) -> bool:
+    """Does ``value`` read the result (a ``Local``) of one of ``loop``'s Reduces?"""
+    reduced = {s.name for s in loop.body if isinstance(s, ir.Reduce)}
+    return any(isinstance(e, ir.Local) and e.name in reduced for e in ir.walk(value))
 
 
 def _buffer_dtypes(loops, group: _Group) -> tuple:

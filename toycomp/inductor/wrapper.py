@@ -70,6 +70,7 @@ import toycomp.config as config
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.codegen import cpp, triton
 from toycomp.inductor.codegen.common import GeneratedKernel, IndentedBuffer
+from toycomp.inductor.ir import ScheduledGraph
 from toycomp.inductor.opt import async_compile
 from toycomp.inductor.opt.memory_planning import last_uses, plan_memory
 from toycomp.inductor.wrapper_sizes import render_size, render_tuple, scalars_used, symbol_sources
@@ -90,7 +91,12 @@ from toycomp.inductor.runtime import (
 
 __all__ = ["CompiledGraph", "GeneratedKernel", "compile_graph"]
 
-BACKENDS = ("cpp", "triton")
+# Where each backend runs (Triton on CPU tensors through its interpreter), and what to say if not.
+BACKENDS = {"cpp": ("cpu",), "triton": ("cpu", "cuda")}
+_RUNS_ON = {
+    "cpp": "the C++ backend runs on CPU tensors only",
+    "triton": "the Triton backend runs on CUDA (or CPU, interpreted)",
+}
 
 
 @dataclass(eq=False)
@@ -139,9 +145,7 @@ class CompiledGraph:
 def compile_graph(
     scheduled: ir.ScheduledGraph, backend: str, memory_planning: bool | None = None
 ) -> CompiledGraph:
-    """Generate kernels and the wrapper for ``scheduled`` (``backend``: ``"cpp"`` or
-    ``"triton"``), compile and load the kernels into the wrapper's namespace and ``exec`` it.
-    ``memory_planning``: see [Note: planning modes]."""
+    """Generate, load and ``exec`` the kernels and wrapper of ``scheduled`` (see the Notes)."""
     device = _check_backend(backend, torch.device(scheduled.device))
     kernels = [s for s in scheduled.steps if isinstance(s, ir.Kernel)]
     if backend == "cpp":
@@ -151,9 +155,8 @@ def compile_graph(
     if memory_planning is None:  # the config's choice: a plan, or none at all (teach)
         memory_planning = True if config.memory_planning else None
     source = WrapperCodegen(scheduled, generated, memory_planning).generate()
-    namespace = _namespace(device)
+    namespace = {**_namespace(device), **_load_kernels(generated, backend, device)}
     namespace.update({c.name: c.value.to(device) for c in scheduled.constants})
-    namespace.update(_load_kernels(generated, backend, device))
     if backend == "triton":  # CUDA: compiled before the first run (opt/async_compile.py)
         async_compile.precompile_triton(generated, scheduled, device)
     externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
@@ -185,59 +188,51 @@ def fresh_outputs(scheduled: ir.ScheduledGraph) -> tuple[bool, ...]:
 def _check_backend(backend: str, device: torch.device) -> torch.device:
     """The device the wrapper runs on, if ``backend`` can run there."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    if backend == "cpp" and device.type != "cpu":
-        raise RuntimeError(f"the C++ backend runs on CPU tensors only, not {device}")
-    if backend == "triton" and device.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"the Triton backend runs on CUDA (or CPU, interpreted), not {device}")
-    if device.type == "cuda" and device.index is None:  # the device the wrapper enters
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+        raise ValueError(f"unknown backend {backend!r}; expected one of {tuple(BACKENDS)}")
+    if device.type not in BACKENDS[backend]:
+        raise RuntimeError(f"{_RUNS_ON[backend]}, not {device}")
+    return _cuda_device(device) if device.type == "cuda" else device
 
 
-def _load_kernels(
-    generated: list[GeneratedKernel], backend: str, device: torch.device
-) -> dict[str, Any]:
-    if backend == "cpp" and config.compile_threads in (False, 0, 1):
-        loaded = [cpp.load(g) for g in generated]
-    elif backend == "cpp":  # side by side, a few kernels a compile (opt/async_compile.py)
-        loaded = async_compile.compile_cpp(generated)
-    else:
-        return {n: triton.load(g, device, n) for g in generated for n in (g.name, *g.variants)}
-    return {g.name: fn for g, fn in zip(generated, loaded)}
+def _cuda_device(device: torch.device) -> torch.device:
+    """The CUDA device the wrapper enters: ``device``, or the current one if it has no index."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
+
+
+def _load_kernels(kernels: list[GeneratedKernel], backend: str, device: torch.device) -> dict:
+    if backend == "triton":
+        return {n: triton.load(k, device, n) for k in kernels for n in (k.name, *k.variants)}
+    if config.compile_threads not in (False, 0, 1):  # side by side (opt/async_compile.py)
+        return dict(zip([k.name for k in kernels], async_compile.compile_cpp(kernels)))
+    return {k.name: cpp.load(k) for k in kernels}
 
 
 class WrapperCodegen:
     """Writes the ``call(args)`` function for one ``ScheduledGraph``."""
 
     def __init__(
-        self,
-        scheduled: ir.ScheduledGraph,
-        generated: list[GeneratedKernel],
-        memory_planning: bool | None = True,
+        self, graph: ScheduledGraph, kernels: list[GeneratedKernel], planning: bool | None = True
     ) -> None:
-        self.graph = scheduled
-        self.memory_planning = memory_planning  # None: no plan at all ([Note: planning modes])
+        self.graph = graph
+        self.memory_planning = planning  # None: no plan at all ([Note: planning modes])
         self.out_variants: dict[str, str] = {}  # extern calls writing into planned buffers
-        self.calls = {g.name: g.call for g in generated}
-        self.constants = {c.name for c in scheduled.constants}
-        self.tensor_inputs = [b for b in scheduled.inputs if isinstance(b, ir.InputBuffer)]
-        externs = [s for s in scheduled.steps if isinstance(s, ir.ExternKernel)]
-        buffers = [*self.tensor_inputs, *scheduled.constants, *scheduled.allocations]
+        self.calls = {k.name: k.call for k in kernels}
+        self.constants = {c.name for c in graph.constants}
+        self.tensor_inputs = [b for b in graph.inputs if isinstance(b, ir.InputBuffer)]
+        externs = [s for s in graph.steps if isinstance(s, ir.ExternKernel)]
+        buffers = [*self.tensor_inputs, *graph.constants, *graph.allocations]
         buffers += [b for step in externs for b in (step, *step.outputs)]
         self.layouts = {b.name: (tuple(b.size), tuple(b.stride)) for b in buffers}
-        taken = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}  # + CUDA's
-        taken |= {*self.calls, *(v for g in generated for v in g.variants)}
-        for name in [*self.layouts, *(b.name for b in scheduled.inputs)]:  # + the sizes' inputs
+        taken = {*_TAKEN, *self.calls, *(v for k in kernels for v in k.variants)}
+        for name in [*self.layouts, *(b.name for b in graph.inputs)]:  # + the sizes' inputs
             if not name.isidentifier() or name in taken or indexing.size_symbol_named(name):
                 raise ValueError(f"buffer name {name!r} cannot be a wrapper variable")
-        self.symbols = symbol_sources(scheduled.inputs)
+        self.symbols = symbol_sources(graph.inputs)
 
     def generate(self) -> str:
         code, steps = IndentedBuffer(), len(self.graph.steps)
-        steps_text = f"{steps} step{'s' * (steps != 1)}"
-        code.writeline(f"# toycomp wrapper ({steps_text} on {self.graph.device})")
-        code.writeline("def call(args):")
+        header = f"# toycomp wrapper ({steps} step{'s' * (steps != 1)} on {self.graph.device})"
+        code.writelines([header, "def call(args):"])
         with code.indent():
             names = [b.name for b in self.graph.inputs]
             code.writeline(f"{_unpack(names)} = args" if names else "pass")
@@ -272,22 +267,20 @@ class WrapperCodegen:
             self._write_steps(code)
 
     def _write_input_checks(self, code: IndentedBuffer) -> None:
-        """One ``check_input`` per tensor input; with many, only when one C++ check finds them
-        unlike the last inputs that passed ([Note: inputs checked once] in runtime.py)."""
+        """A ``check_input`` per tensor input ([Note: inputs checked once] in runtime.py)."""
         lines = [self._input_check(b) for b in self.tensor_inputs]
-        if len(lines) <= FEW_INPUTS:
-            code.writelines(lines)
-        else:  # many inputs: checked only when unlike the last ones
-            self._write_inputs_seen_check(code, lines)
+        if len(lines) > FEW_INPUTS:  # checked only when unlike the last inputs that passed
+            return self._write_inputs_seen_check(code, lines)
+        code.writelines(lines)
 
     def _input_check(self, b: ir.InputBuffer) -> str:
         layout = f"{render_tuple(b.size)}, {render_tuple(b.stride)}, {b.dtype}"
-        here = b.device in (None, self.graph.device)
-        where = "device" if here else self._render(b.device)
-        where = "None" if b.any_device else where
+        where = "device" if b.device in (None, self.graph.device) else self._render(b.device)
+        where = "None" if b.any_device else where  # [Note: extern seeds] in lowering.py
         return f"check_input({b.name}, {layout}, {where}, {b.name!r})"
 
     def _write_inputs_seen_check(self, code: IndentedBuffer, lines: list[str]) -> None:
+        """The checks, run only when one C++ call finds the inputs unlike the last that passed."""
         names = ", ".join(b.name for b in self.tensor_inputs)
         code.writeline(f"if not inputs_seen.check({names}):")
         with code.indent():
@@ -316,8 +309,7 @@ class WrapperCodegen:
         self._write_return(code)
 
     def _write_steps(self, code: IndentedBuffer) -> None:
-        """The steps, then the ``return``. With no memory plan, each buffer is allocated before
-        the step that first writes it (Python frees them all when ``call`` returns)."""
+        """The steps, each buffer allocated before its first writer, then the ``return``."""
         if self.memory_planning is not None:  # reused buffers, frees at last uses
             return self._write_planned_steps(code)
         allocs = {a.name: a for a in self.graph.allocations}
@@ -331,7 +323,7 @@ class WrapperCodegen:
     def _write_return(self, code: IndentedBuffer) -> None:
         strides = self.graph.output_strides or (None,) * len(self.graph.outputs)
         outputs = [self._output(o, s) for o, s in zip(self.graph.outputs, strides)]
-        code.writeline(f"return ({_unpack(outputs)})" if outputs else "return ()")
+        code.writeline(f"return ({_unpack(outputs)})")
 
     def _step_lines(self, step: ir.Kernel | ir.ExternKernel) -> list[str]:
         if isinstance(step, ir.Kernel):
@@ -363,11 +355,9 @@ class WrapperCodegen:
         return self._view(arg)
 
     def _view(self, arg: ir.TensorArg) -> str:
-        size, stride = tuple(arg.size), tuple(arg.stride)
-        if self.layouts.get(arg.buffer) == (size, stride) and arg.offset == 0:
+        if self.layouts.get(arg.buffer) == (tuple(arg.size), tuple(arg.stride)) and arg.offset == 0:
             return arg.buffer
-        view = f"{render_tuple(size)}, {render_tuple(stride)}, {render_size(arg.offset)}"
-        return f"reinterpret_tensor({arg.buffer}, {view})"
+        return _reinterpret(arg)  # a view of the buffer
 
     def _render(self, value: Any) -> str:
         """Python source for one extern-kernel argument."""
@@ -403,6 +393,11 @@ def _check_extern_lines(step: ir.ExternKernel) -> list[str]:
     return lines
 
 
+def _reinterpret(arg: ir.TensorArg) -> str:
+    view = f"{render_tuple(arg.size)}, {render_tuple(arg.stride)}, {render_size(arg.offset)}"
+    return f"reinterpret_tensor({arg.buffer}, {view})"
+
+
 def _unpack(names: list[str]) -> str:
     return f"{names[0]}," if len(names) == 1 else ", ".join(names)
 
@@ -434,24 +429,24 @@ _WRAPPER_GLOBALS = {
     "check_extern": check_extern,
     "cdiv": cdiv,
     "reduction_blocks": triton.reduction_blocks,
+    "alignment": lambda n: 1,  # Triton's interpreter; CUDA's is runtime.alignment
     **CHECK_FUNCTIONS,  # check_targets(...): [Note: checks that raise as eager does]
 }
 
 
 def _namespace(device: torch.device) -> dict[str, Any]:
-    namespace = {
-        **_WRAPPER_GLOBALS,
-        "device": device,
-        "inputs_seen": LayoutsSeen(),  # one per wrapper (see _write_input_checks)
-        "alignment": alignment if device.type == "cuda" else (lambda n: 1),  # (interpreter)
-    }
-    if device.type == "cuda":  # inside the wrapper's device guard; new names go in `taken` too
+    namespace = {**_WRAPPER_GLOBALS, "device": device, "inputs_seen": LayoutsSeen()}
+    if device.type == "cuda":  # inside the wrapper's device guard; new names go in _TAKEN too
         namespace.update(_cuda_namespace())
     return namespace
+
+
+# The names no buffer may take (CUDA's too; its check functions have names no buffer has).
+_TAKEN = {*_namespace(torch.device("cpu")), "get_raw_stream", "stream0"}
 
 
 def _cuda_namespace() -> dict[str, Any]:
     from toycomp.inductor.check_kernels import CUDA_CHECK_FUNCTIONS  # imports Triton
 
-    return dict(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream,
+    return dict(empty_strided=empty_strided_cuda, get_raw_stream=raw_stream, alignment=alignment,
                 **CUDA_CHECK_FUNCTIONS)  # [Note: checks in one launch]

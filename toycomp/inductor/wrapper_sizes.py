@@ -33,7 +33,8 @@ from toycomp.inductor.codegen.common import IndexPrinter
 # is an error, never a wrong index (the caller's shape guards normally recompile first).
 def symbol_sources(inputs) -> dict[sympy.Symbol, str]:
     """Each size symbol of ``inputs`` -> Python source reading it from the call's arguments."""
-    needed = indexing.size_symbols(*(_symbolic_parts(b) for b in inputs))
+    parts = [(b.expr,) if isinstance(b, ir.SizeInput) else (*b.size, *b.stride) for b in inputs]
+    needed = indexing.size_symbols(*parts)
     return _read_symbols(inputs, needed) if needed else {}  # dynamic shapes
 
 
@@ -70,10 +71,6 @@ def _flat_args(value) -> list:
     if isinstance(value, (list, tuple)):
         return [x for v in value for x in _flat_args(v)]
     return [value] if isinstance(value, sympy.Basic) else []
-
-
-def _symbolic_parts(b) -> tuple:
-    return (b.expr,) if isinstance(b, ir.SizeInput) else (*b.size, *b.stride)
 
 
 def render_size(value) -> str:
