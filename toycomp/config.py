@@ -41,9 +41,11 @@ memory_planning = True
 # (inductor/opt/autotune.py); compile(mode="max-autotune") sets it. Off in both presets.
 max_autotune = False
 # Capture: guard paths shared by several lines read once (a regular-expression rewrite of the
-# guard text), and the tensors of a model's attributes checked by one C++ call
-# (capture/guard_check.py: [Note: guards name shared prefixes], [Note: tensor guards in one call]).
-# (TorchDynamo's counterpart is its C++ GuardManager tree.)
+# guard text), the tensors of a model's attributes checked by one C++ call
+# (capture/guard_check.py: [Note: guards name shared prefixes], [Note: tensor guards in one call]),
+# a call's arguments bound by position without ``inspect`` (capture/convert_frame.py); and the AOT
+# runtime's inputs checked by one C++ call (aot/runtime_wrappers.py). (TorchDynamo's counterpart
+# is its C++ GuardManager tree.)
 fast_guards = True
 # The C++ kernels of a graph compile at once, this many compilers side by side (None: one per
 # core; False, 0 or 1: one after another) in a pool of threads (inductor/opt/async_compile.py).

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from toycomp import config
+import toycomp.config as config
 from toycomp._torch_compat import LayoutsSeen, cudnn_and_mkldnn_disabled, fake_mode_of
 from toycomp.aot.functional_utils import storage_key
 from toycomp.aot.functionalize import FunctionalRecorder

@@ -49,10 +49,10 @@ from toycomp.inductor import cache
 # fastest. What makes that safe and cheap:
 # * Timing must not change a result. A kernel may read what it writes (an input mutated in
 #   place, ``x += y``; a buffer reused in place), and timing launches it many times: ``y``
-#   would be added again each time. So each written argument (``out_ptr*``: common.py's
-#   ``_assign_args`` names them) is replaced by a copy of its storage, viewed the same way. The
-#   timed launches write only copies and read the untouched originals; then the real launch
-#   runs once, on the real buffers.
+#   would be added again each time. So each written argument (``out_ptr*``, named by
+#   ``KernelCodegen.__init__`` in common.py) is replaced by a copy of its storage, viewed the
+#   same way. The timed launches write only copies and read the untouched originals; then the
+#   real launch runs once, on the real buffers.
 # * The grid depends on XBLOCK. The wrapper's line names the first config and its grid (what
 #   the interpreter runs); the Autotuner launches the winner over cdiv(xnumel, XBLOCK) programs.
 # * A choice made by noise is no choice: timings of equal configs differ by ~0.5% between runs
