@@ -50,13 +50,7 @@ TRITON_OPINFOS = (
 )
 
 # (backend, OpInfo id) -> the failure's signature. Strict: delete an entry once it passes.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    # the capture records OpInfo's wrapper_set_seed(torch.empty_strided, ...) as one graph call
-    # with the builtin as an argument, which FX cannot print (SyntaxError in the graph's code);
-    # empty_strided's own decomposition is tested in tests/prims/test_aten_layout.py
-    ("cpp", "empty_strided"): "capture: a builtin function as a graph call's argument",
-    ("int", "empty_strided"): "capture: a builtin function as a graph call's argument",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 # ATen ops reached only through another OpInfo (backward formulas, private or renamed ops).
 EXTRA_OPINFOS: dict[str, list[str]] = {

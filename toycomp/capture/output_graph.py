@@ -285,6 +285,10 @@ class OutputGraph:
             parts = [size(v) if is_symbolic(v) else v for v in (value.start, value.stop,
                                                                   value.step)]  # fmt: skip
             return slice(*parts)
+        if callable(value) and not isinstance(value, type):  # checkpoint(torch.sin, x)
+            # FX prints a graph's constants as Python, and a function has no literal
+            raise Unsupported(f"a function ({getattr(value, '__qualname__', value)}) passed "
+                              "to a torch function")
         if hasattr(value, "__array__") and not isinstance(value, (int, float, complex)):
             # an FX graph can hold only constants it can print as Python (not a NumPy array)
             raise Unsupported(f"a {type(value).__name__} passed to a tensor operation")
