@@ -53,3 +53,25 @@ def test_all_number_call_with_out(dtype, backend):
     got = toycomp.compile(fn, backend=backend)(x, t_compiled)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(t_compiled, t_eager)  # the out= tensor was written
+
+
+def test_a_refused_rule_falls_back_with_the_wrapped_number(monkeypatch):
+    # the first number is wrapped in a 0-d prims.full before the rule runs; a rule that emits
+    # nodes and then refuses has them erased, and its fallback still reads the wrapped number
+    from toycomp.prims.decomp_table import DECOMPOSITIONS, Unsupported
+
+    rule = DECOMPOSITIONS[aten.sub.Tensor]
+
+    def refusing(a, *args, **kwargs):
+        rule(a, *args, **kwargs)  # emits nodes first, as a rule that refuses late does
+        raise Unsupported("refused for the test")
+
+    monkeypatch.setitem(DECOMPOSITIONS, aten.sub.Tensor, refusing)
+
+    def fn(x):
+        return x * aten.sub(7, 10)
+
+    x = torch.arange(4, dtype=torch.float32)
+    with pytest.warns(UserWarning, match="aten.sub.Tensor"):
+        got = toycomp.compile(fn)(x)
+    torch.testing.assert_close(got, fn(x))

@@ -196,11 +196,12 @@ def _decompose_op(tracer: DecompTracer, node: fx.Node, target: Any, args: Any, k
         return tracer.emit(target, args, kwargs)
     if target not in DECOMPOSITIONS:
         return _fallback(tracer, node, target, args, kwargs, "no decomposition")
+    if args and isinstance(args[0], (bool, int, float)):  # aten.add.Tensor(4, 3.3)
+        with prims.tracing(tracer):  # (before the mark: a refused rule's fallback reads it)
+            args = _wrap_numbers(node, target, args, kwargs)
     mark = len(tracer.emitted)
     try:
         with prims.tracing(tracer):
-            if args and isinstance(args[0], (bool, int, float)):  # aten.add.Tensor(4, 3.3)
-                args = _wrap_numbers(node, target, args, kwargs)
             out = DECOMPOSITIONS[target](*args, **kwargs)
     except Unsupported as e:  # the rule refuses these arguments: the ATen op itself, visibly
         _roll_back(tracer, mark)
