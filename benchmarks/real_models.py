@@ -3,6 +3,7 @@
     python benchmarks/real_models.py                          # every model, fp32, one process each
     python benchmarks/real_models.py --models gpt2 llama --dtype bf16 --json out.json
     python benchmarks/real_models.py --dtype fp32 bf16 --gpus 4 --json out.json  # a GPU a model
+    python benchmarks/real_models.py --gpus 2 --per-gpu 2 --profile prof/ --json out.json
     python benchmarks/real_models.py --time gpt2 --out r.jsonl   # one model (what the above runs)
 
 A step is the model's forward with its own loss (transformers: ``model(input_ids=...,
@@ -21,6 +22,14 @@ follows). A model that differs is reported, not timed. Then eager's and the comp
 timed taking turns (``timing.per_call_seconds_in_turns``), and the table gives each compiler's
 speed-up over eager and toycomp's step time over Inductor's. The transformers models need the
 ``transformers`` package, the timm ones ``timm``: a model whose package is missing is skipped.
+
+``--per-gpu 2`` runs two models on each GPU at once: their compiles (host work) overlap, while
+the steps that use the GPU most (the checks' eager and float64 steps, the timing and the
+profile) wait for a lock of their GPU, so the timed steps have the GPU to themselves (another
+model's single first step may still run beside them; each figure is the median of its rounds).
+``--profile DIR`` then profiles a few steps of each compiler in the same process (no second
+compile) and writes ``DIR/MODEL-DTYPE.txt``: step time, GPU busy time, kernel launches and the
+kernels that take the most GPU time, per compiler.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import fcntl
 import json
 import os
 import statistics
@@ -149,12 +159,54 @@ def compile_model(model, compiler: str) -> Callable:
     return models.compile_model(model, compiler)
 
 
-def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool) -> list[dict]:
+@contextlib.contextmanager
+def gpu_to_myself():
+    """Hold this GPU's lock (``--per-gpu``: set by the parent as ``REAL_MODELS_GPU_LOCK``)."""
+    path = os.environ.get("REAL_MODELS_GPU_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def profile_steps(steps: dict[str, Callable], device: str, title: str, count: int = 5):
+    """torch.profiler over ``count`` steps of each compiler: a text report and a summary each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    text, summary = [], {}
+    for compiler, step in steps.items():
+        step()
+        timing.synchronize(device)
+        with profile(activities=activities) as prof:
+            for _ in range(count):
+                step()
+            timing.synchronize(device)
+        events = prof.key_averages()
+        on_gpu = [e for e in events if e.self_device_time_total > 0]
+        busy_ms = sum(e.self_device_time_total for e in on_gpu) / count / 1e3
+        launches = sum(e.count for e in on_gpu) / count
+        summary[compiler] = {"gpu_busy_ms": busy_ms, "kernels": launches}
+        gpu = f": GPU busy {busy_ms:.2f} ms a step, {launches:.0f} kernels a step"
+        text.append(f"=== {title}, {compiler}" + (gpu if device == "cuda" else ""))
+        key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+        text.append(events.table(sort_by=key, row_limit=15, max_name_column_width=70))
+    return "\n".join(text), summary
+
+
+def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool,
+               profile_dir: str | None = None) -> list[dict]:
     """Check each compiler's step on ``name`` against eager, then time them all in turns."""
     model, batch, loss_of = build(name, device, small)
-    want64 = float64_step(model, batch, loss_of, device)
-    eager_model = copy.deepcopy(model)
-    want = train_step(eager_model, eager_model, batch, loss_of, device, dtype)
+    with gpu_to_myself():
+        want64 = float64_step(model, batch, loss_of, device)
+        eager_model = copy.deepcopy(model)
+        want = train_step(eager_model, eager_model, batch, loss_of, device, dtype)
 
     def lean(m, forward):
         def step():
@@ -188,9 +240,15 @@ def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool)
         print(f"  {name} {dtype}, {compiler}: {result['status']} {result.get('message', '')}",
               file=sys.stderr, flush=True)
     del want64, want
-    calls = timing.per_call_seconds_in_turns(steps, device, budget_s * len(steps))
+    with gpu_to_myself():
+        calls = timing.per_call_seconds_in_turns(steps, device, budget_s * len(steps))
+        if profile_dir:
+            text, profiled = profile_steps(steps, device, f"{name} {dtype}")
+            os.makedirs(profile_dir, exist_ok=True)
+            with open(os.path.join(profile_dir, f"{name}-{dtype}.txt"), "w") as f:
+                f.write(text + "\n")
     measured = {c: {"call_s": statistics.median(calls[c]), "call_s_rounds": calls[c]}
-                for c in steps}  # fmt: skip
+                | ({"profile": profiled[c]} if profile_dir else {}) for c in steps}  # fmt: skip
     return [r | {"eager": measured["eager"], "compiled": measured[r["compiler"]]}
             if r["status"] == "ok" else r for r in results]  # fmt: skip
 
@@ -198,7 +256,8 @@ def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool)
 def time_one(args) -> None:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        results = time_model(args.time, args.device, args.dtype, args.budget, args.small)
+        results = time_model(args.time, args.device, args.dtype, args.budget, args.small,
+                             args.profile)
     except Exception as e:  # reported in the table
         message = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         results = [{"model": args.time, "dtype": args.dtype, "compiler": c, "status": "error",
@@ -208,11 +267,13 @@ def time_one(args) -> None:
 
 
 def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, gpus: int = 1,
-            on_result: Callable[[list[dict]], None] = lambda results: None):
+            on_result: Callable[[list[dict]], None] = lambda results: None, per_gpu: int = 1,
+            profile_dir: str | None = None):
     """Each (model, dtype) job in its own process (``--time``); the processes share ``timeout_s``.
     With ``gpus`` > 1, one job runs on each GPU at a time (``CUDA_VISIBLE_DEVICES``), so a model's
-    compilers still take turns alone on their GPU. ``on_result`` sees the results so far after
-    each job (a long run stores what finished)."""
+    compilers still take turns alone on their GPU; ``per_gpu`` > 1 runs that many, taking turns
+    for the GPU (see the module docstring). ``on_result`` sees the results so far after each job
+    (a long run stores what finished)."""
     results, deadline = [], time.monotonic() + timeout_s
     queue, lock = list(jobs), threading.Lock()
 
@@ -222,14 +283,15 @@ def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, g
                 if not queue:
                     return
                 name, dtype = queue.pop(0)
-            on_gpu = gpu if gpus > 1 else None
-            done = _run_job(name, dtype, device, budget_s, small, deadline, on_gpu, tmp)
+            on_gpu = gpu % gpus if gpus > 1 else None
+            done = _run_job(name, dtype, device, budget_s, small, deadline, on_gpu, tmp,
+                            per_gpu > 1, profile_dir)
             with lock:
                 results.extend(done)
                 on_result(results)
 
     with tempfile.TemporaryDirectory() as tmp:
-        threads = [threading.Thread(target=worker, args=(k, tmp)) for k in range(gpus)]
+        threads = [threading.Thread(target=worker, args=(k, tmp)) for k in range(gpus * per_gpu)]
         for t in threads:
             t.start()
         for t in threads:
@@ -237,7 +299,8 @@ def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, g
     return results
 
 
-def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp) -> list[dict]:
+def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp, share=False,
+             profile_dir=None) -> list[dict]:
     if not have_package(name):
         print(f"  {name}: its package is not installed here; skipped", file=sys.stderr)
         return []
@@ -245,7 +308,10 @@ def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp) -> list[d
     limit = max(30.0, deadline - time.monotonic())
     cmd = [sys.executable, os.path.abspath(__file__), "--time", name, "--out", out,
            "--device", device, "--dtype", dtype, "--budget", str(budget_s)]
+    cmd += ["--profile", profile_dir] if profile_dir else []
     env = os.environ | ({} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)})
+    if share:
+        env["REAL_MODELS_GPU_LOCK"] = os.path.join(tmp, f"gpu{gpu or 0}.lock")
     try:
         subprocess.run(cmd + (["--small"] if small else []), timeout=limit, check=False, env=env)
     except subprocess.TimeoutExpired:
@@ -298,6 +364,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3000.0, help="seconds for all models")
     parser.add_argument("--json", help="store the results here (rewritten after each model)")
     parser.add_argument("--gpus", type=int, default=1, help="models run side by side, one a GPU")
+    parser.add_argument("--per-gpu", type=int, default=1,
+                        help="models at once on each GPU, taking turns for it (see above)")
+    parser.add_argument("--profile", metavar="DIR", help="profile each model's steps into DIR")
     parser.add_argument("--time", choices=MODELS, help="one model in this process")
     parser.add_argument("--out", help="--time: append one JSON line per compiler here")
     args = parser.parse_args()
@@ -314,7 +383,8 @@ def main() -> None:
                 json.dump(meta | {"results": results}, f, indent=1)
 
     jobs = [(name, dtype) for dtype in args.dtype for name in args.models]
-    results = run_all(jobs, args.device, args.budget, args.small, args.timeout, args.gpus, store)
+    results = run_all(jobs, args.device, args.budget, args.small, args.timeout, args.gpus, store,
+                      args.per_gpu, args.profile)
     for dtype in args.dtype:
         order = {name: k for k, name in enumerate(args.models)}
         mine = sorted((r for r in results if r["dtype"] == dtype), key=lambda r: order[r["model"]])
