@@ -190,7 +190,8 @@ def profile_steps(steps: dict[str, Callable], device: str, title: str, count: in
                 step()
             timing.synchronize(device)
         events = prof.key_averages()
-        on_gpu = [e for e in events if e.self_device_time_total > 0]
+        # the kernels and copies themselves (an ATen op's row repeats its kernels' device time)
+        on_gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         busy_ms = sum(e.self_device_time_total for e in on_gpu) / count / 1e3
         launches = sum(e.count for e in on_gpu) / count
         summary[compiler] = {"gpu_busy_ms": busy_ms, "kernels": launches}
