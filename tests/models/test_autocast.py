@@ -166,3 +166,56 @@ def test_grad_scaler_state_stays_real_cpu(path):
         for p, ref in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, ref.grad, rtol=RTOL, atol=ATOL * scaler.get_scale())
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_layer_norm_of_a_bf16_activation_cpu(path):
+    """A LayerNorm right after a bf16 matmul (an MLP-Mixer's, a ViT's after its patch embedding):
+    under CPU autocast its input is bf16 and its weight float32, ATen's "mixed type", whose CPU
+    kernel keeps the statistics in float32 while the meta kernel gives bf16. Values and
+    gradients against eager's, through both paths."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 4))  # fmt: skip
+    x = torch.randn(8, 16)
+
+    def step(m, forward):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = forward(x).float().square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    mine = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled_model = toycomp.compile(mine) if path == "toycomp.compile" else torch.compile(
+        mine, backend="toycomp")
+    (loss, grads), (want_loss, want) = step(mine, compiled_model), step(model, model)
+    model64 = copy.deepcopy(model).double()
+    model64.zero_grad(set_to_none=True)
+    model64(x.double()).square().mean().backward()
+    want64 = {n: p.grad for n, p in model64.named_parameters()}
+    assert_as_close_as_eager(loss, want_loss, model64(x.double()).square().mean().detach(), "loss")
+    for name in want:
+        assert_as_close_as_eager(grads[name], want[name], want64[name], name)
+
+
+def test_mixed_type_layer_norm_cpu():
+    """``F.layer_norm`` of a bf16 tensor with float32 weight and bias, outside autocast: eager's
+    result and input gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 32, dtype=torch.bfloat16, requires_grad=True)
+    w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
+
+    def fn(x, w, b):
+        return torch.nn.functional.layer_norm(x, (32,), w, b)
+
+    got = toycomp.compile(fn)(x, w, b)
+    want = fn(x, w, b)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    g = torch.randn_like(want)
+    got_grads = torch.autograd.grad(toycomp.compile(fn)(x, w, b), (x, w, b), g)
+    want_grads = torch.autograd.grad(fn(x, w, b), (x, w, b), g)
+    for got_g, want_g in zip(got_grads, want_grads):
+        assert got_g.dtype == want_g.dtype
+        torch.testing.assert_close(got_g, want_g, rtol=RTOL, atol=5e-2)

@@ -248,7 +248,10 @@ def linalg_vector_norm(a: Any, ord: Any = 2, dim: Any = None, keepdim: bool = Fa
 # which the backward reuses (AOT saves them). Both keep the normalized dims with size 1, e.g.
 # (2, 8, 1) for an input (2, 8, 16) normalized over its last dim. Like torch/_refs we compute in
 # float32 for float16/bfloat16 inputs and convert at the end; ATen's CPU kernel also converts the
-# statistics back to the input dtype, its CUDA kernel keeps them in float32.
+# statistics back to the input dtype, unless the weight or bias is float32 (its "mixed type",
+# as under CPU autocast: then they stay float32); its CUDA kernel keeps them in float32. PyTorch's
+# meta kernel gives the input dtype in that mixed case, so where the graph's node has a value
+# (AOT's), its dtype is the one the rest of the graph was traced with, and we follow it.
 def _layer_norm_dims(a: Any, normalized_shape: Sequence[int]) -> tuple[list[int], list[int]]:
     axis = a.ndim - len(normalized_shape)
     return list(range(axis)), list(range(axis, a.ndim))
@@ -271,7 +274,12 @@ def native_layer_norm(
     if bias is not None:
         out = prims.add(out, broadcast_to(convert(bias, x.dtype), x.shape))
     stats_shape = [a.shape[d] for d in outer] + [1] * len(inner)
-    stats_dtype = dtype if a.device.type == "cpu" else x.dtype
+    mixed = any(p is not None and p.dtype == torch.float32 for p in (weight, bias))
+    stats_dtype = dtype if a.device.type == "cpu" and not mixed else x.dtype
+    node = getattr(prims.current_tracer(), "aten_node", None)
+    traced = node.meta.get("val") if node is not None else None
+    if isinstance(traced, (tuple, list)) and isinstance(traced[1], torch.Tensor):
+        stats_dtype = traced[1].dtype
     mean, rstd = (convert(reshape(s, stats_shape), stats_dtype) for s in (mean, rstd))
     return convert(out, dtype), mean, rstd
 
