@@ -383,7 +383,7 @@ def _same_group(a: tuple, b: tuple) -> bool:
 
 
 def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
-    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+    return indexing.substitute(index, tuple(mapping.items()), tuple(ranges.items()))
 
 
 # --- which buffers survive -----------------------------------------------------------------------

@@ -114,4 +114,4 @@ def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None
 
 
 def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
-    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)
+    return indexing.substitute(index, tuple(mapping.items()), tuple(ranges.items()))
