@@ -66,7 +66,7 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
         return None
     index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
     strides = [_as_size(sympy.diff(index, v)) for v in ivars]
-    offset = _as_size(index.subs({v: 0 for v in ivars}))
+    offset = _as_size(sympy.sympify(index.xreplace({v: 0 for v in ivars})))
     if not all(_size_like(s) and indexing.known_nonnegative(s) for s in strides + [offset]):
         return None
     if sympy.expand(index - indexing.linear_index(ivars, strides, offset)) != 0:
