@@ -212,7 +212,7 @@ def numel(size: tuple[int, ...]) -> int:
 #   (sympy's own ``Min``/``Max`` evaluation is the costliest part of a rebuild).
 @functools.lru_cache(maxsize=1 << 16)
 def substitute(index: sympy.Expr, mapping: tuple, ranges: tuple) -> sympy.Expr:
-    """``index`` with ``mapping``'s ``(variable, expr)`` pairs put in, simplified over ``ranges``."""
+    """``index`` with ``mapping``'s (variable, expr) pairs put in, simplified over ``ranges``."""
     return simplify_index(sympy.sympify(index.xreplace(dict(mapping))), dict(ranges))
 
 
