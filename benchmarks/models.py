@@ -111,22 +111,34 @@ def lean_step(model: torch.nn.Module, forward: Callable, x: torch.Tensor, y: tor
     F.cross_entropy(forward(x), y).backward()
 
 
-def rounding_mismatch(got, want, want64) -> str | None:
+def rounding_mismatch(got, want, want64, peer=None) -> str | None:
     """None when fp32 results ``got`` are about as close to the float64 results ``want64`` as
     eager's fp32 results ``want`` are: per tensor (and the loss), error(got) <= 10 error(want)
-    + 1e-4, errors relative to the tensor's norm (see [Note: checking against eager's rounding]).
+    + 1e-4, errors relative to the tensor's norm (see [Note: checking against eager's rounding]);
+    or, given a ``peer`` (Inductor's results), within twice its error where that is below 1e-2.
     """
-    (got_loss, got_t), (want_loss, want_t), (loss64, want64_t) = got, want, want64
+    (got_loss, got_t), (want_loss, want_t) = got, want
     if got_t.keys() != want_t.keys():
         return f"gradients of other parameters: {sorted(got_t.keys() ^ want_t.keys())[:3]}"
-    ours, eager = relative_errors(got_t, want64_t), relative_errors(want_t, want64_t)
-    ours["loss"], eager["loss"] = (abs((v.double() - loss64).item()) / abs(loss64.item())
-                                   for v in (got_loss, want_loss))  # fmt: skip
-    excess = {name: ours[name] / (10 * eager[name] + 1e-4) for name in ours}
+    ours, eager = _errors(got, want64), _errors(want, want64)
+    bound = {name: 10 * eager[name] + 1e-4 for name in ours}
+    if peer is not None and peer[1].keys() == got_t.keys():
+        theirs = _errors(peer, want64)
+        bound = {name: max(b, 2 * theirs[name] if theirs[name] < 1e-2 else 0)
+                 for name, b in bound.items()}  # fmt: skip
+    excess = {name: ours[name] / bound[name] for name in ours}
     worst = max(excess, key=excess.get)
     if excess[worst] <= 1:
         return None
     return f"{worst}: rel. error {ours[worst]:.1e} against float64, eager's {eager[worst]:.1e}"
+
+
+def _errors(result, want64) -> dict[str, float]:
+    """Each tensor's (and the loss's) error relative to the float64 ``want64``."""
+    (loss, tensors), (loss64, tensors64) = result, want64
+    errors = relative_errors(tensors, tensors64)
+    errors["loss"] = abs((loss.double() - loss64).item()) / abs(loss64.item())
+    return errors
 
 
 # [Note: checking against eager's rounding]
@@ -135,7 +147,10 @@ def rounding_mismatch(got, want, want64) -> str | None:
 # another order differ there by 1e-3 relative (seen: Inductor on mobilenet_v2) while agreeing
 # to 1e-6 elsewhere. So the timed check runs eager once more in float64 and asks each compiled
 # tensor to be within ten times eager's own fp32 error of it (plus 1e-4): rounding passes, a
-# wrong program (errors of 1e-2 and more) does not.
+# wrong program (errors of 1e-2 and more) does not. cuDNN's BatchNorm backward is so accurate
+# (1e-6 on ResNet-50's bias gradients) that Inductor's own reductions miss that bound (2e-3):
+# ``real_models.py`` then takes twice Inductor's error, below 1e-2, as the bound for toycomp,
+# and times Inductor with its check's result in the table.
 
 
 def mismatch(got, want, tol: float) -> str | None:

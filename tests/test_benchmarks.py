@@ -84,6 +84,26 @@ def test_models_check_tells_rounding_from_a_wrong_result():
     assert "bias" in models.rounding_mismatch(wrong, eager, want64)
 
 
+def test_models_check_takes_inductors_rounding_where_eager_is_far_more_exact():
+    """cuDNN's BatchNorm bias gradient: eager's error 1e-7, Inductor's and toycomp's ~2e-3."""
+    import models
+
+    def off_by(exact, rel, seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.tensor(2.0), {"bias": (exact * (1 + rel * torch.randn(1000, generator=g,
+                                                    dtype=torch.float64))).float()})  # fmt: skip
+
+    exact = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want64 = (torch.tensor(2.0, dtype=torch.float64), {"bias": exact})
+    eager, inductor, ours = off_by(exact, 1e-7, 1), off_by(exact, 2e-3, 2), off_by(exact, 2e-3, 3)
+    assert "bias" in models.rounding_mismatch(ours, eager, want64)  # alone: 10x eager's + 1e-4
+    assert models.rounding_mismatch(ours, eager, want64, peer=inductor) is None
+    worse = off_by(exact, 6e-3, 3)  # three times Inductor's error
+    assert "bias" in models.rounding_mismatch(worse, eager, want64, peer=inductor)
+    wrong_peer, wrong = off_by(exact, 3e-2, 2), off_by(exact, 3e-2, 3)  # both wrong: no excuse
+    assert "bias" in models.rounding_mismatch(wrong, eager, want64, peer=wrong_peer)
+
+
 def test_compared_steps_take_turns(monkeypatch):
     import timing
 

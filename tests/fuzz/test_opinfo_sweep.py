@@ -62,7 +62,6 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
     "_to_copy": ["to", "double"],
     "_unsafe_view": ["reshape"],
     "avg_pool2d_backward": ["nn.functional.avg_pool2d"],
-    "convolution_backward": ["nn.functional.conv2d"],
     "slice_backward": ["narrow"],
     "_unsafe_index": ["__getitem__"],
     "_unsafe_index_put": ["index_put"],

@@ -1,5 +1,5 @@
 """Tests for toycomp.prims.functional_rules and avg_pool_rules: as_strided_scatter, as_strided,
-fill.Tensor, convolution_backward and avg_pool2d decompose (no ATen fallback),
+fill.Tensor and avg_pool2d decompose (no ATen fallback), convolution_backward is one extern call,
 and the compiled values and gradients match eager's on PyTorch's OpInfo samples and on the
 cases real models meet; a builtin with no bytecode compiles. Eager PyTorch is the oracle."""
 
@@ -103,23 +103,39 @@ def test_empty_strided():
     compiled_samples.check(fn, [x0, torch.rand(7, 1, 1, generator=g) * 4 - 2], "cpp")
 
 
-@pytest.mark.parametrize("groups, stride, padding, dilation", [
-    (1, 16, 0, 1),  # a ViT's patch embedding
-    (4, 1, 3, 1),  # depthwise with padding (ConvNeXt's 7x7)
-    (2, 2, 1, 2),  # grouped, strided, dilated
+def _aten_calls(compiled, op) -> list:
+    """The calls of ATen overload ``op`` left in ``compiled``'s prims graphs (externs, fallbacks)."""
+    return [n for entry in compiled.entries for g in entry.graphs
+            for n in g.prims.graph.find_nodes(op="call_function", target=op)]  # fmt: skip
+
+
+@pytest.mark.parametrize("groups, stride, padding, dilation, transposed", [
+    (1, 16, 0, 1, False),  # a ViT's patch embedding
+    (4, 1, 3, 1, False),  # depthwise with padding (ConvNeXt's 7x7)
+    (2, 2, 1, 2, False),  # grouped, strided, dilated
+    (2, 2, 1, 1, True),  # a transposed convolution (a decoder's upsampling)
 ])  # fmt: skip
-def test_convolution_backward_input_weight_bias(groups, stride, padding, dilation):
+def test_convolution_backward_is_one_extern(groups, stride, padding, dilation, transposed):
+    """Its gradients match eager's, and the backward calls ``convolution_backward`` once, as
+    Inductor does: no convolutions written in its place (cuDNN's swapped convolution of a
+    depthwise layer is 100x slower than its own weight-gradient kernel)."""
     g = torch.Generator().manual_seed(0)
+    k = 7 if groups == 4 else 3
     x = torch.randn(2, 4, 32, 32, generator=g, requires_grad=True)
-    w = torch.randn(8, 4 // groups, 7 if groups == 4 else 3, 7 if groups == 4 else 3,
+    w = torch.randn(4 if transposed else 8, (8 if transposed else 4) // groups, k, k,
                     generator=g, requires_grad=True)  # fmt: skip
     b = torch.randn(8, generator=g, requires_grad=True)
 
     def fn(x, w, b):
+        if transposed:
+            return F.conv_transpose2d(x, w, b, stride, padding, 1, groups, dilation)
         return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
-    check_no_fallback(fn, [x, w, b])
-    check_no_fallback(fn, [x.detach(), w, b])  # pixels need no gradient: grad_input not made
+    for inputs in ([x, w, b], [x.detach(), w, b]):  # pixels with no gradient: no grad_input
+        compiled = compiled_samples.check(fn, inputs, "cpp")
+        assert not compiled_samples.fallbacks(compiled)
+        assert len(_aten_calls(compiled, torch.ops.aten.convolution_backward.default)) == 1
+        assert len(_aten_calls(compiled, torch.ops.aten.convolution.default)) == 1  # the forward's
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -11,7 +11,7 @@ rather than each other::
     >>> DECOMPOSITIONS[torch.ops.aten.gelu.default].__module__
     'toycomp.prims.activation_rules'
     >>> sorted(str(op) for op in EXTERN_OPS - SDPA_OPS - CHECK_OPS)
-    ['aten.bmm.default', 'aten.convolution.default', 'aten.mm.default']
+    ['aten.bmm.default', 'aten.convolution.default', 'aten.convolution_backward.default', 'aten.mm.default']
     >>> str(aten._scaled_dot_product_flash_attention_for_cpu.default) in map(str, SDPA_OPS)
     True
 
@@ -133,7 +133,8 @@ CHECK_OPS: frozenset[Any] = frozenset(
     getattr(torch.ops.toycomp, name).default for name in CHECK_FUNCTIONS
 )
 EXTERN_OPS: frozenset[Any] = (
-    frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default})
+    frozenset({aten.mm.default, aten.bmm.default, aten.convolution.default,
+               aten.convolution_backward.default})
     | SDPA_OPS
     | CHECK_OPS
 )

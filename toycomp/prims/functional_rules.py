@@ -1,8 +1,7 @@
 """Stage 3b, the table (what functionalization and autograd leave behind in real models):
-``as_strided_scatter``, ``as_strided``, ``empty_strided``, ``fill.Tensor`` and
-``convolution_backward``.
+``as_strided_scatter``, ``as_strided``, ``empty_strided`` and ``fill.Tensor``.
 
-Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls).
+Input IR -> output IR: ATen ops -> prims.
 
 * ``as_strided_scatter(a, src, size, stride, offset)`` is what AOT's functionalization writes for
   an in-place update of a view (``ids[:, 0] = start`` in BART and T5's ``shift_tokens_right``):
@@ -15,12 +14,12 @@ Input IR -> output IR: ATen ops -> prims (and extern ``aten.convolution`` calls)
       out = prims.reshape(prims.scatter(flat, 0, positions, src, False), [2, 3])
 
 * ``fill.Tensor(a, value)``: ``value`` (0-d) broadcast to ``a``'s shape.
-* ``convolution_backward``: two more convolutions (externs, as the forward) and a sum; see
-  [Note: the gradients of a convolution are convolutions].
+
+(``convolution_backward`` is an extern: [Note: a convolution's backward is one extern] in
+``decomp_table.py``.)
 
 NB: in PyTorch ``as_strided_scatter`` is torch/_refs/__init__.py's (a prim of its own there),
-``fill.Tensor`` torch/_decomp/decompositions.py's; Inductor calls ``convolution_backward`` as an
-extern kernel (torch/_inductor/lowering.py).
+``fill.Tensor`` torch/_decomp/decompositions.py's.
 """
 
 from __future__ import annotations
@@ -36,11 +35,6 @@ from toycomp.prims.decomp_table import Unsupported, register
 from toycomp.prims.helpers import convert, is_symbolic, reshape
 
 aten = torch.ops.aten
-
-
-def _extern(op: Any, *args: Any) -> Any:
-    tracer = prims.current_tracer()
-    return tracer.emit(op, args, {}) if tracer is not None else op(*args)
 
 
 def _concrete(*sizes: Any, op: str = "as_strided") -> None:
@@ -207,61 +201,3 @@ def fill_tensor(a: Any, value: Any) -> Any:
         raise Unsupported(f"fill with a {value.ndim}-d value tensor")
     return prims.broadcast_in_dim(convert(value, a.dtype), list(a.shape), [])
 
-
-# --- convolution_backward -----------------------------------------------------------------------
-# [Note: the gradients of a convolution are convolutions]
-# For ``out[n, o, y] = sum_{c, k} x[n, c, y*s + k*d - p] * w[o, c, k]`` (stride s, dilation d,
-# padding p, one spatial dim shown):
-# * grad_x is the transposed convolution of grad_out by ``w`` with the same s, d, p (and the
-#   output padding that gives back x's size);
-# * grad_w[o, c, k] = sum_{n, y} x[n, c, k*d + y*s - p] * g[n, o, y] is a convolution of x, with
-#   batch and channels swapped, by g as the kernel, with stride d and dilation s: x becomes
-#   (C_in/groups, groups*N, ...) and g (C_out, N, ...), so each group's channels meet only their
-#   own group's samples; its result can be longer than the kernel (the last rows of x that no
-#   output reached): it is cut to the kernel's size;
-# * grad_bias is g summed over all dims but the channels.
-# The convolutions stay externs (oneDNN/cuDNN), as the forward's.
-@register(aten.convolution_backward.default)
-def convolution_backward(grad: Any, x: Any, w: Any, bias_sizes: Any, stride: Sequence[int],
-                         padding: Sequence[int], dilation: Sequence[int], transposed: bool,
-                         output_padding: Sequence[int], groups: int,
-                         output_mask: Sequence[bool]) -> tuple[Any, Any, Any]:  # fmt: skip
-    if transposed:
-        raise Unsupported("convolution_backward of a transposed convolution")
-    _concrete(grad.shape, x.shape, w.shape)
-    spatial = w.ndim - 2
-    stride, padding, dilation = (_per_dim(v, spatial) for v in (stride, padding, dilation))
-    grad_x = grad_w = grad_b = None
-    if output_mask[0]:
-        extra = [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
-                                   + dilation[i] * (w.shape[2 + i] - 1) + 1)
-                 for i in range(spatial)]  # fmt: skip
-        grad_x = _extern(aten.convolution.default, grad, w, None, stride, padding, dilation,
-                         True, extra, groups)
-    if output_mask[1]:
-        grad_w = _weight_grad(grad, x, w, stride, padding, dilation, groups)
-    if output_mask[2]:
-        grad_b = prims.sum(grad, [d for d in range(grad.ndim) if d != 1])
-    return grad_x, grad_w, grad_b
-
-
-def _per_dim(value: Sequence[int], spatial: int) -> list[int]:
-    value = list(value)
-    return value * spatial if len(value) == 1 else value
-
-
-def _weight_grad(grad: Any, x: Any, w: Any, stride: list[int], padding: list[int],
-                 dilation: list[int], groups: int) -> Any:  # fmt: skip
-    n, c_in, space = x.shape[0], x.shape[1], list(x.shape[2:])
-    spatial = len(space)
-    rest = list(range(3, 3 + spatial))
-    # x: (N, g, C_in/g, *space) -> (C_in/g, g*N, *space): channels group-major
-    xs = prims.permute(reshape(x, [n, groups, c_in // groups, *space]), [2, 1, 0, *rest])
-    xs = reshape(xs, [c_in // groups, groups * n, *space])
-    gs = prims.permute(grad, [1, 0, *range(2, 2 + spatial)])  # (C_out, N, *out_space)
-    out = _extern(aten.convolution.default, xs, gs, None, dilation, padding, stride, False,
-                  [0] * spatial, groups)  # (C_in/g, C_out, *longer than the kernel)
-    for i in range(spatial):
-        if out.shape[2 + i] != w.shape[2 + i]:
-            out = prims.slice(out, 2 + i, 0, w.shape[2 + i])
-    return prims.permute(out, [1, 0, *range(2, 2 + spatial)])
