@@ -31,6 +31,7 @@ torch/utils/_sympy/value_ranges.py (``bound_sympy``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -131,7 +132,7 @@ def known_nonnegative(expr) -> bool:
 def _symbolic_nonnegative(expr: sympy.Expr) -> bool:
     """Each size symbol written ``2 + t``: is every term of the expansion nonnegative?"""
     shift = {v: v + SIZE_SYMBOL_MIN for v in expr.free_symbols if is_size_symbol(v)}
-    shifted = expr.subs(shift, simultaneous=True)
+    shifted = expr.xreplace(shift)
     floors = [e for e in sympy.preorder_traversal(shifted) if isinstance(e, FloorDiv)]
     shifted = shifted.xreplace({f: _floordiv_at_least(f) for f in floors})
     for term in sympy.Add.make_args(sympy.expand(shifted)):
@@ -197,6 +198,22 @@ def numel(size: tuple[int, ...]) -> int:
     """The product of ``size``: an int, or an expanded sympy expression (``4*s0``)."""
     total = math.prod(size)
     return total if is_static(total) else sympy.expand(total)
+
+
+# [Note: substituting indices]
+# Views and fusion move a body by substituting loop variables in each index, then simplifying
+# the result over the new variables' ranges. Two choices keep this cheap, which matters for
+# compile time (a transformer's layers repeat the same views on the same shapes):
+# - ``xreplace``, not ``subs``: the keys are plain symbols, for which both give the same
+#   expression, but ``subs(..., simultaneous=True)`` goes through dummies and sympy's matching
+#   of every sub-expression against every key, several times slower;
+# - a cache keyed by (index, mapping, ranges): sympy expressions are immutable and hashable,
+#   and the result depends on nothing else, so a repeated view costs a dictionary look-up
+#   (sympy's own ``Min``/``Max`` evaluation is the costliest part of a rebuild).
+@functools.lru_cache(maxsize=1 << 16)
+def substitute(index: sympy.Expr, mapping: tuple, ranges: tuple) -> sympy.Expr:
+    """``index`` with ``mapping``'s (variable, expr) pairs put in, simplified over ``ranges``."""
+    return simplify_index(sympy.sympify(index.xreplace(dict(mapping))), dict(ranges))
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:

@@ -206,7 +206,7 @@ def substitute(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
 
     def move(index: sympy.Expr) -> sympy.Expr:
         if index not in moved:
-            moved[index] = sympy.expand(index.subs(mapping, simultaneous=True))
+            moved[index] = sympy.expand(index.xreplace(mapping))
         return moved[index]
 
     def subs(e: Expr) -> Expr | None:

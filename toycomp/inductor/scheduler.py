@@ -183,8 +183,8 @@ def _scatter_kernel(name: str, node: ir.Scatter) -> ir.Kernel:
     ranges = {indexing.x: numel, indexing.r: rnumel}
     value = ir.substitute(node.value, mapping)
     indirect = tuple(ir.substitute(v, mapping) for v in node.indirect)
-    store = ir.Store(node.name, _subs(node.index, mapping, ranges), value, indirect,
-                     node.accumulate)  # fmt: skip
+    index = indexing.substitute(node.index, tuple(mapping.items()), tuple(ranges.items()))
+    store = ir.Store(node.name, index, value, indirect, node.accumulate)
     loads = ir.walk(value, *indirect)
     dtypes = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)} | {node.name: node.dtype}
     loops = (ir.Loop(over_r=True, body=(store,)),)
@@ -302,7 +302,7 @@ def _is_column_partial(node, numel, rnumel) -> bool:
 
 def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
     """``node`` over (x, r), loads of ``fused`` buffers replaced; None if it does not fit."""
-    ranges = {indexing.x: group.numel, indexing.r: group.rnumel}
+    ranges = ((indexing.x, group.numel), (indexing.r, group.rnumel))
     ivars = indexing.index_vars("i", len(node.size))
     try:
         mapping, over_r = _index_mapping(node, ivars, group.numel, group.rnumel)
@@ -310,7 +310,7 @@ def _make_entry(node, group: _Group, fused: dict[str, _Entry]) -> _Entry | None:
     except _NotFusable:
         return None
     own = indexing.linear_index(ivars, indexing.contiguous_strides(node.size))
-    position = _subs(own, mapping, ranges)  # where the element computed at (x, r) is stored
+    position = indexing.substitute(own, mapping, ranges)  # where (x, r)'s element is stored
     return _Entry(node, over_r, value, position, tuple(buffer_reads(node)))
 
 
@@ -318,11 +318,11 @@ class _NotFusable(Exception):
     pass
 
 
-def _rewrite(e: ir.Expr, mapping: dict, ranges: dict, fused: dict, group: _Group) -> ir.Expr | None:
+def _rewrite(e: ir.Expr, mapping, ranges, fused: dict, group: _Group) -> ir.Expr | None:
     """A load or index moved to the kernel's (x, r); a load of a ``fused`` buffer replaced."""
     if not isinstance(e, (ir.Load, ir.IndexValue)):
         return None
-    e = dataclasses.replace(e, index=_subs(e.index, mapping, ranges))
+    e = dataclasses.replace(e, index=indexing.substitute(e.index, mapping, ranges))
     if isinstance(e, ir.Load) and e.buffer in fused:  # computed in this kernel
         return _fused_read(fused[e.buffer], e.index, group)
     return e
@@ -337,16 +337,16 @@ def _fused_read(producer: _Entry, index: sympy.Expr, group: _Group) -> ir.Expr:
     return producer.result
 
 
-def _index_mapping(node, ivars: tuple, numel: int, rnumel: int) -> tuple[dict, bool]:
+def _index_mapping(node, ivars: tuple, numel: int, rnumel: int) -> tuple[tuple, bool]:
     """``node``'s index variables in terms of (x, r), and whether it runs per (x, r) or per x."""
     if isinstance(node, Reduction):  # (split_reduction.py's mix-order partials too)
         return _reduction_mapping(node, ivars, numel, rnumel)
     if indexing.known_equal(indexing.numel(node.size), numel):  # per row
-        return dict(zip(ivars, unflatten_index(indexing.x, node.size))), False
+        return tuple(zip(ivars, unflatten_index(indexing.x, node.size))), False
     return _full_mapping(node, ivars, numel, rnumel)
 
 
-def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[dict, bool]:
+def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[tuple, bool]:
     """A Reduction fits only its own group: its dims follow x, its reduced dims r."""
     if node.mix_order_rows and _is_column_partial(node, numel, rnumel):
         return _column_partial_mapping(node, ivars), True
@@ -355,35 +355,32 @@ def _reduction_mapping(node: Reduction, ivars: tuple, numel, rnumel) -> tuple[di
     rvars = indexing.index_vars("r", len(node.reduction_size))
     index = unflatten_index(indexing.x, node.size)
     index += unflatten_index(indexing.r, node.reduction_size)
-    return dict(zip(ivars + rvars, index)), True
+    return tuple(zip(ivars + rvars, index)), True
 
 
-def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[dict, bool]:
+def _full_mapping(node: Pointwise, ivars: tuple, numel, rnumel) -> tuple[tuple, bool]:
     """A Pointwise run once per (x, r): its outer dims follow x, its inner ones r."""
     for k in range(len(node.size) + 1):
         outer, inner = node.size[:k], node.size[k:]
         split = (indexing.numel(outer), indexing.numel(inner))
         if indexing.known_less(1, rnumel) and _same_group(split, (numel, rnumel)):
             index = unflatten_index(indexing.x, outer) + unflatten_index(indexing.r, inner)
-            return dict(zip(ivars, index)), True
+            return tuple(zip(ivars, index)), True
     raise _NotFusable
 
 
-def _column_partial_mapping(node: Reduction, ivars: list) -> dict:
+def _column_partial_mapping(node: Reduction, ivars: list) -> tuple:
     """A mix-order partial in its row kernel: the chunk follows x // rows, and so on."""
     rows, (r0,) = node.mix_order_rows, indexing.index_vars("r", 1)
     index = (indexing.FloorDiv(indexing.x, rows), indexing.modular(indexing.x, rows))
     index += unflatten_index(indexing.r, node.size[1:])
-    return dict(zip((ivars[0], r0, *ivars[1:]), index))
+    return tuple(zip((ivars[0], r0, *ivars[1:]), index))
 
 
 def _same_group(a: tuple, b: tuple) -> bool:
     """Equal (numel, rnumel) for every value of the size symbols (``4*s0`` is never ``s1``)."""
     return all(indexing.known_equal(m, n) for m, n in zip(a, b))
 
-
-def _subs(index: sympy.Expr, mapping: dict, ranges: dict) -> sympy.Expr:
-    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)
 
 
 # --- which buffers survive -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ NB: in PyTorch this lives in torch/_inductor/ir.py (``TensorBox``, ``StorageBox`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -66,7 +66,7 @@ def as_strided_view(value: TensorValue) -> ir.TensorArg | None:
         return None
     index, ivars = sympy.expand(value.body.index), indexing.index_vars("i", len(value.size))
     strides = [_as_size(sympy.diff(index, v)) for v in ivars]
-    offset = _as_size(index.subs({v: 0 for v in ivars}))
+    offset = _as_size(sympy.sympify(index.xreplace({v: 0 for v in ivars})))
     if not all(_size_like(s) and indexing.known_nonnegative(s) for s in strides + [offset]):
         return None
     if sympy.expand(index - indexing.linear_index(ivars, strides, offset)) != 0:
@@ -101,17 +101,13 @@ def reindex(value: TensorValue, size, index: tuple[sympy.Expr, ...], ranges=None
     """
     if ranges is None:
         ranges = dict(zip(indexing.index_vars("i", len(size)), size))
-    mapping = dict(zip(indexing.index_vars("i", len(value.size)), index))
+    mapping = tuple(zip(indexing.index_vars("i", len(value.size)), index))
+    ranges = tuple(ranges.items())  # (hashable: see [Note: substituting indices])
 
     def move(e: ir.Expr) -> ir.Expr | None:
-        if isinstance(e, ir.Load):
-            return ir.Load(e.buffer, _subs(e.index, mapping, ranges), e.dtype, e.indirect)
-        if isinstance(e, ir.IndexValue):
-            return ir.IndexValue(_subs(e.index, mapping, ranges), e.dtype)
+        if isinstance(e, (ir.Load, ir.IndexValue)):
+            return replace(e, index=indexing.substitute(e.index, mapping, ranges))
         return None
 
     return TensorValue(tuple(size), value.dtype, ir.map_expr(value.body, move), value.origins)
 
-
-def _subs(index: sympy.Expr, mapping, ranges) -> sympy.Expr:
-    return indexing.simplify_index(index.subs(mapping, simultaneous=True), ranges)

@@ -354,7 +354,7 @@ class KernelCodegen:
         if unbound - mapping.keys():
             raise ValueError(f"{self.kernel.name}: index {index} uses unbound {unbound}")
         self.check_index(index, allowed=mapping.keys())
-        return sympy.sympify(index).subs(mapping, simultaneous=True)
+        return sympy.sympify(index).xreplace(mapping)  # (see indexing.py)
 
     def local_name(self, name: str) -> str:
         clean = re.sub(r"\W", "_", name)

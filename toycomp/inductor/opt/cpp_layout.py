@@ -24,6 +24,7 @@ tiling and vectorisation of the loop nest, chosen from the strides of the loads 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import sympy
@@ -270,6 +271,7 @@ def _plane(indices: list[sympy.Expr], var: sympy.Symbol, numel: int) -> int | No
     return plane
 
 
+@functools.lru_cache(maxsize=4096)  # (pure: each load and store of a kernel asks, often alike)
 def plane_index(index: sympy.Expr, plane: int, var: sympy.Symbol = indexing.x) -> sympy.Expr:
     """``index`` over ``x0`` (the plane) and ``x1`` (within it), where ``x = plane*x0 + x1``;
     over ``r0`` and ``r1`` for ``var`` r."""
