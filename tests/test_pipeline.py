@@ -231,6 +231,32 @@ def test_dynamo_backend_trains_a_module():
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
 
 
+def test_dynamo_backend_traces_on_fake_tensors(monkeypatch):
+    """Compiling never computes on the user's data: the backend hands stages 2-4 Dynamo's fake
+    tensors, static shapes included (real ones made AOT run a transformer's step while tracing);
+    the compiled module still trains as eager does."""
+    import toycomp.pipeline as pipeline
+    from toycomp._torch_compat import is_fake
+
+    seen, stages = [], pipeline.compile_stages_2_to_4
+
+    def spy(gm, examples, *args, **kwargs):
+        seen.append([x for x in examples if isinstance(x, torch.Tensor)])
+        return stages(gm, examples, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "compile_stages_2_to_4", spy)
+    torch._dynamo.reset()
+    model = make_mlp()
+    batch, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    loss_ref, grads_ref = mlp_step(model, batch, target)
+    compiled_model = torch.compile(model, backend=toycomp.toycomp_backend)
+    loss, grads = mlp_step(model, batch, target, lambda x, t: F.cross_entropy(compiled_model(x), t))
+    assert seen and all(is_fake(x) for tensors in seen for x in tensors)
+    torch.testing.assert_close(loss, loss_ref, rtol=RTOL, atol=ATOL)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
+
+
 def test_python_dash_m_toycomp():
     result = subprocess.run(
         [sys.executable, "-m", "toycomp", "--size", "64"], capture_output=True, text=True, timeout=300

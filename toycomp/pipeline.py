@@ -39,7 +39,7 @@ import torch.fx
 
 import toycomp.config as config
 from toycomp._logging import log, log_enabled
-from toycomp._torch_compat import fake_on_device
+from toycomp._torch_compat import fake_on_device, is_fake
 from toycomp.capture.convert_frame import RECOMPILE_LIMIT, CompileContext, warn_user
 from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
@@ -407,10 +407,15 @@ def _check_one_hot_classes(gm: torch.fx.GraphModule) -> None:
 
 
 def dynamo_examples(gm: torch.fx.GraphModule, example_inputs: list) -> list:
-    """What stages 2-4 trace a Dynamo graph on: the real example tensors, or, for a graph with
-    symbolic sizes (SymInt inputs: ``dynamic=True`` or automatic dynamic shapes), Dynamo's own
-    fake tensors with those symbols (``meta["example_value"]``), as ``aot_module_simplified``
-    does: the real tensors have lost the symbols."""
-    if not any(is_symbolic(x) for x in example_inputs):
-        return example_inputs
-    return [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+    """What stages 2-4 trace a Dynamo graph on: Dynamo's own fake tensors
+    (``meta["example_value"]``), as ``aot_module_simplified`` does, so that compiling never
+    computes on the user's data (tracing a transformer's step on the real tensors took seconds)
+    and a graph with symbolic sizes (``dynamic=True``, automatic dynamic shapes) keeps its
+    symbols, which the real tensors have lost. Where a placeholder has no fake value, the real
+    example tensors, as they are."""
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(is_symbolic(x) for x in example_inputs) or (len(fakes) == len(example_inputs) and all(
+            is_fake(f) if isinstance(x, torch.Tensor) else is_symbolic(f) or f == x
+            for f, x in zip(fakes, example_inputs))):  # fmt: skip
+        return fakes
+    return example_inputs
