@@ -257,6 +257,18 @@ def test_dynamo_backend_traces_on_fake_tensors(monkeypatch):
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("fn", [lambda x: x[x > 0].sum() * 2, lambda x: torch.nonzero(x).sum()])
+def test_dynamo_graph_with_sizes_from_the_data_runs_eagerly_visibly(fn):
+    """Dynamo's capture_dynamic_output_shape_ops gives graphs whose sizes are read from the data
+    (unbacked symbols): toycomp runs such a graph as captured, with a warning, not a crash."""
+    torch._dynamo.reset()
+    x = torch.randn(16)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        with pytest.warns(UserWarning, match="runs eagerly"):
+            got = torch.compile(fn, backend=toycomp.toycomp_backend)(x)
+    torch.testing.assert_close(got, fn(x))
+
+
 def test_python_dash_m_toycomp():
     result = subprocess.run(
         [sys.executable, "-m", "toycomp", "--size", "64"], capture_output=True, text=True, timeout=300

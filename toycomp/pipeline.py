@@ -375,7 +375,12 @@ def toycomp_backend(
     try:
         with config.patch(config.check_options(options)):
             aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut", opaque=True)
-    except NotImplementedError as e:  # as in GraphCompiler.__call__: runs as captured
+    except (NotImplementedError, RuntimeError) as e:  # as in GraphCompiler.__call__: as captured
+        # (a RuntimeError only for a size read from the data: Dynamo's capture_scalar_outputs
+        # and capture_dynamic_output_shape_ops give graphs with such sizes)
+        data_dependent = type(e).__name__ == "GuardOnDataDependentSymNode"  # (a private class)
+        if not isinstance(e, NotImplementedError) and not data_dependent:
+            raise
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
         return torch.compiler.disable(gm.forward)
     # [Note: the compiled callable is opaque to Dynamo]

@@ -401,8 +401,8 @@ def _as_list(value: Any) -> list:
 
 
 # [Note: random ops draw nothing while tracing]
-# Traced on real tensors (Dynamo hands AOT its real example inputs), each op runs once at
-# compile time. A random op (bernoulli, native_dropout, an attention kernel with dropout: ATen
+# Traced on real tensors (``aot_function`` called with real example inputs), each op runs once
+# at compile time. A random op (bernoulli, native_dropout, an attention kernel with dropout: ATen
 # tags them nondeterministic_seeded) would then draw from the user's generator, and the
 # compiled function's first call would get the numbers eager's second call gets. So the
 # generators' state is put back after it, as if nothing had been drawn. (On fake tensors
