@@ -69,6 +69,7 @@ OPINFO_ALIASES = {
     "native_group_norm": ["nn.functional.group_norm"],
     "index": ["__getitem__"], "_unsafe_index": ["__getitem__"], "_unsafe_index_put": ["index_put"],
     "bitwise_and": [],  # of bools only (OpInfo's samples are ints): test_loss_rules' kl_div
+    "bitwise_not": [],  # of bools and integers (no float samples): tests/prims/test_bitwise.py
 }  # fmt: skip
 GRAD_OPINFOS = {
     "gelu_backward": "nn.functional.gelu", "nll_loss_backward": "nn.functional.nll_loss",

@@ -187,6 +187,16 @@ def bitwise_and(a: Any, b: Any) -> Any:
     return logical_and(a, b)
 
 
+@register(aten.bitwise_not.default)
+def bitwise_not(a: Any) -> Any:
+    """On bools ``~mask``; on signed integers ``-1 - a`` (two's complement: the same bits)."""
+    if a.dtype == torch.bool:
+        return prims.logical_not(a)
+    if a.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64):
+        raise Unsupported(f"bitwise_not of {a.dtype}")
+    return prims.sub(-1, a)  # (no step overflows: -1 - min is max)
+
+
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(a: Any, exponent: Any) -> Any:
     computation, result = elementwise_dtypes(a, exponent, kind=KIND.BOOL_TO_LONG)
