@@ -269,6 +269,20 @@ def test_dynamo_graph_with_sizes_from_the_data_runs_eagerly_visibly(fn):
     torch.testing.assert_close(got, fn(x))
 
 
+def test_dynamo_backend_warns_of_a_fallback():
+    """An op toycomp leaves to eager (an overlapping average pool) is as visible through
+    ``torch.compile(backend="toycomp")`` as through ``toycomp.compile``: a warning naming it."""
+    torch._dynamo.reset()
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+
+    def fn(a):
+        return F.avg_pool2d(a, 3, 1, 1) * 2
+
+    with pytest.warns(UserWarning, match="calls eager PyTorch for aten.avg_pool2d"):
+        got = torch.compile(fn, backend=toycomp.toycomp_backend)(x)
+    torch.testing.assert_close(got, fn(x))
+
+
 def test_python_dash_m_toycomp():
     result = subprocess.run(
         [sys.executable, "-m", "toycomp", "--size", "64"], capture_output=True, text=True, timeout=300

@@ -374,7 +374,7 @@ def toycomp_backend(
     examples = dynamo_examples(gm, example_inputs)
     try:
         with config.patch(config.check_options(options)):
-            aot, _ = compile_stages_2_to_4(gm, examples, backend, "min_cut", opaque=True)
+            aot, graphs = compile_stages_2_to_4(gm, examples, backend, "min_cut", opaque=True)
     except (NotImplementedError, RuntimeError) as e:  # as in GraphCompiler.__call__: as captured
         # (a RuntimeError only for a size read from the data: Dynamo's capture_scalar_outputs
         # and capture_dynamic_output_shape_ops give graphs with such sizes)
@@ -383,6 +383,10 @@ def toycomp_backend(
             raise
         warn_user(f"toycomp: a graph Dynamo captured runs eagerly ({e})")
         return torch.compiler.disable(gm.forward)
+    ops = sorted({op for g in graphs for op in g.fallbacks})
+    if ops:  # visible, as toycomp.compile's (GraphCompiler.warn_fallbacks)
+        warn_user(f"toycomp: a graph Dynamo captured calls eager PyTorch for {', '.join(ops)} "
+                  "(no decomposition or lowering)")
     # [Note: the compiled callable is opaque to Dynamo]
     # Dynamo calls what a backend returns from the code it generates, and sees every Python
     # frame run inside. Left visible, toycomp's wrapper and runtime checks would be traced in
