@@ -209,6 +209,27 @@ def test_shifted_reads_match_eager_without_fallbacks(case, backend):
     assert not any(k.indirect() for k in kernels)  # plain index arithmetic
 
 
+STRIDED_SLICES = {
+    "every_other_column": lambda a: a[:, ::2].exp(),
+    "odd_rows": lambda a: a[1::2] * 3,
+    "two_steps_and_an_end": lambda a: a[::3, 1:5:2].sin(),
+    "from_the_end": lambda a: a[-5::2].tanh(),  # (LeViT's attention subsampling: x[:, ::2])
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(STRIDED_SLICES))
+def test_strided_slice_backward_is_a_scatter(case, backend):
+    """The gradient of ``a[::2]`` stores each element at ``start + k * step``: no prim reads
+    ``i % step``, so it is a scatter into zeros, not a fallback."""
+    torch.manual_seed(0)
+    a = torch.randn(7, 6)
+    _check(STRIDED_SLICES[case], a, backend=backend)
+    explained = toycomp.explain(STRIDED_SLICES[case], a.requires_grad_())
+    assert explained.fallbacks == []
+    assert any(k.scatters() for k in _steps(explained, "backward") if isinstance(k, ir.Kernel))
+
+
 def test_index_arithmetic_fuses_into_one_kernel():
     a = torch.randn(3, 5)
     explained = toycomp.explain(lambda a: torch.cat([a.flip(1), F.pad(a, (1, 0))], 1).sin(), a)

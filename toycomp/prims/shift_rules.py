@@ -125,11 +125,14 @@ def slice_backward(grad: Any, input_sizes: Sequence[int], dim: int, start: int, 
     dim = normalize_dim(dim, len(input_sizes))
     n = input_sizes[dim]
     start = min(max(start + n if start < 0 else start, 0), n)
-    if step != 1:
-        raise Unsupported("slice_backward with a step")  # (it needs i % step: no prim)
     m = grad.shape[dim]
     if m == 0 or n == 0:
         return prims.full(list(input_sizes), 0, grad.dtype, grad.device)
+    if step != 1:  # a read would need i % step, which no prim has: store at start + k*step
+        rows = prims.add(prims.mul(prims.iota(m, torch.int64, grad.device), step), start)
+        zeros = prims.full(list(input_sizes), 0, grad.dtype, grad.device)
+        return prims.scatter(zeros, dim, prims.broadcast_in_dim(rows, list(grad.shape), [dim]),
+                             grad, False)  # fmt: skip
     shifted = _shifted(grad, dim, start, n)
     inside = _mask(list(input_sizes), dim, _inside(start, m, n, grad.device))
     return prims.where(inside, shifted, torch.zeros((), dtype=grad.dtype).item())
