@@ -3,6 +3,7 @@
     python benchmarks/gpt.py                    # CPU, the notebook's small configuration
     python benchmarks/gpt.py --device cuda      # GPU-sized: 6 layers, d_model 384, context 256
     python benchmarks/gpt.py --device cuda --attention decomposed,sdpa
+    python benchmarks/gpt.py --device cuda --dtype bf16  # forward and loss under bf16 autocast
 
 The model is a decoder-only transformer in the style of nanoGPT: token and position embeddings,
 ``n_layer`` blocks of (LayerNorm, causal self-attention, residual, LayerNorm, GELU MLP,
@@ -277,8 +278,20 @@ def kernel_counts(compiled) -> str:
     )
 
 
+def under_autocast(step: Callable, device: str) -> Callable:
+    """``step`` run under bf16 autocast, as mixed-precision training runs its forward and loss
+    (the backward, outside it, follows the forward's dtypes)."""
+
+    def run(x, y):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return step(x, y)
+
+    return run
+
+
 def benchmark(
-    data: CharData, device: str, attention: str, batch: int, steps: int, top: int = 0
+    data: CharData, device: str, attention: str, batch: int, steps: int, top: int = 0,
+    dtype: str = "fp32",
 ) -> None:
     import toycomp
 
@@ -287,7 +300,7 @@ def benchmark(
     torch.manual_seed(0)
     base = GPT(cfg).to(device)
     n_params = sum(p.numel() for p in base.parameters())
-    print(f"\n{cfg}\nbatch {batch}, {n_params / 1e6:.2f}M parameters", flush=True)
+    print(f"\n{cfg}\nbatch {batch}, {n_params / 1e6:.2f}M parameters, {dtype}", flush=True)
     tokens, warmup = batch * cfg.block_size, 3
     batches = list(data.batches(warmup + steps + 1, batch, cfg.block_size, device=device))
     compilers = {"eager": lambda fn: fn, "torch.compile": torch.compile, "toycomp": toycomp.compile}
@@ -296,7 +309,9 @@ def benchmark(
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         opt = make_optimizer(model)
-        step = compiler(loss_fn(model))
+        compiled = step = compiler(loss_fn(model))
+        if dtype == "bf16":
+            step = under_autocast(compiled, device)
         it = iter(batches)
         start = time.perf_counter()
         losses[label] = torch.stack([train_step(step, opt, *next(it)) for _ in range(warmup)])
@@ -310,9 +325,9 @@ def benchmark(
                 print(f"  {label}: profiling failed: {e!r}")
                 profiles[label] = (-1, 0.0)
         if top and device == "cuda" and label != "eager":
-            origins = toycomp_origins(step) if label == "toycomp" else {}
+            origins = toycomp_origins(compiled) if label == "toycomp" else {}
             top_kernels(label, step, model, *batches[-1], origins, top)
-        extra = f"; toycomp kernels+externs {kernel_counts(step)}" if label == "toycomp" else ""
+        extra = f"; toycomp kernels+externs {kernel_counts(compiled)}" if label == "toycomp" else ""
         print(f"  {label}: first {warmup} steps (compiling) {first:.1f} s{extra}", flush=True)
     diff = (losses["toycomp"] - losses["eager"]).abs().max().item()
     print(f"first {warmup} losses {losses['eager'].tolist()}; toycomp - eager: {diff:.1e}")
@@ -334,6 +349,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per compiler")
     parser.add_argument("--attention", default="decomposed", help="decomposed, sdpa or both")
     parser.add_argument("--text", choices=["stdlib", "zen"], default="stdlib")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: forward and loss under bf16 autocast")
     parser.add_argument("--top", type=int, default=0, help="on cuda: print the N slowest kernels")
     args = parser.parse_args()
     data = CharData(stdlib_sources() if args.text == "stdlib" else zen_of_python())
@@ -347,7 +364,7 @@ def main() -> None:
     print(f"text: {args.text}, {len(data.data):,} characters, vocabulary {data.vocab_size}")
     batch = args.batch or (64 if args.device == "cuda" else 16)
     for attention in args.attention.replace("both", "decomposed,sdpa").split(","):
-        benchmark(data, args.device, attention, batch, args.steps, args.top)
+        benchmark(data, args.device, attention, batch, args.steps, args.top, args.dtype)
 
 
 if __name__ == "__main__":
