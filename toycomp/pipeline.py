@@ -98,7 +98,7 @@ def inductor_compiler(backend: str | None, name: str, record: list[GraphArtefact
         target = resolve_backend(backend, example_inputs, lowered.device)
         if config.split_reductions or config.triton.mix_order_reduction:  # inductor/opt/
             lowered = split_reductions(lowered, target, size_hints(example_inputs))
-        scheduled = schedule(lowered)
+        scheduled = schedule(lowered, target)
         compiled = compile_graph(scheduled, target)
         if opaque:  # (the backward runs from autograd, outside the forward's disabled call)
             compiled.fn = torch.compiler.disable(compiled.fn)

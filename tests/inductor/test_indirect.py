@@ -147,6 +147,35 @@ def test_scatter_add_on_the_cpu_is_deterministic():
     torch.testing.assert_close(first, torch.zeros(3, 16).index_add(0, idx, grad))
 
 
+def test_a_triton_scatter_adds_every_element_in_parallel():
+    """An embedding's gradient on Triton: one atomic add per element of the source, over x
+    alone, as Inductor's (over r, one program a column would add up every token in turn);
+    under ``torch.use_deterministic_algorithms``, in the source's order, as on the CPU."""
+    torch.manual_seed(0)
+    w, idx = torch.randn(12, 8, requires_grad=True), torch.randint(0, 12, (40,))
+
+    def fn(w, i):
+        return F.embedding(i, w).sum()
+
+    def scatter_kernel():
+        explained = toycomp.explain(fn, w, idx, backend="triton")
+        (kernel,) = [k for k in _steps(explained, "backward") if isinstance(k, ir.Kernel)
+                     and k.scatters()]  # fmt: skip
+        return kernel
+
+    kernel = scatter_kernel()
+    assert (kernel.numel, kernel.rnumel) == (40 * 8, 1)
+    (grad,) = torch.autograd.grad(toycomp.compile(fn, backend="triton")(w, idx), w)
+    torch.testing.assert_close(grad, torch.autograd.grad(fn(w, idx), w)[0])
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        kernel = scatter_kernel()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert (kernel.numel, kernel.rnumel) == (8, 40)
+
+
 # --- bounds: as eager ---------------------------------------------------------------------------
 OUT_OF_RANGE = {
     "embedding": (lambda w, i: F.embedding(i, w), torch.tensor([0, 6])),

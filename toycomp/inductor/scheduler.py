@@ -42,6 +42,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
 from toycomp.inductor import indexing, ir
 from toycomp.inductor.indexing import unflatten_index
@@ -138,6 +139,7 @@ class _OwnStep(_Group):
     """An extern call, or a scatter's second kernel: a step of its own, fused with nothing."""
 
     node: ExternKernel | ir.Scatter | None = None
+    ordered: bool = True  # a scatter's adds in the source's order ([Note: a scatter is ...])
 
     def writes(self) -> set[str]:
         if isinstance(self.node, ExternKernel):
@@ -154,7 +156,7 @@ class _OwnStep(_Group):
         """The extern call, or the scatter's kernel (named ``name``)."""
         if isinstance(self.node, ExternKernel):
             return self.node
-        return _scatter_kernel(name, self.node)
+        return _scatter_kernel(name, self.node, self.ordered)
 
 
 # [Note: a scatter is a buffer written twice]
@@ -171,35 +173,51 @@ class _OwnStep(_Group):
 # ``dim`` of the source (the one along which two elements may hit the same target) runs over
 # r, in order, and the other dims over x, in parallel; so on the CPU every element's sum is
 # added in the order of the source, the same on every run (Inductor's C++ backend uses atomic
-# adds instead), while Triton adds with ``tl.atomic_add``, in any order, as Inductor does.
-def _scatter_kernel(name: str, node: ir.Scatter) -> ir.Kernel:
-    """The second step of a scatter (see the Note): its Store over (x, r)."""
+# adds instead). Triton adds with ``tl.atomic_add``, and every element is its own x, as in
+# Inductor: an embedding's gradient over r would be one program per column looping over every
+# token (1.8 ms of a GPT step on an H200, against 0.01 ms). Under
+# ``torch.use_deterministic_algorithms`` Triton too takes the ordered form.
+def _scatter_kernel(name: str, node: ir.Scatter, ordered: bool = True) -> ir.Kernel:
+    """The second step of a scatter (see the Note): its Store over (x, r), or over x alone."""
     size, dim = node.src_size, node.dim
     ivars = indexing.index_vars("i", len(size))
+    if not ordered:
+        mapping = dict(zip(ivars, unflatten_index(indexing.x, size)))
+        return _scatter_store(name, node, mapping, indexing.numel(size), None)
     others = tuple(n for k, n in enumerate(size) if k != dim)
     outer = iter(unflatten_index(indexing.x, others))
     mapping = {v: indexing.r if k == dim else next(outer) for k, v in enumerate(ivars)}
-    numel, rnumel = indexing.numel(others), size[dim]
-    ranges = {indexing.x: numel, indexing.r: rnumel}
+    return _scatter_store(name, node, mapping, indexing.numel(others), size[dim])
+
+
+def _scatter_store(name: str, node: ir.Scatter, mapping: dict, numel, rnumel) -> ir.Kernel:
+    """The kernel storing the scatter's values at ``mapping``'s (x, r) element; over x alone
+    where ``rnumel`` is None."""
+    ranges = {indexing.x: numel} if rnumel is None else {indexing.x: numel, indexing.r: rnumel}
     value = ir.substitute(node.value, mapping)
     indirect = tuple(ir.substitute(v, mapping) for v in node.indirect)
     index = indexing.substitute(node.index, tuple(mapping.items()), tuple(ranges.items()))
     store = ir.Store(node.name, index, value, indirect, node.accumulate)
     loads = ir.walk(value, *indirect)
     dtypes = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)} | {node.name: node.dtype}
-    loops = (ir.Loop(over_r=True, body=(store,)),)
-    return ir.Kernel(name, numel, rnumel, loops, tuple(dtypes.items()), node.origins)
+    loops = (ir.Loop(over_r=rnumel is not None, body=(store,)),)
+    return ir.Kernel(name, numel, rnumel or 1, loops, tuple(dtypes.items()), node.origins)
 
 
 def _loads(*exprs: ir.Expr) -> list[str]:
     return list(dict.fromkeys(e.buffer for e in ir.walk(*exprs) if isinstance(e, ir.Load)))
 
 
-def schedule(lowered: ir.LoweredGraph) -> ir.ScheduledGraph:
-    """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion])."""
+def schedule(lowered: ir.LoweredGraph, target: str = "cpp") -> ir.ScheduledGraph:
+    """Fuse the buffers of ``lowered`` into kernels, run in order (see [Note: fusion]), for
+    ``target``, "cpp" or "triton" (a scatter's form: [Note: a scatter is a buffer written twice])."""
     groups: list[_Group] = []
     for node in _live_nodes(lowered):
         _place(node, groups)
+    ordered = target != "triton" or torch.are_deterministic_algorithms_enabled()
+    for group in groups:
+        if isinstance(group, _OwnStep):
+            group.ordered = ordered
     stored = _stored_buffers(groups, lowered.outputs)
     steps: list[ir.Kernel | ExternKernel] = []
     for group in groups:  # kernels are numbered in order; extern calls run between them
