@@ -47,6 +47,9 @@ max_autotune = False
 # runtime's inputs checked by one C++ call (aot/runtime_wrappers.py). (TorchDynamo's counterpart
 # is its C++ GuardManager tree.)
 fast_guards = True
+# CUDA: a bf16/fp16 convolution in a graph channels-last around it (ConvNeXt's) reads and writes
+# its activations channels-last, the layout cuDNN computes in (inductor/opt/layout_optimization.py).
+layout_optimization = True
 # The C++ kernels of a graph compile at once, this many compilers side by side (None: one per
 # core; False, 0 or 1: one after another) in a pool of threads (inductor/opt/async_compile.py).
 compile_threads: int | None = None
@@ -146,7 +149,7 @@ import sys as _sys  # noqa: E402  (the module itself, for the flat flags)
 
 _module = _sys.modules[__name__]
 _FLAT = ("split_reductions", "memory_planning", "max_autotune", "fast_guards", "compile_threads",
-         "kernel_cache")
+         "kernel_cache", "layout_optimization")
 DEFAULTS: dict[str, Any] = {name: getattr(_module, name) for name in _FLAT}
 DEFAULTS |= {f"{ns}.{attr}": value for ns, owner in _NAMESPACES.items()
              for attr, value in vars(owner).items() if not attr.startswith("_")}  # fmt: skip

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch.fx.node import Node
 
+import toycomp.config as config
 import toycomp.prims as prims
 from toycomp._torch_compat import OpOverload
 from toycomp.inductor import indexing, ir, lowering_indexing, lowering_rules  # noqa: F401 (rules)
@@ -54,6 +55,7 @@ from toycomp.inductor.lowering_meta import (  # noqa: F401  (re-exported: SUPPOR
     eager_layout_arg,
 )
 from toycomp.inductor.lowering_table import LOWERINGS, LoweringError
+from toycomp.inductor.opt import layout_optimization
 from toycomp.inductor.sizevars import SizeVars, is_symbolic
 from toycomp.inductor.tensor_value import (
     TensorMeta,
@@ -221,6 +223,8 @@ class GraphLowering:
             self.realize(node)
 
     def extern(self, node: Node, kernel: str, fallback: bool) -> None:
+        if config.layout_optimization and layout_optimization.applies(self, node):  # opt pass
+            layout_optimization.use_channels_last(self, node)
         out = self.meta[node]
         if isinstance(out, (tuple, list)):
             return self.multi_output_extern(node, kernel, fallback, out)

@@ -154,15 +154,20 @@ def eager_layout_arg(g: Any, node: Any, arg: Any) -> Any:
     order = None if want is None else dense_order(tuple(arg.size), tuple(want))
     if order is None:
         return arg
-    value = g.env[node]
+    return store_in_order(g, g.env[node], order)
+
+
+def store_in_order(g: Any, value: Any, order: list[int]) -> ir.TensorArg:
+    """``value`` stored once more, its dims laid out from outermost to innermost as ``order``
+    says: a Pointwise over the permuted shape, read back as a TensorArg of ``value``'s shape."""
     out_vars = indexing.index_vars("i", len(order))
     index = [sympy.Integer(0)] * len(order)
     for k, d in enumerate(order):  # dim k of the copy is dim order[k] of the value
         index[d] = out_vars[k]
-    permuted = reindex(value, tuple(arg.size[d] for d in order), tuple(index))
+    permuted = reindex(value, tuple(value.size[d] for d in order), tuple(index))
     name = g.new_name()
     g.nodes.append(ir.Pointwise(name, permuted.size, value.dtype, permuted.body, value.origins))
     stride = [0] * len(order)
     for d, s in zip(order, indexing.contiguous_strides(permuted.size)):
         stride[d] = s
-    return ir.TensorArg(name, tuple(arg.size), tuple(stride))
+    return ir.TensorArg(name, tuple(value.size), tuple(stride))

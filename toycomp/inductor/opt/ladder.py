@@ -44,6 +44,7 @@ STEPS: list[tuple[str, Any, tuple[str, ...]]] = [
     ("triton.eviction_hints", True, ("triton",)),
     ("triton.divisible_by_16", True, ("triton",)),
     ("triton.lean_launch", True, ("triton",)),
+    ("layout_optimization", True, ("triton",)),
     ("fast_guards", True, ("cpp", "triton")),
 ]
 # Passes that change how long compiling takes, not the code or its time: the ladder leaves them
