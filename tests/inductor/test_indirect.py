@@ -93,6 +93,7 @@ CASES = {
     "index_not_adjacent": (lambda a, i: a[i, :, i], lambda: (torch.randn(3, 2, 3), torch.tensor([2, 0, -3]))),
     "index_middle": (lambda a, i: a[:, i] + 1, lambda: (torch.randn(2, 5, 3), torch.tensor([1, 4, 4]))),
     "scatter_add": (lambda a, i: torch.zeros(4, 3).scatter_add(0, i, a), lambda: (torch.randn(3, 3), torch.tensor([[3, 3, 0], [3, 1, 0], [2, 3, 3]]))),
+    "scatter_add_empty": (lambda a, i: torch.ones(4, 3).scatter_add(0, i, a) * 2, lambda: (torch.randn(0, 3), torch.zeros(0, 3, dtype=torch.long))),
     "scatter_add_into": (lambda a, i: (a * 2).scatter_add(1, i, a[:, :2]), lambda: (torch.randn(3, 4), torch.tensor([[3, 3], [0, 1], [2, 2]]))),
     "scatter_src": (lambda a, i: torch.zeros(3, 5).scatter(1, i, a), lambda: (torch.randn(3, 2), torch.tensor([[4, 0], [1, 2], [3, 4]]))),
     "scatter_value": (lambda a, i: a.scatter(0, i, -1.5), lambda: (torch.randn(4, 2), torch.tensor([[3, 0], [1, 2]]))),

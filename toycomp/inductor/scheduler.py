@@ -201,7 +201,8 @@ def _scatter_store(name: str, node: ir.Scatter, mapping: dict, numel, rnumel) ->
     loads = ir.walk(value, *indirect)
     dtypes = {e.buffer: e.dtype for e in loads if isinstance(e, ir.Load)} | {node.name: node.dtype}
     loops = (ir.Loop(over_r=rnumel is not None, body=(store,)),)
-    return ir.Kernel(name, numel, rnumel or 1, loops, tuple(dtypes.items()), node.origins)
+    return ir.Kernel(name, numel, 1 if rnumel is None else rnumel, loops, tuple(dtypes.items()),
+                     node.origins)
 
 
 def _loads(*exprs: ir.Expr) -> list[str]:
