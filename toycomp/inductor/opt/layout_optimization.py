@@ -64,6 +64,8 @@ def applies(g: Any, node: Node) -> bool:
     if g.device.type not in DEVICES or node.target not in CONVOLUTIONS:
         return False
     activations, transposed = CONVOLUTIONS[node.target]
+    if len(node.args) <= transposed:  # (arguments by keyword: not as AOT traces them)
+        return False
     x = g.meta[node.args[activations[-1]]]
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or node.args[transposed]:
         return False
