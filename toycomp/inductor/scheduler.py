@@ -175,7 +175,8 @@ class _OwnStep(_Group):
 # added in the order of the source, the same on every run (Inductor's C++ backend uses atomic
 # adds instead). Triton adds with ``tl.atomic_add``, and every element is its own x, as in
 # Inductor: an embedding's gradient over r would be one program per column looping over every
-# token (1.8 ms of a GPT step on an H200, against 0.01 ms). Under
+# token (1.8 ms of a GPT step's 6.9 ms backward on an H200; Inductor's was not among its twelve
+# slowest kernels). Under
 # ``torch.use_deterministic_algorithms`` Triton too takes the ordered form.
 def _scatter_kernel(name: str, node: ir.Scatter, ordered: bool = True) -> ir.Kernel:
     """The second step of a scatter (see the Note): its Store over (x, r), or over x alone."""

@@ -4,9 +4,9 @@ channels-last, N, H, W, C from outermost to innermost in memory.
 
 Input -> output: a ``convolution`` or ``convolution_backward`` node about to be lowered -> the
 same node, its activations stored channels-last and its results planned so. Lowering stores
-every value contiguously (NCHW), and ATen runs a bf16 depthwise convolution on NCHW tensors with its
-own ``conv_depthwise2d`` kernels: their backward took 45% of ConvNeXt's GPU time a step on an
-H200. Given channels-last tensors ATen picks cuDNN for it (ConvNeXt's step: 22.8 -> 13.1 ms
+every value contiguously (NCHW), and ATen runs a bf16 depthwise convolution on NCHW tensors
+with its own ``conv_depthwise2d`` kernels: forward and backward, 45% of ConvNeXt's GPU time a
+step on an H200. Given channels-last tensors ATen picks cuDNN for it (ConvNeXt's step: 22.8 -> 13.1 ms
 of GPU time), and cuDNN's bf16 convolutions, which compute in NHWC, no longer transpose their
 NCHW operands and results. In fp32 cuDNN's channels-last depthwise weight gradient is the
 slow one (ConvNeXt: 47 -> 59 ms), so fp32 convolutions are left NCHW::
@@ -80,7 +80,7 @@ def reads_channels_last(node: Node) -> bool:
     ConvNeXt block, whose LayerNorm and MLP run on N, H, W, C). Elsewhere its neighbours
     (BatchNorm, activations, the activations saved for the backward) are stored NCHW, and
     reading channels-last results through strides there, and copying the saved ones back to
-    NCHW, cost more than the convolution gains (ResNet-50 in bf16: 4x the GPU time)."""
+    NCHW, cost more than the convolution gains (ResNet-50 in bf16: 2.6x the GPU time)."""
     if node.target is aten.convolution.default:
         return any(_is_permute(user, [0, 2, 3, 1]) for user in _through_casts(node))
     return _is_permute(_cast_source(node.args[0]), [0, 3, 1, 2])
