@@ -3,6 +3,7 @@
 Serves the built site on localhost and loads every page in headless Chromium (Debian's
 ``chromium`` and ``chromium-driver``, driven by Selenium), then fails on any of:
 
+- a page whose DOM lacks ids of its HTML file (loaded three times: a page cut off halfway);
 - a console error on a page (a script that throws, a resource that does not load);
 - a broken internal link (a page or file the site does not have, or an ``#anchor`` missing on its
   page) or an image that did not load;
@@ -92,13 +93,31 @@ def notebook_drawings(page: Path) -> int:
                for c in cells for out in c.get("outputs", []))  # fmt: skip
 
 
+def load_page(driver, url: str, page: Path, attempts: int = 3) -> tuple[dict, list[str]]:
+    """Loads a page until its DOM holds every id of its HTML file. A loaded CI machine once gave
+    the facts of a page cut off halfway (every section after the fifth missing), so a short DOM
+    is loaded again before it counts as a problem."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    want = set(re.findall(r'\bid="([^"]+)"', page.read_text()))
+    for _ in range(attempts):
+        driver.get(url)
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return document.readyState") == "complete")
+        facts = driver.execute_script(PAGE_FACTS)
+        missing = want - set(facts["ids"])
+        if not missing:
+            return facts, []
+    return facts, [f"the page loaded without {len(missing)} of its ids, "
+                   f"{attempts} times (first: {sorted(missing)[0]})"]
+
+
 def check_page(driver, base: str, html: Path, page: Path, ids: dict) -> list[str]:
     url = urljoin(base, page.relative_to(html).as_posix())
-    driver.get(url)
-    facts = driver.execute_script(PAGE_FACTS)
+    facts, problems = load_page(driver, url, page)
     ids[url] = set(facts["ids"])
-    problems = [f"console: {e['message']}" for e in driver.get_log("browser")
-                if e["level"] == "SEVERE"]  # fmt: skip
+    problems += [f"console: {e['message']}" for e in driver.get_log("browser")
+                 if e["level"] == "SEVERE"]  # fmt: skip
     problems += [f"image did not load: {i['src']}" for i in facts["images"] if not i["ok"]]
     want = notebook_drawings(page)
     if facts["drawings"] < want or facts["empty_drawings"]:

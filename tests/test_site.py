@@ -55,6 +55,9 @@ def test_a_sound_page_passes(check, tmp_path):
     ('<a href="other.html#nowhere">x</a>', "no #nowhere"),
     ('<img src="missing.png">', "image did not load"),
     ("<script>throw new Error('boom')</script>", "console"),
+    # what a page cut off halfway looks like: an id of the file that the DOM does not hold
+    ('<p id="gone">x</p><script>document.getElementById("gone").remove()</script>',
+     "the page loaded without 1 of its ids, 3 times (first: gone)"),
 ])  # fmt: skip
 def test_each_kind_of_breakage_is_reported(check, tmp_path, body, problem):
     write_site(tmp_path, body)
