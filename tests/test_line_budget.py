@@ -33,7 +33,8 @@ TEACH_PATH_BUDGET = {
     "capture": 595,
     "aot": 405,
     "prims": 345,
-    "inductor": 650,  # (the kernel cache became the kernel_cache pass: -104; lowering: -83)
+    "inductor": 655,  # (the kernel cache became the kernel_cache pass: -104; lowering: -83; +3:
+    # the hook of layout_optimization for graph outputs)
     "inductor/codegen": 255,  # (the vector, layout and row-buffer C++ in CppVecKernelCodegen)
     "inductor/opt": 0,  # the core never enters an optimisation pass in teach
     "glue": 225,
@@ -56,7 +57,8 @@ PACKAGE_BUDGET = {
     # rules for what real models left to eager: functional_rules.py, avg_pool_rules.py)
     "inductor": 4350,
     "inductor/codegen": 2600,
-    "inductor/opt": 3050,  # (+120: channels-last convolutions, layout_optimization.py; +230: batched C++ compiles and Triton's ahead-of-time compile,
+    "inductor/opt": 3100,  # (+50: graph outputs in eager's layout, layout_optimization.py;
+    # +120: channels-last convolutions, layout_optimization.py; +230: batched C++ compiles and Triton's ahead-of-time compile,
     # async_compile.py, for the compile-time goal of the speed issue; +150: the C++ kernel's
     # vector, layout and row-buffer code moved out of codegen/cpp.py into CppVecKernelCodegen)
     "exercises": 2150,

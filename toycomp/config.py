@@ -48,7 +48,9 @@ max_autotune = False
 # is its C++ GuardManager tree.)
 fast_guards = True
 # CUDA: a bf16/fp16 convolution in a graph channels-last around it (ConvNeXt's) reads and writes
-# its activations channels-last, the layout cuDNN computes in (inductor/opt/layout_optimization.py).
+# its activations channels-last, the layout cuDNN computes in; a graph output that eager lays out
+# otherwise (a saved transpose) is computed in that layout by a kernel, not copied there by ATen
+# after (inductor/opt/layout_optimization.py).
 layout_optimization = True
 # The C++ kernels of a graph compile at once, this many compilers side by side (None: one per
 # core; False, 0 or 1: one after another) in a pool of threads (inductor/opt/async_compile.py).

@@ -1,8 +1,9 @@
-"""Channels-last convolutions (toycomp/inductor/opt/layout_optimization.py, the flag
-``layout_optimization``). The pass runs on CUDA; ATen's CPU convolutions take either layout,
-so these tests let it run on the CPU too (``DEVICES``) and check what it plans there: the
-convolution's activations stored channels-last where they are computed, its results planned
-so, and every value and gradient as eager's, forward and backward."""
+"""Channels-last convolutions and outputs in eager's layout (toycomp/inductor/opt/
+layout_optimization.py, the flag ``layout_optimization``). The pass runs on CUDA; ATen's CPU
+convolutions take either layout, so these tests let it run on the CPU too (``DEVICES``) and
+check what it plans there: the convolution's activations stored channels-last where they are
+computed, its results planned so, a graph's outputs written in eager's layout by its kernels,
+and every value and gradient as eager's, forward and backward."""
 
 from __future__ import annotations
 
@@ -101,3 +102,59 @@ def test_values_and_gradients_match_eager(on_cpu, monkeypatch, groups, dtype):
     assert not compiled_samples.fallbacks(compiled)
     assert planned.count(aten.convolution.default) == 2
     assert planned.count(aten.convolution_backward.default) == 2
+
+
+def _grads(fn, inputs):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out.sum(), inputs)
+
+
+# Outputs whose eager layout differs from the one lowering gives them: attention's saved
+# ``.contiguous()`` of a transpose (which lowering keeps as a view of the matmul's result), a
+# value eager lays out transposed (``x.t() / s``), a user's ``.t().contiguous()``, a permuted
+# copy, a chunk of a matmul's result.
+EAGER_LAYOUT_PROGRAMS = {
+    "saved_transpose_contiguous": (
+        lambda q, k: ((q @ k).transpose(1, 2).contiguous().view(2, 5, 12) ** 2).sum(),
+        [(2, 3, 5, 4), (2, 3, 4, 4)]),
+    "transpose_scaled": (lambda x: x.t() / x.sum(1), [(6, 5)]),
+    "t_contiguous": (lambda x, y: (x @ y).t().contiguous(), [(4, 6), (6, 5)]),
+    "permuted_output": (lambda x, y: (x + y).permute(2, 0, 1).contiguous(),
+                        [(2, 3, 4), (2, 3, 4)]),
+    "chunk_of_a_result": (lambda x, y: (x @ y)[:, :3].contiguous().t(), [(4, 6), (6, 5)]),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", list(EAGER_LAYOUT_PROGRAMS))
+def test_outputs_in_eager_layout_are_written_by_kernels(on_cpu, backend, name):
+    fn, shapes = EAGER_LAYOUT_PROGRAMS[name]
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=gen) for s in shapes]
+    restrides = {}
+    for flag in (False, True):
+        with toycomp.config.patch(layout_optimization=flag):
+            out, grads = _grads(toycomp.compile(fn, backend=backend), inputs)
+            explanation = toycomp.explain(fn, *[t.detach().requires_grad_() for t in inputs],
+                                          backend=backend)  # fmt: skip
+        want_out, want_grads = _grads(fn, inputs)
+        torch.testing.assert_close(out, want_out)
+        assert out.stride() == want_out.stride()
+        for g, w in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w)
+        sources = "\n".join(g.compiled.wrapper_source for g in explanation.entry.graphs)
+        restrides[flag] = sources.count("restride(")
+    assert restrides[True] == 0, restrides
+
+
+def test_an_output_eager_lays_out_transposed_is_computed_in_one_kernel(on_cpu):
+    fn = EAGER_LAYOUT_PROGRAMS["transpose_scaled"][0]
+    x = torch.randn(6, 5)
+    with toycomp.config.patch(layout_optimization=True):
+        fused = toycomp.explain(fn, x, backend="cpp")
+    with toycomp.config.patch(layout_optimization=False):
+        plain = toycomp.explain(fn, x, backend="cpp")
+    # the sum of row j, then row j divided by it: one kernel over x's rows, no copy after
+    assert (len(fused.kernels), len(plain.kernels)) == (1, 2)
+    assert "restride(" in plain.entry.graphs[0].compiled.wrapper_source

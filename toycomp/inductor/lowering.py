@@ -275,9 +275,12 @@ class GraphLowering:
         results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
         if not all(r is None or isinstance(r, (Node, int)) for r in results):
             raise LoweringError(f"graph outputs {results} are not all tensors (or sizes)")
-        self.outputs = _map_nodes(results, self.extern_arg)  # an int: a size saved by AOT
         vals = node.meta.get("val")
         vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+        if config.layout_optimization and layout_optimization.outputs_apply(self, results, vals):
+            self.outputs = layout_optimization.outputs_in_eager_layout(self, results, vals)
+        else:
+            self.outputs = _map_nodes(results, self.extern_arg)  # an int: a size saved by AOT
         if len(vals) == len(self.outputs):
             self.output_strides = tuple(map(self.eager_stride, self.outputs, vals))
 

@@ -145,9 +145,11 @@ def dense_order(size: tuple, stride: tuple) -> list[int] | None:
     return order
 
 
-def eager_layout_arg(g: Any, node: Any, arg: Any) -> Any:
-    """``arg`` (an extern's argument for ``node``) re-stored with eager's strides if needed."""
-    val = node.meta.get("val") if hasattr(node, "meta") else None
+def eager_layout_arg(g: Any, node: Any, arg: Any, val: Any = None) -> Any:
+    """``arg`` (an extern's argument for ``node``, or a graph output) re-stored with eager's
+    strides if needed: those of ``val``, by default ``node``'s own."""
+    if val is None:
+        val = node.meta.get("val") if hasattr(node, "meta") else None
     if not isinstance(arg, ir.TensorArg) or not isinstance(val, torch.Tensor):
         return arg
     want = g.eager_stride(arg, val)  # None when the layouts agree where it matters

@@ -9,7 +9,8 @@ values and gradients are the same (docs/passes.md lists the passes, flags and ho
     after lowering            split_reductions              split_reduction.py (+ mix-order
                               triton.mix_order_reduction      reductions)
     lowering a convolution    layout_optimization           layout_optimization.py (CUDA:
-                                                              channels-last activations)
+                                                              channels-last activations;
+    lowering a graph's output                                   outputs in eager's layout)
     C++ code generation       cpp.simdlen                   libmvec.py (vector libm, toycomp's
                                                               one sincos), cpp_vector_prefix.py
                               cpp.layouts                   cpp_layout.py (columns, planes)

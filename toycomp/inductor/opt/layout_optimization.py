@@ -1,6 +1,8 @@
-"""Channels-last convolutions (``toycomp.config.layout_optimization``): on CUDA, a bf16/fp16
-convolution in a graph that is channels-last around it reads and writes its activations
-channels-last, N, H, W, C from outermost to innermost in memory.
+"""Layouts chosen for a GPU (``toycomp.config.layout_optimization``, on CUDA): channels-last
+convolutions, and a graph's outputs computed in eager's layout (at the end of this file).
+
+A bf16/fp16 convolution in a graph that is channels-last around it reads and writes its
+activations channels-last, N, H, W, C from outermost to innermost in memory.
 
 Input -> output: a ``convolution`` or ``convolution_backward`` node about to be lowered -> the
 same node, its activations stored channels-last and its results planned so. Lowering stores
@@ -39,8 +41,9 @@ import torch
 from torch.fx.node import Node
 
 import toycomp.prims as prims
-from toycomp.inductor.lowering_meta import dense_order, store_in_order
-from toycomp.inductor.tensor_value import as_strided_view, strided_load
+from toycomp.inductor import indexing, ir
+from toycomp.inductor.lowering_meta import dense_order, eager_layout_arg, store_in_order
+from toycomp.inductor.tensor_value import TensorValue, as_strided_view, strided_load
 
 aten = torch.ops.aten
 DEVICES = {"cuda"}  # where cuDNN runs the convolutions (the tests add "cpu": ATen's CPU convs
@@ -135,3 +138,42 @@ def _planned(t: Any) -> Any:
         return t  # a bias gradient, or no result
     size = tuple(t.shape)
     return torch.empty_strided(size, channels_last_strides(size), dtype=t.dtype, device="meta")
+
+
+# --- graph outputs in eager's layout -------------------------------------------------------------
+# AOT expects each output of a graph laid out as eager lays it out: ``x.t() / s`` transposed as
+# ``x.t()`` is, attention's saved ``.contiguous()`` of a transpose (which lowering keeps as a view
+# of the matmul's result). Without this pass the wrapper copies such an output there after the
+# kernels (``restride``): on a GPU an ATen launch of about 20 us of host time, six a step in the
+# GPT of notebook 05. Here a value not yet in memory is computed in eager's layout at once (a
+# kernel over ``x``'s rows: the sum of row j, then row j divided by it), and one already in memory
+# is stored there by a kernel, which the scheduler fuses with another that reads it alike. A
+# layout with gaps or overlaps is left to ``restride``. (Inductor: a graph output's FlexibleLayout
+# is fixed to eager's strides, ``keep_output_stride``, before its loops are ordered.)
+def outputs_apply(g: Any, results: tuple, vals: tuple) -> bool:
+    return g.device.type in DEVICES and len(vals) == len(results)
+
+
+def outputs_in_eager_layout(g: Any, results: tuple, vals: tuple) -> tuple:
+    """The graph's outputs realized (``GraphLowering.extern_arg``), each dense one in the layout
+    of its ``val``, once per node."""
+    laid_out: dict[Node, Any] = {}
+    for r, val in zip(results, vals):
+        if isinstance(r, Node) and r not in laid_out:
+            laid_out[r] = eager_layout_arg(g, r, _computed_in_layout(g, r, val), val)
+    return tuple(laid_out.get(r, r) for r in results)  # an int: a size saved by AOT
+
+
+def _computed_in_layout(g: Any, node: Node, val: Any) -> Any:
+    value = g.env[node]
+    if (not isinstance(value, TensorValue) or not isinstance(val, torch.Tensor)
+            or node in g.view_base or as_strided_view(value) is not None):  # fmt: skip
+        return g.extern_arg(node)  # in memory already, or a view: realized as lowering does
+    size = tuple(value.size)
+    order = dense_order(size, tuple(g.sizevars.stride(val)))
+    contiguous = ir.TensorArg("", size, indexing.contiguous_strides(size))
+    if order is None or g.eager_stride(contiguous, val) is None:
+        return g.extern_arg(node)
+    stored = store_in_order(g, value, order)
+    g.env[node] = strided_load(stored.buffer, stored.size, stored.stride, value.dtype)
+    return stored
