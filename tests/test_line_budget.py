@@ -57,14 +57,16 @@ PACKAGE_BUDGET = {
     # rules for what real models left to eager: functional_rules.py, avg_pool_rules.py)
     "inductor": 4350,
     "inductor/codegen": 2600,
-    "inductor/opt": 3100,  # (+50: graph outputs in eager's layout, layout_optimization.py;
+    "inductor/opt": 3250,  # (+150: Triton's compiles in worker processes, triton_worker.py;
+    # +50: graph outputs in eager's layout, layout_optimization.py;
     # +120: channels-last convolutions, layout_optimization.py; +230: batched C++ compiles and Triton's ahead-of-time compile,
     # async_compile.py, for the compile-time goal of the speed issue; +150: the C++ kernel's
     # vector, layout and row-buffer code moved out of codegen/cpp.py into CppVecKernelCodegen)
     "exercises": 2150,
     "glue": 2400,
 }
-PACKAGE_TOTAL = 27400  # (+120: channels-last convolutions, opt/layout_optimization.py)
+PACKAGE_TOTAL = 27550  # (+150: Triton compile workers, opt/triton_worker.py; +120: channels-last
+# convolutions, opt/layout_optimization.py)
 MODULE_MAX_LINES = 500  # DESIGN.md aims under ~400
 PRIMS_MAX = 44  # a closed set, kept small: a new primitive is a decision, not a failure
 

@@ -12,7 +12,9 @@ Triton 3.6 on the GPU machine and 3.9 in CI):
   ``tl.tensor``, ``tl.dtype``...), snapshotted and restored around each launch;
 * on CUDA, a compiled kernel's launcher (``CompiledKernel.run``, ``.function``,
   ``.packed_metadata``), called directly once ``JITFunction.run`` has compiled it (see
-  [Note: lean launches]).
+  [Note: lean launches]);
+* the driver's ``get_current_target`` here, and in the compile workers
+  (inductor/opt/triton_worker.py) ``driver.set_active`` with a driver that only names a target.
 
 ``toycomp.inductor.codegen.triton`` uses only ``InterpretedKernel`` (CPU tensors) and
 ``LeanLauncher`` (CUDA), the CUDA wrapper ``raw_stream``; a Triton upgrade is fixed here.
@@ -283,3 +285,13 @@ def raw_stream(device_index: int) -> int:
     from triton.runtime import driver
 
     return driver.active.get_current_stream(device_index)
+
+
+def current_target(device: torch.device) -> tuple[str, int, int]:
+    """The GPU target Triton compiles for on ``device``: (backend, architecture, warp size),
+    what a compile worker needs to compile for it without a GPU (opt/async_compile.py)."""
+    from triton.runtime.driver import driver
+
+    with torch.cuda.device(device):
+        target = driver.active.get_current_target()
+    return target.backend, target.arch, target.warp_size

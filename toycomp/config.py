@@ -95,6 +95,9 @@ class triton:
     # Each integer size also passed as ``s0_ALIGN``, the power of two up to 16 dividing it, so
     # that Triton knows loads are aligned ([Note: alignment of symbolic sizes] in triton.py).
     divisible_by_16 = True
+    # On CUDA, with compile_threads, the Triton kernels compiled in worker processes, side by side
+    # ([Note: Triton compiles in processes] in opt/async_compile.py); off: in the threads.
+    compile_workers = True
 
 
 # Flags that stay off in both presets (asked for: mode="reduce-overhead", "max-autotune").

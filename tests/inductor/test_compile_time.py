@@ -163,7 +163,7 @@ def test_precompile_gives_each_kernel_to_triton_on_cuda_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     cuda = torch.device("cuda", 0)
     dtypes = async_compile.buffer_dtypes(scheduled)
-    with toycomp.config.patch(compile_threads=4):
+    with toycomp.config.patch({"compile_threads": 4, "triton.compile_workers": False}):
         assert async_compile.precompile_triton(generated, scheduled, cuda) == len(generated)
     want = [async_compile.warmup_args(g.call, dtypes) for g in generated]
     assert sorted(warmed, key=lambda w: w[0]) == sorted(want, key=lambda w: w[0])
@@ -171,3 +171,40 @@ def test_precompile_gives_each_kernel_to_triton_on_cuda_only(monkeypatch):
     with toycomp.config.patch(compile_threads=1):  # off: each compiles at its first launch
         assert async_compile.precompile_triton(generated, scheduled, cuda) == 0
     assert warmed == []
+
+
+def test_workers_compile_for_the_gpu_and_the_warmup_finds_it(tmp_path, monkeypatch):
+    """Triton compiles for a GPU target without one (its ptxas is in the wheel): the workers
+    compile each kernel into Triton's cache, and this process's warm-up finds it there."""
+    triton = pytest.importorskip("triton")
+    from triton.runtime.driver import driver
+
+    from toycomp import _triton_compat
+    from toycomp.inductor.opt import triton_worker
+
+    x = torch.randn(8, 100)
+    _, graphs = triton_graph(pointwise_and_sum, x, torch.randn(8, 100), torch.arange(5))
+    scheduled, generated = graphs[0].scheduled, graphs[0].compiled.kernels
+    target = ("cuda", 90, 32)  # an H100's
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(async_compile, "_workers", None)  # fresh ones, which see that cache
+    monkeypatch.setattr(_triton_compat, "current_target", lambda device: target)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "_active", triton_worker.TargetOnlyDriver(target))
+    cache_hits: list[bool] = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener",
+                        lambda **kw: cache_hits.append(kw["cache_hit"]))
+    with toycomp.config.patch(compile_threads=2):
+        count = async_compile.precompile_triton(generated, scheduled, torch.device("cuda", 0))
+    assert count == len(generated) >= 2
+    assert cache_hits == [True] * count  # compiled by the workers, none here
+    assert len(list((tmp_path / "triton").iterdir())) >= count
+
+
+def test_a_worker_answers_an_error_and_exits_at_the_end_of_its_jobs(tmp_path):
+    worker = async_compile._Worker()
+    job = (("cuda", 90, 32), str(tmp_path / "missing.py"), "toycomp_missing", "kernel_0", [], {})
+    assert "missing.py" in worker.compile(job)
+    worker.close()
+    assert worker.process.wait(timeout=60) == 0
+    assert "exited" in worker.compile(job)

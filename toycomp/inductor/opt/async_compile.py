@@ -47,21 +47,29 @@ from a precompiled header (``config.cpp_cache_precompile_headers``, cpp_builder.
 from __future__ import annotations
 
 import ast
+import atexit
+import contextlib
 import os
+import pickle
+import queue
 import re
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
 import toycomp.config as config
+from toycomp import _triton_compat
 from toycomp._logging import log
 from toycomp.inductor import cache, ir
 from toycomp.inductor.codegen import cpp
 from toycomp.inductor.codegen.common import GeneratedKernel
-from toycomp.inductor.opt import libmvec
+from toycomp.inductor.opt import libmvec, triton_worker
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -272,6 +280,9 @@ def precompile_triton(generated: Sequence[GeneratedKernel], scheduled: ir.Schedu
             jobs.append((getattr(module, spec[0]), spec[1], spec[2]))
     if len(jobs) < 2:
         return 0  # one kernel: as fast compiled at its launch
+    if config.triton.compile_workers:  # into Triton's disk cache, where `warm` finds them
+        target = _triton_compat.current_target(device)
+        compile_all(lambda job: _compile_in_worker(target, *job), jobs)
 
     def warm(job: tuple) -> None:
         jit_fn, args, meta = job
@@ -283,3 +294,60 @@ def precompile_triton(generated: Sequence[GeneratedKernel], scheduled: ir.Schedu
 
     compile_all(warm, jobs)
     return len(jobs)
+
+
+# --- Triton: compiled in worker processes (triton.compile_workers) --------------------------------
+# [Note: Triton compiles in processes]
+# Triton compiles a kernel in Python (its code generator) and in MLIR passes that hold the GIL,
+# so the pool's threads compile about one kernel at a time: GPT-2's 140 kernels took 6.8 s in 32
+# threads on an H200 host (benchmarks/results/2026-11-28-h200-compile-time.json). With
+# ``triton.compile_workers`` each thread hands its kernel to a worker process of its own
+# (triton_worker.py), which compiles it for the GPU's target into Triton's on-disk cache; the
+# warm-up that follows, in this process, finds it there. A worker makes no CUDA context, so it
+# runs whatever this process did with the GPU before. The workers start at the first graph with
+# Triton kernels to compile, as one group, and live for the process (Inductor's do as well); a
+# worker that fails leaves its kernel to the warm-up here, which compiles it as before.
+_WORKER = str(Path(__file__).with_name("triton_worker.py"))
+_workers: queue.SimpleQueue[_Worker] | None = None  # the idle ones
+
+
+class _Worker:
+    """One ``python triton_worker.py`` process, spoken to through its stdin and stdout."""
+
+    def __init__(self) -> None:
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen([sys.executable, _WORKER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env)
+
+    def compile(self, job: tuple) -> str:
+        """``""``, or why the worker did not compile the kernel."""
+        if self.process.poll() is not None:
+            return f"the worker exited ({self.process.returncode})"
+        try:
+            triton_worker.write_message(self.process.stdin, job)
+            answer = triton_worker.read_message(self.process.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            return repr(e)
+        return "the worker exited" if answer is None else answer
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # the worker reads the end of its jobs and exits
+
+
+def _compile_in_worker(target: tuple, jit_fn: Any, args: list, meta: dict) -> None:
+    global _workers
+    with _pools_lock:
+        if _workers is None:
+            _workers, started = queue.SimpleQueue(), [_Worker() for _ in range(workers())]
+            for worker in started:
+                _workers.put(worker)
+            atexit.register(lambda: [w.close() for w in started])
+    worker = _workers.get()  # each thread of the pool holds one worker at a time
+    try:
+        module = sys.modules[jit_fn.fn.__module__]
+        job = (target, module.__file__, module.__name__, jit_fn.fn.__name__, args, meta)
+        if error := worker.compile(job):
+            log("output_code", "toycomp: a worker did not compile %s (%s)", jit_fn.__name__, error)
+    finally:
+        _workers.put(worker)
