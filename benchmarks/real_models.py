@@ -260,6 +260,12 @@ def time_model(name: str, device: str, dtype: str, budget_s: float, small: bool,
 
 def time_one(args) -> None:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if threads := int(os.environ.get("REAL_MODELS_COMPILE_THREADS", 0)):  # (see run_all)
+        from torch._inductor import config as inductor_config
+
+        import toycomp
+
+        toycomp.config.compile_threads = inductor_config.compile_threads = threads
     try:
         results = time_model(args.time, args.device, args.dtype, args.budget, args.small,
                              args.profile)
@@ -281,6 +287,8 @@ def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, g
     (a long run stores what finished)."""
     results, deadline = [], time.monotonic() + timeout_s
     queue, lock = list(jobs), threading.Lock()
+    # Models compile side by side: each compiler gets its share of the cores for its workers.
+    compile_threads = max(2, min(32, (os.cpu_count() or 2) // (gpus * per_gpu)))
 
     def worker(gpu: int, tmp: str) -> None:
         while True:
@@ -290,7 +298,7 @@ def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, g
                 name, dtype = queue.pop(0)
             on_gpu = gpu % gpus if gpus > 1 else None
             done = _run_job(name, dtype, device, budget_s, small, deadline, on_gpu, tmp,
-                            per_gpu > 1, profile_dir)
+                            per_gpu > 1, profile_dir, compile_threads)
             with lock:
                 results.extend(done)
                 on_result(results)
@@ -305,7 +313,7 @@ def run_all(jobs, device: str, budget_s: float, small: bool, timeout_s: float, g
 
 
 def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp, share=False,
-             profile_dir=None) -> list[dict]:
+             profile_dir=None, compile_threads=2) -> list[dict]:
     if not have_package(name):
         print(f"  {name}: its package is not installed here; skipped", file=sys.stderr)
         return []
@@ -315,6 +323,7 @@ def _run_job(name, dtype, device, budget_s, small, deadline, gpu, tmp, share=Fal
            "--device", device, "--dtype", dtype, "--budget", str(budget_s)]
     cmd += ["--profile", profile_dir] if profile_dir else []
     env = os.environ | ({} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)})
+    env["REAL_MODELS_COMPILE_THREADS"] = str(compile_threads)
     if share:
         env["REAL_MODELS_GPU_LOCK"] = os.path.join(tmp, f"gpu{gpu or 0}.lock")
     try:
