@@ -45,7 +45,7 @@ from toycomp.aot.aot_autograd import aot_function
 from toycomp.aot.partitioners import default_partition, min_cut_rematerialization_partition
 from toycomp.aot.runtime_wrappers import AOTOutput
 from toycomp.prims.decompositions import decompose, fallbacks
-from toycomp.inductor.opt import autotune
+from toycomp.inductor.opt import async_compile, autotune
 from toycomp.inductor.opt.cudagraphs import CUDAGraphMode, check_mode
 from toycomp.inductor.ir import LoweredGraph, ScheduledGraph
 from toycomp.inductor.lowering import lower
@@ -115,6 +115,8 @@ def compile_stages_2_to_4(gm: torch.fx.GraphModule, example_inputs: list, backen
                           opaque: bool = False) -> tuple[AOTOutput, list[GraphArtefacts]]:
     """AOT (joint graph, partition) with stages 3-4 as its forward and backward compilers."""
     graphs: list[GraphArtefacts] = []
+    if config.triton.compile_workers:  # on CUDA, Triton's compile workers start (inductor/opt/)
+        async_compile.start_triton_workers(example_inputs, backend)
     fw_compiler = inductor_compiler(backend, "forward", graphs, cudagraphs, opaque)
     bw_compiler = inductor_compiler(backend, "backward", graphs, cudagraphs, opaque)
     aot = aot_function(gm, list(example_inputs), fw_compiler=fw_compiler,

@@ -208,3 +208,22 @@ def test_a_worker_answers_an_error_and_exits_at_the_end_of_its_jobs(tmp_path):
     worker.close()
     assert worker.process.wait(timeout=60) == 0
     assert "exited" in worker.compile(job)
+
+
+def test_workers_start_with_aot_only_for_cuda_inputs_and_triton(monkeypatch):
+    started = []
+    monkeypatch.setattr(async_compile, "_idle_workers", lambda: started.append(1))
+    cpu, cuda = torch.randn(2), types.SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(torch, "Tensor", (torch.Tensor, types.SimpleNamespace))
+    with toycomp.config.patch(compile_threads=4):
+        async_compile.start_triton_workers([cpu], None)
+        async_compile.start_triton_workers([cpu, cuda], "cpp")
+        assert started == []
+        async_compile.start_triton_workers([cpu, cuda], None)
+        async_compile.start_triton_workers([cuda], "triton")
+        assert len(started) == 2
+        with toycomp.config.patch({"triton.compile_workers": False}):
+            async_compile.start_triton_workers([cuda], "triton")
+    with toycomp.config.patch(compile_threads=1):
+        async_compile.start_triton_workers([cuda], "triton")
+    assert len(started) == 2

@@ -22,7 +22,7 @@ values and gradients are the same (docs/passes.md lists the passes, flags and ho
                               compile_threads               async_compile.py (kernels compiled
                                                               in a pool of threads; Triton's
                                                               ahead of the first run)
-                              triton.compile_workers        triton_worker.py (Triton's compiles
+    as AOT starts (CUDA)      triton.compile_workers        triton_worker.py (Triton's compiles
                                                               in worker processes)
                               cpp.batch_kernels             async_compile.py (one file a thread)
                               kernel_cache                  cache.py (libraries kept on disk)

@@ -304,9 +304,11 @@ def precompile_triton(generated: Sequence[GeneratedKernel], scheduled: ir.Schedu
 # ``triton.compile_workers`` each thread hands its kernel to a worker process of its own
 # (triton_worker.py), which compiles it for the GPU's target into Triton's on-disk cache; the
 # warm-up that follows, in this process, finds it there. A worker makes no CUDA context, so it
-# runs whatever this process did with the GPU before. The workers start at the first graph with
-# Triton kernels to compile, as one group, and live for the process (Inductor's do as well); a
-# worker that fails leaves its kernel to the warm-up here, which compiles it as before.
+# runs whatever this process did with the GPU before. The workers start when AOT begins on CUDA
+# inputs (``start_triton_workers``: they import torch and Triton while the graph is lowered) and
+# live for the process, as Inductor's do; a worker that fails leaves its kernel to the warm-up
+# here, which compiles it as before. On an H200 host, 32 workers started as the first graph's
+# kernels were ready made GPT-2's kernels slower to compile than the threads (10.5 s, not 6.0).
 _WORKER = str(Path(__file__).with_name("triton_worker.py"))
 _workers: queue.SimpleQueue[_Worker] | None = None  # the idle ones
 
@@ -335,19 +337,32 @@ class _Worker:
             self.process.stdin.close()  # the worker reads the end of its jobs and exits
 
 
-def _compile_in_worker(target: tuple, jit_fn: Any, args: list, meta: dict) -> None:
+def start_triton_workers(example_inputs: Sequence[Any], backend: str | None) -> None:
+    """Start the workers, if a graph of these inputs will compile Triton kernels for CUDA: at
+    the start of AOT, so that they import torch and Triton while the graph is lowered."""
+    if (config.triton.compile_workers and workers() > 1 and backend in (None, "triton")
+            and any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)):  # fmt: skip
+        _idle_workers()
+
+
+def _idle_workers() -> queue.SimpleQueue[_Worker]:
     global _workers
     with _pools_lock:
-        if _workers is None:
-            _workers, started = queue.SimpleQueue(), [_Worker() for _ in range(workers())]
+        if _workers is None:  # at most 16: past that, their start costs more than they save
+            _workers, started = queue.SimpleQueue(), [_Worker() for _ in range(min(workers(), 16))]
             for worker in started:
                 _workers.put(worker)
             atexit.register(lambda: [w.close() for w in started])
-    worker = _workers.get()  # each thread of the pool holds one worker at a time
+        return _workers
+
+
+def _compile_in_worker(target: tuple, jit_fn: Any, args: list, meta: dict) -> None:
+    idle = _idle_workers()
+    worker = idle.get()  # each thread of the pool holds one worker at a time
     try:
         module = sys.modules[jit_fn.fn.__module__]
         job = (target, module.__file__, module.__name__, jit_fn.fn.__name__, args, meta)
         if error := worker.compile(job):
             log("output_code", "toycomp: a worker did not compile %s (%s)", jit_fn.__name__, error)
     finally:
-        _workers.put(worker)
+        idle.put(worker)
