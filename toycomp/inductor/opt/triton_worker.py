@@ -18,10 +18,13 @@ Triton kernels from their source for the parent's ``GPUTarget`` too
 (torch/_inductor/runtime/triton_heuristics.py, ``CachingAutotuner.precompile``).
 """
 
+from __future__ import annotations
+
 import importlib.util
 import os
 import pickle
 import sys
+import warnings
 from typing import Any, BinaryIO
 
 
@@ -77,6 +80,7 @@ def main() -> None:
     # Answers go on a copy of stdout; anything printed (by Triton, say) goes to stderr.
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    warnings.simplefilter("ignore")  # Triton's warnings: the parent's warm-up gives them once
     import torch  # noqa: F401  (the jobs' arguments name torch dtypes)
 
     while (job := read_message(sys.stdin.buffer)) is not None:
