@@ -49,7 +49,8 @@ STEPS: list[tuple[str, Any, tuple[str, ...]]] = [
 ]
 # Passes that change how long compiling takes, not the code or its time: the ladder leaves them
 # off (as in teach) on every rung; benchmarks/compile_time.py measures them.
-COMPILE_TIME_PASSES = ("compile_threads", "cpp.batch_kernels", "kernel_cache")
+COMPILE_TIME_PASSES = ("compile_threads", "triton.compile_workers", "cpp.batch_kernels",
+                       "kernel_cache")
 
 
 @dataclass
