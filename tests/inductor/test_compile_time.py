@@ -179,7 +179,6 @@ def test_workers_compile_for_the_gpu_and_the_warmup_finds_it(tmp_path, monkeypat
     triton = pytest.importorskip("triton")
     from triton.runtime.driver import driver
 
-    from toycomp import _triton_compat
     from toycomp.inductor.opt import triton_worker
 
     x = torch.randn(8, 100)
@@ -188,7 +187,7 @@ def test_workers_compile_for_the_gpu_and_the_warmup_finds_it(tmp_path, monkeypat
     target = ("cuda", 90, 32)  # an H100's
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setattr(async_compile, "_workers", None)  # fresh ones, which see that cache
-    monkeypatch.setattr(_triton_compat, "current_target", lambda device: target)
+    monkeypatch.setattr(async_compile, "current_target", lambda device: target)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(driver, "_active", triton_worker.TargetOnlyDriver(target))
     cache_hits: list[bool] = []

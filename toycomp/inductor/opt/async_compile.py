@@ -64,7 +64,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 
 import toycomp.config as config
-from toycomp import _triton_compat
+from toycomp._triton_compat import current_target
 from toycomp._logging import log
 from toycomp.inductor import cache, ir
 from toycomp.inductor.codegen import cpp
@@ -281,7 +281,7 @@ def precompile_triton(generated: Sequence[GeneratedKernel], scheduled: ir.Schedu
     if len(jobs) < 2:
         return 0  # one kernel: as fast compiled at its launch
     if config.triton.compile_workers:  # into Triton's disk cache, where `warm` finds them
-        target = _triton_compat.current_target(device)
+        target = current_target(device)
         compile_all(lambda job: _compile_in_worker(target, *job), jobs)
 
     def warm(job: tuple) -> None:
