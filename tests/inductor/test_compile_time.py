@@ -210,10 +210,13 @@ def test_a_worker_answers_an_error_and_exits_at_the_end_of_its_jobs(tmp_path):
 
 
 def test_workers_start_with_aot_only_for_cuda_inputs_and_triton(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     started = []
     monkeypatch.setattr(async_compile, "_idle_workers", lambda: started.append(1))
-    cpu, cuda = torch.randn(2), types.SimpleNamespace(is_cuda=True)
-    monkeypatch.setattr(torch, "Tensor", (torch.Tensor, types.SimpleNamespace))
+    with FakeTensorMode():  # a CUDA tensor's metadata, on a machine without a GPU
+        cuda = torch.empty(2, device="cuda")
+    cpu = torch.randn(2)
     with toycomp.config.patch(compile_threads=4):
         async_compile.start_triton_workers([cpu], None)
         async_compile.start_triton_workers([cpu, cuda], "cpp")
